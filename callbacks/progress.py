@@ -1,0 +1,86 @@
+"""ProgressBar: a tqdm bar on a terminal; one plain line per epoch when stdout is a file or a CI log."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from .base import Callback
+
+
+class ProgressBar(Callback):
+    """Shows epoch, step, it/s, the loss and the ``prog_bar`` metrics. Rank 0 only.
+
+    Args:
+        stream: where to write (default ``sys.stdout``). A non-terminal stream gets one line per epoch.
+        leave: keep each epoch's bar on screen.
+    """
+
+    order = 100  # after the callbacks that produce metrics
+
+    def __init__(self, stream: TextIO | None = None, leave: bool = True) -> None:
+        self.stream, self.leave = stream, leave
+        self._bar: Any = None
+        self._postfix: dict[str, str] = {}
+        self._interactive = False
+        self._start = 0.0
+
+    def _out(self) -> TextIO:
+        return self.stream or sys.stdout
+
+    def on_fit_start(self, trainer: Any, task: Any) -> None:
+        out = self._out()
+        self._interactive = trainer.is_main and hasattr(out, "isatty") and out.isatty()
+
+    def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
+        self._postfix = {}
+        self._start = time.perf_counter()
+        if self._interactive:
+            from tqdm.auto import tqdm
+
+            total = trainer.num_train_batches
+            self._bar = tqdm(total=None if total == float("inf") else total, initial=trainer.state.batches_done,
+                             desc=self._desc(trainer), file=self._out(), leave=self.leave, dynamic_ncols=True)
+
+    def on_train_batch_end(self, trainer: Any, task: Any) -> None:
+        if self._bar is not None:
+            self._bar.update()
+
+    def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
+        if not trainer.is_main:
+            return
+        shown = trainer.prog_bar_keys
+        for key, value in metrics.items():
+            if key in shown:
+                self._postfix[key.replace("train/", "")] = f"{value:.4g}"
+        if self._bar is not None:  # tqdm refreshes the postfix at its own rate, not every step
+            self._bar.set_postfix(self._postfix, refresh=False)
+
+    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix(self._postfix)
+            self._bar.close()
+            self._bar = None
+        elif trainer.is_main:
+            from tqdm import tqdm
+
+            done = trainer.state.batch_idx + 1
+            total = trainer.num_train_batches
+            line = tqdm.format_meter(done, None if total == float("inf") else total,
+                                     time.perf_counter() - self._start, prefix=self._desc(trainer),
+                                     postfix=", ".join(f"{k}={v}" for k, v in self._postfix.items()) or None)
+            print(line, file=self._out(), flush=True)
+
+    def on_validation_end(self, trainer: Any, task: Any) -> None:
+        if trainer.state.stage == "val":
+            self._postfix.update({k: f"{v:.4g}" for k, v in trainer.state.metrics.items()
+                                  if k in trainer.prog_bar_keys and k.startswith("val/")})
+
+    def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _desc(self, trainer: Any) -> str:
+        last = trainer.max_epochs
+        return f"Epoch {trainer.state.epoch}" + (f"/{last - 1}" if last is not None else "")

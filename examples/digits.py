@@ -1,0 +1,74 @@
+"""The main job: a small CNN on scikit-learn's bundled handwritten digits (1,797 8x8 images, no download).
+
+    python examples/digits.py            # ~97% validation accuracy in a few seconds on 2 CPU cores
+    taskfit                              # the same job through the Hydra command line
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer import TaskModule, Trainer, seed_everything
+
+
+def digits_datasets(val_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """Train/val split of sklearn's digits, scaled to [0, 1], shaped (N, 1, 8, 8)."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    n_val = int(len(x) * val_fraction)
+    val, train = order[:n_val], order[n_val:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
+
+
+class DigitsTask(TaskModule):
+    """Conv(1->c) -> Conv(c->2c) -> pool -> linear. The flatten size is computed, not hard-coded."""
+
+    def __init__(self, channels: int = 32, hidden: int = 128, dropout: float = 0.1, batch_size: int = 64,
+                 lr: float = 3e-3, optimizer=None, scheduler=None, num_workers: int = 0) -> None:
+        super().__init__(optimizer=optimizer or functools.partial(torch.optim.AdamW, lr=lr), scheduler=scheduler)
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.features = nn.Sequential(
+            nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
+        flat = self.features(torch.zeros(1, 1, 8, 8)).shape[1]
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+        self._train_set, self._val_set = digits_datasets()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(inputs))
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets)
+
+    def configure_metrics(self):
+        import torchmetrics
+
+        return {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)}
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self._train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self._val_set, batch_size=256, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+
+def main() -> None:
+    seed_everything(0)
+    trainer = Trainer(max_epochs=10, callbacks=None)
+    trainer.fit(DigitsTask())
+    print(f"validation accuracy: {trainer.state.metrics['val/acc']:.4f}  (run directory: {trainer.log_dir})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Validation of Trainer arguments and of the TaskModule contract: one clear error, before any work starts."""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+from .errors import MisconfigurationError, TaskModuleError
+
+
+def _fail(name: str, value: Any, expected: str) -> MisconfigurationError:
+    return MisconfigurationError(f"Trainer({name}={value!r}) is not valid: expected {expected}.",
+                                 f"pass {name}=<{expected}>, e.g. the default (see docs/trainer.md).")
+
+
+def check_count(name: str, value: Any, minimum: int = 0, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(name, value, f"an integer >= {minimum}" + (" or None" if allow_none else ""))
+
+
+def check_limit(name: str, value: Any) -> None:
+    """``limit_*_batches``/``val_check_interval``: an int >= 0 (batches) or a float in [0, 1] (fraction)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+            isinstance(value, float) and value > 1.0):
+        raise _fail(name, value, "an int >= 0 (number of batches) or a float in [0.0, 1.0] (fraction of the epoch)")
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise _fail(name, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+def limit_batches(total: float, limit: int | float) -> float:
+    """Apply a ``limit_*_batches`` value to a loader of ``total`` batches (inf when it has no length)."""
+    if isinstance(limit, float):
+        if limit == 1.0 or total == float("inf"):
+            return total
+        return max(1, int(total * limit)) if limit > 0 and total > 0 else 0
+    return min(total, limit)
+
+
+def _signature(method: str) -> str:
+    return {"forward": "def forward(self, inputs):", "loss": "def loss(self, outputs, targets) -> torch.Tensor:",
+            "train_dataloader": "def train_dataloader(self) -> torch.utils.data.DataLoader:"}[method]
+
+
+def check_task(task: Any, stage: str) -> None:
+    """The TaskModule defines what ``stage`` needs."""
+    from .module import TaskModule
+
+    if not isinstance(task, TaskModule):
+        raise TaskModuleError(f"Trainer.{stage} expects a TaskModule, got {type(task).__name__}.",
+                              "subclass `trainer.TaskModule` (it is a torch.nn.Module) and pass an instance.")
+    needed = ["forward"] + (["loss", "train_dataloader"] if stage == "fit" else
+                            ["loss"] if stage in ("validate", "test") else [])
+    for method in needed:
+        owner = next(c for c in type(task).__mro__ if method in c.__dict__)
+        if owner in (TaskModule, nn.Module):
+            raise TaskModuleError(f"{type(task).__name__} does not define `{method}`, which {stage} needs.",
+                                  f"add `{_signature(method)}` to your TaskModule.")
+    if "__init__" in type(task).__dict__ and "_parameters" not in task.__dict__:
+        raise TaskModuleError(f"{type(task).__name__}.__init__ did not call super().__init__().",
+                              "call `super().__init__()` first thing in your __init__.")
+    sig = inspect.signature(type(task).loss)
+    if len([p for p in sig.parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,
+                                                                                       p.VAR_KEYWORD)]) > 3:
+        raise TaskModuleError(f"{type(task).__name__}.loss{sig} takes more arguments than (outputs, targets).",
+                              f"use `{_signature('loss')}`.")
+
+
+def check_loss(loss: Any, task: Any) -> None:
+    """``loss`` returned a scalar tensor (checked on the first step only: isinstance costs per step)."""
+    import torch
+
+    if not isinstance(loss, torch.Tensor):
+        raise TaskModuleError(f"{type(task).__name__}.loss returned {type(loss).__name__}, not a tensor.",
+                              "return a scalar torch.Tensor (e.g. `F.cross_entropy(outputs, targets)`); do not "
+                              "call .item() on it.")
+    if loss.numel() != 1:
+        raise TaskModuleError(f"{type(task).__name__}.loss returned a tensor of shape {tuple(loss.shape)}, "
+                              "not a scalar.", "reduce it, e.g. `.mean()` (or reduction='mean' in the loss function).")
+    if not loss.requires_grad:
+        raise TaskModuleError(f"{type(task).__name__}.loss returned a tensor that does not require grad.",
+                              "compute the loss from the model outputs without .detach(), torch.no_grad() or .item().")

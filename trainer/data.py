@@ -1,0 +1,142 @@
+"""Data plumbing: a deterministic, shardable, resumable sampler; DataLoader re-creation; moving batches.
+
+taskfit owns the data order: the permutation of epoch ``e`` is ``randperm(n, seed + e)`` (as in
+``DistributedSampler``), so single-process and ddp runs see the same order, and a resume can jump to
+sample ``k`` of the epoch without loading (or replaying) the batches before it.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+
+from .seed import worker_init_fn
+
+
+class ResumableSampler(Sampler[int]):
+    """Sample indices in an order fixed by ``(seed, epoch)``; shard them over ranks; start mid-epoch.
+
+    ``pad=True`` (training) repeats a few indices so every rank gets the same number of samples, as
+    DistributedSampler does; ``pad=False`` (evaluation) shards without duplicates, so no sample is counted twice.
+    """
+
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
+                 pad: bool = True) -> None:
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size, self.pad = rank, world_size, pad
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip(self, samples: int) -> None:
+        """Start the next iteration ``samples`` indices into this rank's order (a resume)."""
+        self._skip = samples
+
+    def indices(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=g).tolist()
+        else:
+            order = list(range(self.size))
+        if self.world_size > 1:
+            if self.pad:
+                total = math.ceil(self.size / self.world_size) * self.world_size
+                order += (order * math.ceil(total / max(1, self.size)))[: total - self.size]
+            order = order[self.rank:: self.world_size]
+        return order
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._skip = self._skip, 0
+        return iter(self.indices()[start:])
+
+    def __len__(self) -> int:
+        if self.world_size == 1:
+            return self.size
+        if self.pad:
+            return math.ceil(self.size / self.world_size)
+        return len(range(self.rank, self.size, self.world_size))
+
+
+def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_size: int = 1,
+                   pin_memory: bool = False, shuffle: bool | None = None) -> Any:
+    """Re-create a plain DataLoader around a :class:`ResumableSampler`, keeping every user setting.
+
+    Anything else (an iterable, a DataLoader subclass, an IterableDataset, a custom sampler) is returned as
+    is: it still trains, but without sharding or exact mid-epoch resume (a warning says so under ddp).
+    """
+    if loader is None or not isinstance(loader, DataLoader):
+        return loader
+    sampler = loader.sampler
+    plain = (type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
+             and isinstance(loader.batch_sampler, BatchSampler) and type(loader.batch_sampler) is BatchSampler
+             and (isinstance(sampler, SequentialSampler)
+                  or (isinstance(sampler, RandomSampler) and not sampler.replacement
+                      and sampler._num_samples is None)))
+    if not plain:
+        if world_size > 1:
+            warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom sampler, dataset or "
+                          "class, so taskfit cannot shard it: every rank sees all of its data. HINT: use a plain "
+                          "DataLoader over a map-style dataset, or shard the data yourself.", stacklevel=3)
+        return loader
+    if shuffle is None:
+        shuffle = isinstance(sampler, RandomSampler)
+    new_sampler = ResumableSampler(len(loader.dataset), shuffle, seed, rank, world_size, pad=train)
+    kwargs: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    return DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=new_sampler, num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or pin_memory, drop_last=loader.drop_last,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn or worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context, generator=torch.Generator(), **kwargs)
+
+
+def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None:
+    """Fix the order (sampler) and the worker seeds (loader generator) of ``epoch``; optionally skip batches."""
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, ResumableSampler):
+        sampler.set_epoch(epoch)
+        if skip_batches:
+            sampler.skip(skip_batches * loader.batch_size)
+    elif hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    generator = getattr(loader, "generator", None)
+    if isinstance(generator, torch.Generator):
+        # The iterator draws the workers' base seed from this generator, not from the global RNG, so
+        # creating an iterator does not disturb the RNG stream that dropout etc. depend on.
+        generator.manual_seed(seed + epoch)
+
+
+def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
+    """Move every tensor in nested tuples/lists/dicts (and namedtuples) to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: batch_to_device(v, device, non_blocking) for k, v in batch.items()}) \
+            if type(batch) is not dict else {k: batch_to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(batch_to_device(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(batch_to_device(v, device, non_blocking) for v in batch)
+    return batch
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in a batch: the first dimension of its first tensor (1 when there is none)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = batch_size_of(item)
+            if size:
+                return size
+    return 1

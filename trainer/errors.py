@@ -1,0 +1,30 @@
+"""The errors taskfit raises: one class per kind of mistake, each message says what is wrong and how to fix it.
+
+Every message has the shape ``<what is wrong>`` followed by ``HINT: <how to fix it>``; docs/troubleshooting.md
+lists them all (a test keeps that page in step with the code).
+"""
+from __future__ import annotations
+
+
+class TaskfitError(Exception):
+    """Base class of every error taskfit raises on purpose."""
+
+    def __init__(self, what: str, hint: str | None = None) -> None:
+        self.what, self.hint = what, hint
+        super().__init__(what if hint is None else f"{what}\n  HINT: {hint}")
+
+
+class MisconfigurationError(TaskfitError, ValueError):
+    """A Trainer/callback argument or a config value is invalid."""
+
+
+class TaskModuleError(TaskfitError, TypeError):
+    """The TaskModule does not fulfil its contract (missing method, wrong return type...)."""
+
+
+class NonFiniteLossError(TaskfitError, FloatingPointError):
+    """The loss became NaN or Inf."""
+
+
+class CheckpointError(TaskfitError, RuntimeError):
+    """A checkpoint is missing, corrupt, unsafe or does not fit the module."""

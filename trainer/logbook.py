@@ -1,0 +1,117 @@
+"""LogBook: where ``self.log`` and the Trainer's own losses go, without a host-device sync per call.
+
+Values are kept as tensors in a pending list and folded into a running (weighted) total only at the
+logging interval and at epoch end; conversion to Python floats happens once per interval, in one
+``tolist()`` (the single CPU-GPU sync point of logging).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class _Series:
+    __slots__ = ("pending", "weights", "total", "weight", "last")
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self.weights: list[float] = []
+        self.total: Any = 0.0
+        self.weight = 0.0
+        self.last: Any = None
+
+    def add(self, value: Any, weight: float = 1.0) -> None:
+        self.pending.append(value)
+        self.weights.append(weight)
+        self.last = value
+
+    def fold(self) -> None:
+        if not self.pending:
+            return
+        if isinstance(self.pending[0], torch.Tensor):
+            values = torch.stack([v.float() for v in self.pending])
+            weights = torch.tensor(self.weights, dtype=values.dtype, device=values.device)
+            self.total = self.total + (values * weights).sum()
+        else:
+            self.total = self.total + sum(float(v) * w for v, w in zip(self.pending, self.weights))
+        self.weight += sum(self.weights)
+        self.pending.clear()
+        self.weights.clear()
+
+
+class LogBook:
+    """Per-stage accumulation of logged values: ``last`` for step logging, weighted mean per epoch."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.weight = 1.0  # the Trainer sets the batch size here during evaluation (sample-weighted means)
+        self.series: dict[str, _Series] = {}
+        self.prog_bar: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return name if "/" in name else f"{self.stage}/{name}"
+
+    def log(self, name: str, value: Any, prog_bar: bool = False) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                from .errors import MisconfigurationError
+
+                raise MisconfigurationError(
+                    f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; only scalars can be logged.",
+                    "log a reduced value, e.g. `self.log(name, value.mean())`.")
+            value = value.detach().reshape(())
+        elif not isinstance(value, (int, float)):
+            from .errors import MisconfigurationError
+
+            raise MisconfigurationError(
+                f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor or a number.",
+                "log `float(x)` or a 0-d tensor.")
+        key = self.key(name)
+        self.add(key, value)
+        if prog_bar:
+            self.prog_bar.add(key)
+
+    def series_for(self, key: str) -> _Series:
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series()
+        return series
+
+    def add(self, key: str, value: Any) -> None:
+        self.series_for(key).add(value, self.weight)
+
+    def fold(self) -> None:
+        for series in self.series.values():
+            series.fold()
+
+    def last_values(self) -> dict[str, Any]:
+        """The most recent value of each key (still tensors)."""
+        return {k: s.last for k, s in self.series.items() if s.last is not None}
+
+    def totals(self) -> tuple[list[str], list[Any]]:
+        """Keys (sorted, identical on every rank) and their flattened ``[total, weight]`` pairs."""
+        self.fold()
+        keys = sorted(self.series)
+        flat: list[Any] = []
+        for k in keys:
+            flat += [self.series[k].total, self.series[k].weight]
+        return keys, flat
+
+    def reset(self) -> None:
+        self.series.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Exact state (tensors kept as tensors) so that epoch means after a resume are bitwise equal."""
+        return {"stage": self.stage, "prog_bar": sorted(self.prog_bar), "series": {
+            k: {"pending": list(s.pending), "weights": list(s.weights), "total": s.total, "weight": s.weight}
+            for k, s in self.series.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prog_bar = set(state["prog_bar"])
+        self.series.clear()
+        for key, saved in state["series"].items():
+            s = self.series[key] = _Series()
+            s.pending, s.weights = list(saved["pending"]), list(saved["weights"])
+            s.total, s.weight = saved["total"], saved["weight"]
+            s.last = s.pending[-1] if s.pending else None

@@ -1,0 +1,153 @@
+"""TaskModule: the one class a user subclasses. It says *what* to train; the Trainer decides *how*."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+from .errors import MisconfigurationError, TaskModuleError
+
+if TYPE_CHECKING:
+    from .logbook import LogBook
+
+_PRIMITIVES = (int, float, str, bool, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """An init argument as a primitive (hparams must be loggable and safe to store in a checkpoint)."""
+    if isinstance(value, _PRIMITIVES):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    func = getattr(value, "func", None)  # functools.partial, e.g. a Hydra `_partial_: true` optimizer
+    if func is not None:
+        args = {k: _plain(v) for k, v in getattr(value, "keywords", {}).items()}
+        return {"_target_": f"{func.__module__}.{func.__qualname__}", **args}
+    return repr(value)
+
+
+class TaskModule(nn.Module):
+    """Subclass this and provide ``forward``, ``loss`` and ``train_dataloader``.
+
+    Optional: ``val_dataloader``/``test_dataloader``/``predict_dataloader``, ``configure_optimizers``
+    (or pass ``optimizer=``/``scheduler=`` factories to ``__init__``), ``configure_metrics``,
+    ``split_batch``. Call ``self.log(name, value)`` from any of them to record a value.
+
+    The arguments a subclass is constructed with are recorded automatically in :attr:`hparams`
+    (they are written to TensorBoard's HParams tab and to every checkpoint).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "TaskModule":
+        self = super().__new__(cls)
+        try:  # record the init arguments; unpickling calls __new__ without them, then restores __dict__
+            bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            init_args = {k: _plain(v) for k, v in list(bound.arguments.items())[1:]
+                         if inspect.signature(cls.__init__).parameters[k].kind
+                         not in (inspect.Parameter.VAR_POSITIONAL,)}
+            extra = init_args.pop("kwargs", None)
+            if isinstance(extra, dict):
+                init_args.update(extra)
+        except TypeError:
+            init_args = {}
+        object.__setattr__(self, "_init_args", init_args)
+        return self
+
+    def __init__(self, optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+                 scheduler: Callable[..., Any] | None = None) -> None:
+        super().__init__()
+        # Factories (e.g. Hydra `_partial_: true` targets): optimizer(params), scheduler(optimizer).
+        object.__setattr__(self, "optimizer_factory", optimizer)
+        object.__setattr__(self, "scheduler_factory", scheduler)
+
+    # ---- what the user provides ------------------------------------------------------------
+    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """Return the scalar loss of ``outputs`` against ``targets``."""
+        raise TaskModuleError(
+            f"{type(self).__name__} does not define `loss`.",
+            "add `def loss(self, outputs, targets) -> torch.Tensor:` returning a scalar tensor, "
+            "e.g. `return torch.nn.functional.cross_entropy(outputs, targets)`.")
+
+    def train_dataloader(self) -> Any:
+        """Return the training DataLoader (required for fit)."""
+        raise TaskModuleError(
+            f"{type(self).__name__} does not define `train_dataloader`, which fit needs.",
+            "add `def train_dataloader(self) -> torch.utils.data.DataLoader:`.")
+
+    def val_dataloader(self) -> Any:
+        """Return the validation DataLoader, or None to skip validation."""
+        return None
+
+    def test_dataloader(self) -> Any:
+        """Return the test DataLoader, or None."""
+        return None
+
+    def predict_dataloader(self) -> Any:
+        """Return the DataLoader for :meth:`Trainer.predict`, or None."""
+        return None
+
+    def configure_optimizers(self) -> Any:
+        """Return an optimizer, ``(optimizer, scheduler)`` or a dict ``{"optimizer", "lr_scheduler"}``.
+
+        The default builds them from the ``optimizer``/``scheduler`` factories given to ``__init__``.
+        """
+        factory = self.__dict__.get("optimizer_factory")
+        if factory is None:
+            raise TaskModuleError(
+                f"{type(self).__name__} has no optimizer.",
+                "define `def configure_optimizers(self): return torch.optim.Adam(self.parameters(), lr=1e-3)` "
+                "or pass `optimizer=functools.partial(torch.optim.Adam, lr=1e-3)` to TaskModule.__init__.")
+        optimizer = factory(self.parameters())
+        scheduler = self.__dict__.get("scheduler_factory")
+        return optimizer if scheduler is None else (optimizer, scheduler(optimizer))
+
+    def configure_metrics(self) -> Mapping[str, Any] | None:
+        """Return ``{name: torchmetrics.Metric}`` updated on every validation/test batch with ``(outputs, targets)``.
+
+        The Trainer keeps one copy per stage, computes it once per epoch, logs it as ``val/<name>`` /
+        ``test/<name>`` and resets it.
+        """
+        return None
+
+    def split_batch(self, batch: Any) -> tuple[Any, Any]:
+        """Split a batch into ``(inputs, targets)``: ``batch[0], batch[1]`` or ``batch["inputs"], batch["targets"]``."""
+        if isinstance(batch, Mapping) and "inputs" in batch and "targets" in batch:
+            return batch["inputs"], batch["targets"]
+        if isinstance(batch, Sequence) and not isinstance(batch, str) and len(batch) == 2:
+            return batch[0], batch[1]
+        kind = f"a mapping with keys {sorted(map(str, batch))}" if isinstance(batch, Mapping) else (
+            f"a sequence of length {len(batch)}" if isinstance(batch, Sequence) else f"a {type(batch).__name__}")
+        raise TaskModuleError(
+            f"Cannot split the batch into (inputs, targets): got {kind}.",
+            "return `(inputs, targets)` or `{'inputs': ..., 'targets': ...}` from the dataset, or override "
+            "`def split_batch(self, batch): return inputs, targets` in your TaskModule.")
+
+    # ---- what the Trainer provides ---------------------------------------------------------
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The arguments this module was constructed with, as primitives."""
+        return dict(self.__dict__.get("_init_args", {}))
+
+    @property
+    def stage(self) -> str | None:
+        """The running stage ("train", "val", "test", "predict"), or None outside a Trainer."""
+        book = self.__dict__.get("_logbook")
+        return None if book is None else book.stage
+
+    def log(self, name: str, value: torch.Tensor | float, prog_bar: bool = False) -> None:
+        """Record ``value`` under ``name``; averaged over the epoch (and across ddp ranks).
+
+        A name without a ``/`` gets the stage as prefix: ``self.log("acc", a)`` during validation is ``val/acc``.
+        Tensors stay on the device: logging costs no host-device sync.
+        """
+        book: LogBook | None = self.__dict__.get("_logbook")
+        if book is None:
+            raise MisconfigurationError(
+                f"self.log({name!r}, ...) was called outside a Trainer run.",
+                "call self.log only from methods the Trainer calls (forward, loss, split_batch...).")
+        book.log(name, value, prog_bar)

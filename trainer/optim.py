@@ -1,0 +1,68 @@
+"""Turn whatever ``configure_optimizers`` returns into one optimizer and a list of scheduler configs."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import MisconfigurationError, TaskModuleError
+
+_ACCEPTED = ('an optimizer, `(optimizer, scheduler)`, or `{"optimizer": opt, "lr_scheduler": sched}` where sched is '
+             'a scheduler or `{"scheduler": s, "interval": "step"|"epoch", "frequency": n, "monitor": "val/loss"}`')
+
+
+@dataclass
+class SchedulerConfig:
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+
+    @property
+    def on_plateau(self) -> bool:
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _scheduler_config(value: Any) -> SchedulerConfig:
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"scheduler", "interval", "frequency", "monitor", "name", "strict"}
+        if "scheduler" not in value or unknown:
+            raise TaskModuleError(
+                f"configure_optimizers returned an lr_scheduler dict with keys {sorted(value)}.",
+                f"give `scheduler` and optionally `interval`, `frequency`, `monitor`. Accepted: {_ACCEPTED}.")
+        config = SchedulerConfig(value["scheduler"], value.get("interval", "epoch"), value.get("frequency", 1),
+                                 value.get("monitor"))
+    else:
+        config = SchedulerConfig(value)
+    if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
+        raise TaskModuleError(f"configure_optimizers returned {type(config.scheduler).__name__} as a scheduler.",
+                              f"return a torch.optim.lr_scheduler object. Accepted: {_ACCEPTED}.")
+    if config.interval not in ("step", "epoch"):
+        raise MisconfigurationError(f"Scheduler interval {config.interval!r} is not valid.",
+                                    'use interval="step" or interval="epoch".')
+    if not isinstance(config.frequency, int) or config.frequency < 1:
+        raise MisconfigurationError(f"Scheduler frequency {config.frequency!r} is not valid.",
+                                    "use a positive integer.")
+    if config.on_plateau and config.monitor is None:
+        config.monitor = "val/loss"
+    return config
+
+
+def parse_optimizers(result: Any) -> tuple[torch.optim.Optimizer, list[SchedulerConfig]]:
+    """Validate the return value of ``configure_optimizers``; one clear error on anything else."""
+    optimizer, schedulers = result, []
+    if isinstance(result, Mapping):
+        if "optimizer" not in result:
+            raise TaskModuleError(f"configure_optimizers returned a dict with keys {sorted(result)}, "
+                                  "without 'optimizer'.", f"return {_ACCEPTED}.")
+        optimizer = result["optimizer"]
+        if result.get("lr_scheduler") is not None:
+            schedulers = [_scheduler_config(result["lr_scheduler"])]
+    elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.optim.Optimizer):
+        optimizer, schedulers = result[0], [_scheduler_config(result[1])]
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TaskModuleError(f"configure_optimizers returned {type(result).__name__} ({result!r:.80}).",
+                              f"return {_ACCEPTED}.")
+    return optimizer, schedulers

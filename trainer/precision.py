@@ -1,0 +1,63 @@
+"""Precision: the autocast context and, for float16, the GradScaler. Built once per run, not per step."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from .errors import MisconfigurationError
+
+_ALIASES = {"32": "32", "32-true": "32", "bf16": "bf16-mixed", "bf16-mixed": "bf16-mixed",
+            "16": "16-mixed", "16-mixed": "16-mixed"}
+
+
+def normalize_precision(precision: Any) -> str:
+    value = _ALIASES.get(str(precision))
+    if value is None:
+        raise MisconfigurationError(
+            f"Unknown precision {precision!r}.",
+            'use one of "32" (full precision), "bf16-mixed" or "16-mixed".')
+    return value
+
+
+class Precision:
+    """``autocast`` is a reusable context (a no-op ``nullcontext`` for "32": no autocast entered per step)."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        self.precision = normalize_precision(precision)
+        self.scaler: Any = None
+        if self.precision == "32":
+            self.autocast: Any = contextlib.nullcontext()
+        else:
+            dtype = torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16
+            self.autocast = torch.autocast(device_type=device.type, dtype=dtype)
+            if self.precision == "16-mixed":
+                self.scaler = torch.amp.GradScaler(device.type)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Unscale gradients in place (before clipping), so clip values mean what they say."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step the optimizer; False when the scaler skipped it (inf/NaN gradients)."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        # GradScaler.step already synchronises (it reads found_inf on the host), so reading the scale
+        # before and after update() adds no extra stall: a lowered scale means the step was skipped.
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() >= before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)

@@ -1,0 +1,45 @@
+"""Seeding: one call makes python, numpy, torch (CPU and CUDA) and DataLoader workers reproducible."""
+from __future__ import annotations
+
+import os
+import random
+
+import torch
+
+_SEED_ENV = "TASKFIT_SEED"
+
+
+def seed_everything(seed: int = 0) -> int:
+    """Seed python, numpy, torch and CUDA; the Trainer also derives its data order and worker seeds from it.
+
+    The seed is exported as ``TASKFIT_SEED`` so that spawned ddp workers and DataLoader workers see it.
+    """
+    seed = int(seed)
+    os.environ[_SEED_ENV] = str(seed)
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # numpy is optional
+        pass
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return seed
+
+
+def current_seed() -> int | None:
+    """The seed given to :func:`seed_everything`, or None when the run was not seeded."""
+    value = os.environ.get(_SEED_ENV)
+    return None if value is None else int(value)
+
+
+def worker_init_fn(worker_id: int) -> None:
+    """Seed python and numpy inside a DataLoader worker from torch's per-worker seed (which the Trainer fixes)."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
