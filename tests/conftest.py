@@ -1,0 +1,25 @@
+"""Shared test setup: one torch thread (the machine has 2 cores and tests run subprocesses too)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _clean_seed_env(monkeypatch):
+    """Each test starts unseeded, in its own working directory."""
+    monkeypatch.delenv("TASKFIT_SEED", raising=False)
+
+
+@pytest.fixture
+def quiet():
+    """Trainer kwargs for tests that do not look at progress, summary, checkpoints or TensorBoard."""
+    return dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)

@@ -1,0 +1,84 @@
+"""Small TaskModules shared by the tests (fast on one CPU thread)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer import TaskModule
+
+
+def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    w = torch.arange(1, features + 1, dtype=torch.float32)
+    return TensorDataset(x, x @ w + 0.1 * torch.randn(n, generator=g))
+
+
+def classification_data(n: int = 96, features: int = 8, classes: int = 3, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = torch.randn(n, features, generator=g) + F.one_hot(y, features).float() * 2.0
+    return TensorDataset(x, y)
+
+
+class RegressionTask(TaskModule):
+    """A linear model with MSE; ``dropout`` and ``shuffle`` exercise RNG and data order."""
+
+    def __init__(self, features: int = 4, n: int = 64, batch_size: int = 8, lr: float = 0.05,
+                 shuffle: bool = False, dropout: float = 0.0, num_workers: int = 0, val_n: int = 0) -> None:
+        super().__init__()
+        self.batch_size, self.lr, self.shuffle, self.num_workers = batch_size, lr, shuffle, num_workers
+        self.net = nn.Sequential(nn.Dropout(dropout), nn.Linear(features, 1))
+        self.data = regression_data(n, features)
+        self.val_data = regression_data(val_n, features, seed=1) if val_n else None
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(inputs).squeeze(-1)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(outputs, targets)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size, shuffle=self.shuffle, num_workers=self.num_workers)
+
+    def val_dataloader(self):
+        return None if self.val_data is None else DataLoader(self.val_data, batch_size=self.batch_size)
+
+
+class ClassifierTask(TaskModule):
+    """An MLP classifier with a torchmetrics accuracy and a logged value."""
+
+    def __init__(self, n: int = 96, val_n: int = 45, batch_size: int = 16, lr: float = 0.1, hidden: int = 16) -> None:
+        super().__init__()
+        self.batch_size, self.lr = batch_size, lr
+        self.net = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+        self.data, self.val_data = classification_data(n), classification_data(val_n, seed=1)
+
+    def forward(self, inputs):
+        return self.net(inputs)
+
+    def loss(self, outputs, targets):
+        self.log("acc_batch", (outputs.argmax(-1) == targets).float().mean())
+        return F.cross_entropy(outputs, targets)
+
+    def configure_metrics(self):
+        import torchmetrics
+
+        return {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3)}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_data, batch_size=self.batch_size)
+
+    def test_dataloader(self):
+        return DataLoader(self.val_data, batch_size=self.batch_size)
