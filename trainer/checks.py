@@ -54,6 +54,9 @@ def check_task(task: Any, stage: str) -> None:
     if not isinstance(task, TaskModule):
         raise TaskModuleError(f"Trainer.{stage} expects a TaskModule, got {type(task).__name__}.",
                               "subclass `trainer.TaskModule` (it is a torch.nn.Module) and pass an instance.")
+    if "_parameters" not in task.__dict__:
+        raise TaskModuleError(f"{type(task).__name__}.__init__ did not call super().__init__().",
+                              "call `super().__init__()` first thing in your __init__.")
     needed = ["forward"] + (["loss", "train_dataloader"] if stage == "fit" else
                             ["loss"] if stage in ("validate", "test") else [])
     for method in needed:
@@ -61,9 +64,6 @@ def check_task(task: Any, stage: str) -> None:
         if owner in (TaskModule, nn.Module):
             raise TaskModuleError(f"{type(task).__name__} does not define `{method}`, which {stage} needs.",
                                   f"add `{_signature(method)}` to your TaskModule.")
-    if "__init__" in type(task).__dict__ and "_parameters" not in task.__dict__:
-        raise TaskModuleError(f"{type(task).__name__}.__init__ did not call super().__init__().",
-                              "call `super().__init__()` first thing in your __init__.")
     sig = inspect.signature(type(task).loss)
     if len([p for p in sig.parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,
                                                                                        p.VAR_KEYWORD)]) > 3:

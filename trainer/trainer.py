@@ -137,6 +137,9 @@ class Trainer(TrainerSetup):
     def _epoch_end(self, completed: bool) -> None:
         st = self.state
         st.epoch_done = completed
+        pending = self._loss_series.pending
+        if self.nonfinite_loss == "raise" and pending and not torch.isfinite(torch.stack(pending)).all():
+            self._raise_nonfinite(pending)  # the losses since the last log (a sync, once per epoch)
         self._publish(self._reduce_book(self._train_book, suffix="_epoch"))
         if completed:
             for config in self._epoch_schedulers:
@@ -147,6 +150,7 @@ class Trainer(TrainerSetup):
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
             self._train_book.reset()
             self._loss_series = self._train_book.series_for("train/loss")
+            self._fold_mark = (st.global_step, 0)
 
     # ---- validation / test / predict ------------------------------------------------------------
     def _validate(self, sanity: bool = False) -> dict[str, float]:
@@ -226,14 +230,14 @@ class Trainer(TrainerSetup):
         if not floats[-1] and self.nonfinite_loss == "raise":
             self._raise_nonfinite(pending)
         book.fold()
-        self._fold_mark = (self.state.global_step, self.state.batches_done)
+        self._fold_mark = (self.state.global_step, self.state.batch_idx + 1)  # where the next pending loss is from
         self._publish(dict(zip(keys, floats[:-1])))
         self._agree_stop()
 
     def _raise_nonfinite(self, pending: list) -> None:
         bad = int((~torch.isfinite(torch.stack(pending))).nonzero()[0])
         step, batches = self._fold_mark
-        batch_idx = (batches + bad) if batches <= self.state.batches_done else bad
+        batch_idx = batches + bad
         raise NonFiniteLossError(
             f"The training loss is {float(pending[bad])} at epoch {self.state.epoch}, batch {batch_idx} "
             f"(global step {step + bad // self.accumulate_grad_batches}).",
