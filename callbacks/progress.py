@@ -50,6 +50,7 @@ class ProgressBar(Callback):
         if not trainer.is_main:
             return
         shown = trainer.prog_bar_keys
+        self._postfix["step"] = str(trainer.state.global_step)
         for key, value in metrics.items():
             if key in shown:
                 self._postfix[key.replace("train/", "")] = f"{value:.4g}"

@@ -44,15 +44,17 @@ class TaskModule(nn.Module):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "TaskModule":
         self = super().__new__(cls)
+        init_args: dict[str, Any] = {}
         try:  # record the init arguments; unpickling calls __new__ without them, then restores __dict__
-            bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+            signature = inspect.signature(cls.__init__)
+            bound = signature.bind(None, *args, **kwargs)
             bound.apply_defaults()
-            init_args = {k: _plain(v) for k, v in list(bound.arguments.items())[1:]
-                         if inspect.signature(cls.__init__).parameters[k].kind
-                         not in (inspect.Parameter.VAR_POSITIONAL,)}
-            extra = init_args.pop("kwargs", None)
-            if isinstance(extra, dict):
-                init_args.update(extra)
+            for name, value in list(bound.arguments.items())[1:]:
+                kind = signature.parameters[name].kind
+                if kind is inspect.Parameter.VAR_KEYWORD:
+                    init_args.update({k: _plain(v) for k, v in value.items()})
+                elif kind is not inspect.Parameter.VAR_POSITIONAL:
+                    init_args[name] = _plain(value)
         except TypeError:
             init_args = {}
         object.__setattr__(self, "_init_args", init_args)
@@ -116,6 +118,8 @@ class TaskModule(nn.Module):
 
     def split_batch(self, batch: Any) -> tuple[Any, Any]:
         """Split a batch into ``(inputs, targets)``: ``batch[0], batch[1]`` or ``batch["inputs"], batch["targets"]``."""
+        if type(batch) in (list, tuple) and len(batch) == 2:  # the common case first: concrete types are cheap
+            return batch[0], batch[1]
         if isinstance(batch, Mapping) and "inputs" in batch and "targets" in batch:
             return batch["inputs"], batch["targets"]
         if isinstance(batch, Sequence) and not isinstance(batch, str) and len(batch) == 2:

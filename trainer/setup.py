@@ -97,7 +97,8 @@ class TrainerSetup:
                                             "subclass `callbacks.Callback` and pass instances.")
         present = {type(cb) for cb in callbacks}
         for wanted, name in ((progress, "ProgressBar"), (summary, "ModelSummary"),
-                             (checkpointing, "ModelCheckpoint"), (logger, "TensorBoardLogger")):
+                             (checkpointing, "ModelCheckpoint"), (logger, "TensorBoardLogger"),
+                             (logger, "LearningRateMonitor"), (logger, "ThroughputMonitor")):
             if wanted:
                 cls = getattr(cbs, name)
                 if not any(issubclass(t, cls) for t in present):
@@ -120,6 +121,15 @@ class TrainerSetup:
     @property
     def prog_bar_keys(self) -> set[str]:
         return {"train/loss", "val/loss"} | self._train_book.prog_bar | {f"val/{n}" for n in self._metrics.get("val", {})}
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The training DataLoader as fit iterates it (re-created around taskfit's sampler); None before fit."""
+        return getattr(self, "_train_loader", None)
+
+    def log_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """Publish values from a callback at the current global step: into ``state.metrics`` and every ``on_log``."""
+        self._publish(dict(metrics))
 
     @property
     def checkpoint_callback(self) -> Any:
@@ -170,6 +180,8 @@ class TrainerSetup:
         wrapped = self.strategy.setup_module(task)
         self._wrapped = torch.compile(wrapped) if self.compile else wrapped
         self.precision = Precision(self.precision_name, self.strategy.device)
+        # With 16-mixed the GradScaler already skips steps whose gradients overflow: that is not an error.
+        self._raise_nonfinite_loss = self.nonfinite_loss == "raise" and self.precision.scaler is None
         self._metrics = self._build_metrics(task)
         self._train_book = LogBook("train")
         self._loss_series = self._train_book.series_for("train/loss")

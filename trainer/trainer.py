@@ -138,7 +138,7 @@ class Trainer(TrainerSetup):
         st = self.state
         st.epoch_done = completed
         pending = self._loss_series.pending
-        if self.nonfinite_loss == "raise" and pending and not torch.isfinite(torch.stack(pending)).all():
+        if self._raise_nonfinite_loss and pending and not torch.isfinite(torch.stack(pending)).all():
             self._raise_nonfinite(pending)  # the losses since the last log (a sync, once per epoch)
         self._publish(self._reduce_book(self._train_book, suffix="_epoch"))
         if completed:
@@ -227,7 +227,7 @@ class Trainer(TrainerSetup):
         keys, values = zip(*book.last_values().items())
         floats = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=finite.device).reshape(())
                               for v in values] + [finite.float()]).tolist()  # CPU-GPU sync point
-        if not floats[-1] and self.nonfinite_loss == "raise":
+        if not floats[-1] and self._raise_nonfinite_loss:
             self._raise_nonfinite(pending)
         book.fold()
         self._fold_mark = (self.state.global_step, self.state.batch_idx + 1)  # where the next pending loss is from
