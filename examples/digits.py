@@ -1,11 +1,14 @@
 """The main job: a small CNN on scikit-learn's bundled handwritten digits (1,797 8x8 images, no download).
 
     python examples/digits.py            # ~97% validation accuracy in a few seconds on 2 CPU cores
+    python examples/digits.py --quick    # 3 epochs (also TASKFIT_QUICK=1): what tests/test_examples.py runs
     taskfit                              # the same job through the Hydra command line
 """
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +67,9 @@ class DigitsTask(TaskModule):
 
 
 def main() -> None:
+    quick = "--quick" in sys.argv[1:] or os.environ.get("TASKFIT_QUICK") == "1"  # a smoke run (the test suite's)
     seed_everything(0)
-    trainer = Trainer(max_epochs=10, callbacks=None)
+    trainer = Trainer(max_epochs=3 if quick else 10, callbacks=None)
     trainer.fit(DigitsTask())
     print(f"validation accuracy: {trainer.state.metrics['val/acc']:.4f}  (run directory: {trainer.log_dir})")
 

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from callbacks import Callback
 from trainer import TaskModule
 
 
@@ -82,3 +83,53 @@ class ClassifierTask(TaskModule):
 
     def test_dataloader(self):
         return DataLoader(self.val_data, batch_size=self.batch_size)
+
+
+# ---- for tests/test_ddp.py: under ddp spawn these are pickled by reference, so they live in a module ----------
+class RaiseAtStep(Callback):
+    """Raise ``ValueError`` on rank ``rank`` when global step ``step`` starts (the other ranks carry on)."""
+
+    def __init__(self, step: int = 3, rank: int = 1) -> None:
+        self.step, self.rank = step, rank
+
+    def on_train_batch_start(self, trainer, task) -> None:
+        if trainer.strategy.rank == self.rank and trainer.state.global_step == self.step:
+            raise ValueError(f"boom at step {self.step} on rank {self.rank}")
+
+
+class RankProbe(Callback):
+    """Counts DDP's gradient all-reduces and writes what each rank saw to ``<out>/rank<r>.pt`` at fit end."""
+
+    def __init__(self, out: str) -> None:
+        self.out, self.allreduces = out, 0
+
+    def on_fit_start(self, trainer, task) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting_hook(state, bucket):
+            self.allreduces += 1
+            return allreduce_hook(state, bucket)
+
+        if isinstance(trainer._wrapped, torch.nn.parallel.DistributedDataParallel):
+            trainer._wrapped.register_comm_hook(None, counting_hook)
+
+    def on_fit_end(self, trainer, task) -> None:
+        s = trainer.strategy
+        torch.save({"rank": s.rank, "world_size": s.world_size, "is_main": trainer.is_main, "log_dir": trainer.log_dir,
+                    "data_seed": trainer.data_seed, "allreduces": self.allreduces,
+                    "global_step": trainer.state.global_step, "saved": s.module_state_dict(trainer._wrapped),
+                    "wrapper": trainer._wrapped.state_dict()}, f"{self.out}/rank{s.rank}.pt")
+
+
+class SignalAt(Callback):
+    """Rank 0 sends ``signum`` to process ``pid`` when global step ``step`` ends (a scheduler's preemption)."""
+
+    def __init__(self, step: int, pid: int, signum: int) -> None:
+        self.step, self.pid, self.signum, self.sent = step, pid, signum, False
+
+    def on_train_batch_end(self, trainer, task) -> None:
+        if trainer.is_main and not self.sent and trainer.state.global_step == self.step:
+            import os
+
+            self.sent = True
+            os.kill(self.pid, self.signum)

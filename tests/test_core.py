@@ -257,7 +257,7 @@ def test_callback_order_attribute_and_should_stop(quiet):
         def on_train_batch_end(self, trainer, task):
             calls.append("early")
             if trainer.state.global_step == 3:
-                trainer.state.should_stop = True
+                trainer.should_stop = True  # the documented switch (trainer.state.should_stop)
 
     trainer = Trainer(max_epochs=5, callbacks=[Late(), Early()], **quiet)
     trainer.fit(RegressionTask())
@@ -285,14 +285,19 @@ def test_fast_dev_run_and_overfit_batches(quiet):
 
 
 def test_seed_everything_reproduces_and_deterministic_flag(quiet):
+    seen = []
+
+    class Probe(Callback):
+        def on_fit_start(self, trainer, task):
+            seen.append(torch.are_deterministic_algorithms_enabled())
+
     runs = []
     for _ in range(2):
         seed_everything(7)
         task = RegressionTask(shuffle=True, dropout=0.2)
-        Trainer(max_epochs=2, deterministic=True, **quiet).fit(task)
+        Trainer(max_epochs=2, deterministic=True, callbacks=[Probe()], **quiet).fit(task)
         runs.append(params(task))
-        assert torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(False)
+    assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()  # restored after fit
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 

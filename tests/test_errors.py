@@ -197,3 +197,12 @@ def test_bad_metrics_and_plateau_monitor(quiet):
 
     with pytest.raises(MisconfigurationError, match=r"ReduceLROnPlateau monitors 'val/acc', which has not been logged"):
         Trainer(max_epochs=1, **quiet).fit(Plateau())
+
+
+def test_two_optimizers_are_refused(quiet):
+    class TwoOpt(RegressionTask):
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.parameters(), lr=1), torch.optim.Adam(self.parameters())]
+
+    with pytest.raises(TaskModuleError, match=r"returned 2 optimizers; taskfit steps one[\s\S]*HINT: combine"):
+        Trainer(max_epochs=1, **quiet).fit(TwoOpt())

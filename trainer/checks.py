@@ -71,8 +71,8 @@ def check_task(task: Any, stage: str) -> None:
                               f"use `{_signature('loss')}`.")
 
 
-def check_loss(loss: Any, task: Any) -> None:
-    """``loss`` returned a scalar tensor (checked on the first step only: isinstance costs per step)."""
+def check_loss(loss: Any, task: Any, training: bool = True) -> None:
+    """``loss`` returned a scalar tensor (checked on the first step/batch only: isinstance costs per step)."""
     import torch
 
     if not isinstance(loss, torch.Tensor):
@@ -82,6 +82,6 @@ def check_loss(loss: Any, task: Any) -> None:
     if loss.numel() != 1:
         raise TaskModuleError(f"{type(task).__name__}.loss returned a tensor of shape {tuple(loss.shape)}, "
                               "not a scalar.", "reduce it, e.g. `.mean()` (or reduction='mean' in the loss function).")
-    if not loss.requires_grad:
+    if training and not loss.requires_grad:
         raise TaskModuleError(f"{type(task).__name__}.loss returned a tensor that does not require grad.",
                               "compute the loss from the model outputs without .detach(), torch.no_grad() or .item().")

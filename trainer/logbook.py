@@ -29,15 +29,27 @@ class _Series:
     def fold(self) -> None:
         if not self.pending:
             return
-        if isinstance(self.pending[0], torch.Tensor):
-            values = torch.stack([v.float() for v in self.pending])
-            weights = torch.tensor(self.weights, dtype=values.dtype, device=values.device)
-            self.total = self.total + (values * weights).sum()
-        else:
-            self.total = self.total + sum(float(v) * w for v, w in zip(self.pending, self.weights))
-        self.weight += sum(self.weights)
+        self.total, self.weight = self.peek()
         self.pending.clear()
         self.weights.clear()
+
+    def peek(self) -> tuple[Any, float]:
+        """``(total, weight)`` as :meth:`fold` would leave them, without folding (the book is left unchanged)."""
+        if not self.pending:
+            return self.total, self.weight
+        if isinstance(self.pending[0], torch.Tensor):
+            try:  # one stack and one cast per interval, not a .float() per value; reshape: a loss may be (1,)
+                values = torch.stack(self.pending).float().reshape(-1)
+            except RuntimeError:  # values of different shapes, e.g. () and (1,)
+                values = torch.stack([v.float().reshape(()) for v in self.pending])
+            if self.weights.count(1.0) == len(self.weights):  # training: unweighted, skip building a tensor
+                total = self.total + values.sum()
+            else:
+                weights = torch.tensor(self.weights, dtype=values.dtype, device=values.device)
+                total = self.total + (values * weights).sum()
+        else:
+            total = self.total + sum(float(v) * w for v, w in zip(self.pending, self.weights))
+        return total, self.weight + sum(self.weights)
 
 
 class LogBook:
@@ -91,11 +103,10 @@ class LogBook:
 
     def totals(self) -> tuple[list[str], list[Any]]:
         """Keys (sorted, identical on every rank) and their flattened ``[total, weight]`` pairs."""
-        self.fold()
         keys = sorted(self.series)
         flat: list[Any] = []
-        for k in keys:
-            flat += [self.series[k].total, self.series[k].weight]
+        for k in keys:  # peek, not fold: a partial epoch's end must not regroup the sums (exact resume)
+            flat += list(self.series[k].peek())
         return keys, flat
 
     def reset(self) -> None:

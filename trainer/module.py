@@ -131,6 +131,19 @@ class TaskModule(nn.Module):
             "return `(inputs, targets)` or `{'inputs': ..., 'targets': ...}` from the dataset, or override "
             "`def split_batch(self, batch): return inputs, targets` in your TaskModule.")
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str, /, *, map_location: Any = "cpu",
+                             **kwargs: Any) -> "TaskModule":
+        """Rebuild the module from a checkpoint, for inference: ``MyTask.load_from_checkpoint("last.ckpt")``.
+
+        The module is constructed with the init arguments the checkpoint recorded (``kwargs`` override them),
+        its weights are loaded (safely: ``torch.load(weights_only=True)``), it is moved to ``map_location``
+        and put in eval mode. Also reads plain state dicts (then the module is built from ``kwargs`` alone).
+        """
+        from .checkpoint import load_module
+
+        return load_module(cls, checkpoint_path, map_location=map_location, **kwargs)
+
     # ---- what the Trainer provides ---------------------------------------------------------
     @property
     def hparams(self) -> dict[str, Any]:

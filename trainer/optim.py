@@ -60,6 +60,11 @@ def parse_optimizers(result: Any) -> tuple[torch.optim.Optimizer, list[Scheduler
         optimizer = result["optimizer"]
         if result.get("lr_scheduler") is not None:
             schedulers = [_scheduler_config(result["lr_scheduler"])]
+    elif isinstance(result, (tuple, list)) and result and all(isinstance(o, torch.optim.Optimizer) for o in result) \
+            and len(result) > 1:
+        raise TaskModuleError(f"configure_optimizers returned {len(result)} optimizers; taskfit steps one.",
+                              "combine the parameter groups into one optimizer: "
+                              "`torch.optim.AdamW([{'params': a.parameters()}, {'params': b.parameters(), 'lr': 1e-4}])`.")
     elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.optim.Optimizer):
         optimizer, schedulers = result[0], [_scheduler_config(result[1])]
     if not isinstance(optimizer, torch.optim.Optimizer):

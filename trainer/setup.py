@@ -132,6 +132,15 @@ class TrainerSetup:
         self._publish(dict(metrics))
 
     @property
+    def should_stop(self) -> bool:
+        """Set to True (from a callback) to end training cleanly at the next batch boundary."""
+        return self.state.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.state.should_stop = bool(value)
+
+    @property
     def checkpoint_callback(self) -> Any:
         from callbacks import ModelCheckpoint
 
@@ -148,6 +157,7 @@ class TrainerSetup:
         self.strategy.setup_environment()
         if self.seed is not None:
             seed_everything(self.seed)
+        was_deterministic = torch.are_deterministic_algorithms_enabled()
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -165,6 +175,7 @@ class TrainerSetup:
             raise
         finally:
             self._detach()
+            torch.use_deterministic_algorithms(was_deterministic)  # the process's setting, as it was
 
     def _attach(self, task: Any, stage: str) -> None:
         self.task = task

@@ -1,12 +1,17 @@
 """Device strategies: where the module and the data live. The loop only talks to this small interface.
 
-``Strategy`` is the single-device strategy; dp and ddp subclass it. The interface, in the spirit of
-Lightning Fabric: ``setup_module``, ``batch_to_device``, ``all_reduce``, ``broadcast``, ``barrier``,
-``is_main``, ``module_state_dict``, ``no_sync``, ``launch``.
+``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here) and ``DDPStrategy``
+(``trainer/ddp.py``) subclass it. The interface, in the spirit of Lightning Fabric: ``launch``,
+``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``, ``module_state_dict``, ``no_sync``,
+``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``. See docs/strategies.md.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -16,6 +21,8 @@ from .data import batch_to_device
 from .errors import MisconfigurationError
 
 _ACCELERATORS = ("auto", "cpu", "cuda", "mps")
+_STRATEGIES = ("auto", "single", "dp", "ddp")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
 
 
 def resolve_accelerator(accelerator: str) -> str:
@@ -37,6 +44,41 @@ def resolve_accelerator(accelerator: str) -> str:
     return accelerator
 
 
+def parse_devices(devices: Any) -> int | list[int] | None:
+    """``devices`` as None ("auto"), a count, or a list of device indices; one clear error for anything else."""
+    if devices == "auto" or devices is None:
+        return None
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
+        return devices
+    if isinstance(devices, Sequence) and not isinstance(devices, str) and len(devices) > 0 and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+        if len(set(devices)) != len(devices):
+            raise MisconfigurationError(f"Trainer(devices={list(devices)}) names a device twice.",
+                                        "list each device index once, e.g. devices=[0, 1].")
+        return [int(d) for d in devices]
+    raise MisconfigurationError(f"Trainer(devices={devices!r}) is not valid.",
+                                'pass "auto", a number of devices (e.g. devices=2) or a list of GPU indices '
+                                "(e.g. devices=[0, 2]).")
+
+
+def gpu_indices(devices: int | list[int] | None) -> list[int]:
+    """The CUDA device indices ``devices`` names: all visible GPUs for None, the first N for a count."""
+    available = torch.cuda.device_count()
+    wanted = list(range(available)) if devices is None else \
+        list(range(devices)) if isinstance(devices, int) else devices
+    if not wanted or max(wanted) >= available:
+        raise MisconfigurationError(f"Trainer(devices={devices!r}) asks for GPUs {wanted}, but this machine shows "
+                                    f"{available} CUDA device(s).",
+                                    f"use devices <= {available} or indices below {available}, and check "
+                                    "CUDA_VISIBLE_DEVICES.")
+    return wanted
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process started by torchrun (or another launcher that sets RANK, LOCAL_RANK and WORLD_SIZE)."""
+    return all(key in os.environ for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+
+
 def unwrap(module: nn.Module) -> nn.Module:
     """The user's module under DataParallel/DistributedDataParallel/torch.compile wrappers."""
     while True:
@@ -45,6 +87,40 @@ def unwrap(module: nn.Module) -> nn.Module:
         if inner is None:
             return module
         module = inner
+
+
+def normalize_state_dict(state_dict: Mapping[str, Any],
+                         reference: nn.Module | Iterable[str] | None = None) -> Mapping[str, Any]:
+    """A state dict without the ``module.``/``_orig_mod.`` prefixes that DataParallel, DDP and torch.compile add.
+
+    What taskfit saves never has them; this makes a foreign state dict (a hand-written DataParallel loop, a
+    compiled model) load into the plain module. A prefix is stripped only when every key carries it. With
+    ``reference`` (the module to load into, or its keys), stripping stops as soon as the keys fit it, so a
+    module whose only child is really called ``module`` keeps its keys. Returns the input when nothing changes.
+    """
+    keys = [k for k in state_dict if isinstance(k, str)]
+    if len(keys) != len(state_dict) or not keys:
+        return state_dict
+    wanted = None
+    if reference is not None:
+        wanted = set(reference.state_dict() if isinstance(reference, nn.Module) else reference)
+    stripped = ""
+    while not (wanted is not None and any(k in wanted for k in keys)):
+        prefix = next((p for p in _WRAPPER_PREFIXES if all(k.startswith(p) for k in keys)), None)
+        if prefix is None:
+            break
+        keys = [k[len(prefix):] for k in keys]
+        stripped += prefix
+    if not stripped:
+        return state_dict
+    out: OrderedDict[str, Any] = OrderedDict(zip(keys, state_dict.values()))
+    metadata = getattr(state_dict, "_metadata", None)  # per-module versions that load_state_dict reads
+    if metadata is not None:
+        root = stripped[:-1]
+        out._metadata = OrderedDict(  # type: ignore[attr-defined]
+            ("" if k == root else k[len(stripped):], v) for k, v in metadata.items()
+            if k == root or k.startswith(stripped))
+    return out
 
 
 class Strategy:
@@ -57,19 +133,23 @@ class Strategy:
 
     def __init__(self, accelerator: str = "auto", devices: Any = "auto") -> None:
         self.accelerator = resolve_accelerator(accelerator)
-        index = 0
-        if isinstance(devices, Sequence) and not isinstance(devices, str):
-            if len(devices) != 1:
-                raise MisconfigurationError(f"strategy='single' runs on one device, got devices={list(devices)}.",
-                                            'pass devices=[k] for GPU k, or use strategy="dp"/"ddp" for several.')
-            index = int(devices[0])
-        self.device = torch.device(self.accelerator, index) if self.accelerator == "cuda" else \
-            torch.device(self.accelerator)
+        parsed = parse_devices(devices)
+        if isinstance(parsed, list) and len(parsed) != 1 or isinstance(parsed, int) and parsed != 1:
+            raise MisconfigurationError(f"strategy='single' runs on one device, got devices={devices!r}.",
+                                        'pass devices=1 or devices=[k] for GPU k, or use strategy="dp"/"ddp" '
+                                        "for several.")
+        index = parsed[0] if isinstance(parsed, list) else 0
+        self._set_device(torch.device(self.accelerator, index) if self.accelerator == "cuda" else
+                         torch.device(self.accelerator))
+
+    def _set_device(self, device: torch.device) -> None:
+        self.device = device
         # On the CPU, batches are already where they belong: skip the per-step tree walk.
         self._move = self.device.type != "cpu"
 
     @property
     def is_main(self) -> bool:
+        """True on rank 0: the process that logs, draws progress and writes files."""
         return self.rank == 0
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -101,23 +181,83 @@ class Strategy:
         return contextlib.nullcontext()
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """``tensor`` reduced over all ranks with ``op`` ("sum", "mean", "max" or "min"); itself on one process."""
         return tensor
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank (a picklable object, e.g. the run directory)."""
         return obj
 
     def barrier(self) -> None:
-        pass
+        """Wait until every rank gets here."""
 
     def teardown(self) -> None:
-        pass
+        """Release what ``setup_environment`` acquired."""
+
+
+class DataParallelStrategy(Strategy):
+    """``torch.nn.DataParallel``: one process drives every visible GPU (or ``devices=[...]``).
+
+    Each step scatters the batch over the GPUs, copies the module to each of them, runs the replicas in
+    threads and gathers the outputs on the first GPU, where the loss is computed. Without CUDA it warns and
+    runs on one device (DataParallel is then a passthrough), so the same config runs on a laptop.
+    """
+
+    name = "dp"
+
+    def __init__(self, accelerator: str = "auto", devices: Any = "auto") -> None:
+        self.accelerator = resolve_accelerator(accelerator)
+        parsed = parse_devices(devices)
+        if self.accelerator == "cuda":
+            self.device_ids = gpu_indices(parsed)
+            self._set_device(torch.device("cuda", self.device_ids[0]))
+            if len(self.device_ids) > 1:
+                warnings.warn(
+                    f"strategy='dp' (torch.nn.DataParallel) copies the module to GPUs {self.device_ids} on every "
+                    "step, so state set inside forward on a replica (BatchNorm running statistics on all but the "
+                    "first GPU, counters, caches) is lost, and one Python process drives every GPU. HINT: "
+                    "strategy='ddp' runs one process per GPU and has none of these limits (docs/strategies.md).",
+                    UserWarning, stacklevel=4)
+            return
+        self.device_ids = []
+        self._set_device(torch.device(self.accelerator))
+        warnings.warn(f"strategy='dp' needs CUDA GPUs; this run uses one device ({self.accelerator}), as "
+                      "strategy='single' would. HINT: on a CPU machine, strategy='ddp' with devices=N runs N "
+                      "processes; on a GPU machine strategy='dp' uses every visible GPU.", UserWarning, stacklevel=4)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module = module.to(self.device)
+        if self.device_ids:
+            return nn.DataParallel(module, device_ids=self.device_ids, output_device=self.device_ids[0])
+        if not torch.cuda.is_available():  # DataParallel without CUDA is a passthrough: same code path, one device
+            return nn.DataParallel(module)
+        return module  # accelerator="cpu" on a CUDA machine: DataParallel would claim the GPUs
 
 
 def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
-    """Build the strategy named by ``strategy`` ("auto", "single", "dp", "ddp") or take a Strategy instance."""
+    """Build the strategy named by ``strategy`` ("auto", "single", "dp", "ddp") or take a Strategy instance.
+
+    "auto" is ddp under torchrun (WORLD_SIZE > 1) or when ``devices`` asks for more than one device, else single.
+    """
     if isinstance(strategy, Strategy):
         return strategy
-    if strategy in ("auto", "single"):
-        return Strategy(accelerator, devices)
-    raise MisconfigurationError(f"Unknown strategy {strategy!r}.",
-                                'use "auto", "single", "dp" or "ddp" (or pass a Strategy instance).')
+    if not isinstance(strategy, str) or strategy not in _STRATEGIES:
+        raise MisconfigurationError(f"Unknown strategy {strategy!r}.",
+                                    'use "auto", "single", "dp" or "ddp" (or pass a Strategy instance).')
+    distributed = launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1
+    if strategy == "auto":
+        parsed = parse_devices(devices)
+        several = (len(parsed) if isinstance(parsed, list) else parsed or 1) > 1
+        strategy = "ddp" if distributed or several else "single"
+    if strategy == "ddp":
+        from .ddp import DDPStrategy
+
+        return DDPStrategy(accelerator, devices)
+    if distributed:
+        raise MisconfigurationError(
+            f"This process was started by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}, but "
+            f"strategy={strategy!r} would train a separate copy of the model in every process.",
+            'use strategy="ddp" (or "auto") under torchrun, or run the script with plain `python`.')
+    if strategy == "dp":
+        return DataParallelStrategy(accelerator, devices)
+    return Strategy(accelerator, devices)

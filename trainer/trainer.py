@@ -182,6 +182,8 @@ class Trainer(TrainerSetup):
                 with self.precision.autocast:
                     outputs = module(inputs)
                     loss = task.loss(outputs, targets)
+                if i == 0:  # the sanity check may run before any training step: check the loss here too
+                    check_loss(loss, task, training=False)
                 book.add(f"{prefix}/loss", loss.detach())
                 for metric in metrics.values():
                     metric.update(outputs, targets)

@@ -1,0 +1,251 @@
+"""ModelCheckpoint: saves the run every N epochs/steps/seconds, keeps the top-k files and a ``last.ckpt``.
+
+On by default (``Trainer(enable_checkpointing=False)`` turns it off). The files are complete training states
+(docs/checkpointing.md): ``trainer.fit(task, ckpt_path="last")`` continues exactly where the run stopped.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import re
+import time
+import warnings
+from typing import Any
+
+from .base import Callback
+
+_FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+
+
+def format_filename(template: str, values: dict[str, Any]) -> str:
+    """``"{epoch}-{val/acc:.3f}"`` -> ``"epoch=3-val_acc=0.912"``: each field as ``name=value``, ``/`` made safe."""
+    def field(match: re.Match) -> str:
+        name, spec = match.group(1).strip(), match.group(2) or ""
+        return f"{safe_name(name)}={format(values[name], spec)}"
+
+    return safe_name(_FIELD.sub(field, template), keep="=.-")
+
+
+def safe_name(name: str, keep: str = ".-") -> str:
+    return re.sub(rf"[^\w{re.escape(keep)}]", "_", name)
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints during fit; keep the ``save_top_k`` best by ``monitor`` and a ``last.ckpt``.
+
+    Args:
+        dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``).
+        filename: name template without ``.ckpt``: ``{epoch}``, ``{step}`` and any logged key, with an optional
+            format spec, e.g. ``"{epoch}-{val/acc:.3f}"`` (written ``epoch=3-val_acc=0.912.ckpt``).
+        monitor: logged key that ranks the files (e.g. ``"val/loss"``); None ranks them by recency.
+        mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
+        save_top_k: how many ranked files to keep (-1: all, 0: none, only ``last.ckpt``).
+        save_last: keep ``last.ckpt``, the newest state (what ``ckpt_path="last"`` resumes).
+        every_n_train_steps: also save every N optimizer steps (after that step's validation, if any).
+        every_n_epochs: save at the end of every N-th completed epoch (None or 0: never at epoch ends).
+        train_time_interval: also save when this much time (seconds or a ``timedelta``) has passed since the
+            last save, checked at step boundaries (under ddp at each ``log_every_n_steps``, with one broadcast).
+
+    After fit: ``best_model_path``, ``best_model_score``, ``last_model_path``, ``best_k_models`` ({path: score}).
+    Every rank runs this callback (a save gathers RNG states from all ranks); only rank 0 touches files.
+    """
+
+    order = 1000  # last: a checkpoint must hold every other callback's state after this hook
+
+    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str = "{epoch}-{step}",
+                 monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
+                 every_n_train_steps: int | None = None, every_n_epochs: int | None = 1,
+                 train_time_interval: float | datetime.timedelta | None = None) -> None:
+        from trainer.errors import MisconfigurationError
+
+        if mode not in ("min", "max"):
+            raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
+                                        'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
+        if not isinstance(save_top_k, int) or save_top_k < -1:
+            raise MisconfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) is not valid.",
+                                        "use -1 (keep all), 0 (only last.ckpt) or a positive number of files.")
+        for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid.",
+                                            "use a positive integer, or None/0 to turn this trigger off.")
+        if isinstance(train_time_interval, datetime.timedelta):
+            train_time_interval = train_time_interval.total_seconds()
+        if train_time_interval is not None and (not isinstance(train_time_interval, (int, float))
+                                                or train_time_interval <= 0):
+            raise MisconfigurationError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}) is not valid.",
+                                        "pass a number of seconds > 0 or a datetime.timedelta.")
+        stem = filename[:-5] if filename.endswith(".ckpt") else filename
+        if not stem or stem == "last" or os.sep in _FIELD.sub("", stem):
+            raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not valid.",
+                                        'give a file name template without folders and other than "last", e.g. '
+                                        '"{epoch}-{step}" or "{epoch}-{val/acc:.3f}" (put folders in dirpath).')
+        self.dirpath_arg = os.path.abspath(os.fspath(dirpath)) if dirpath is not None else None
+        self.dirpath: str | None = self.dirpath_arg
+        self.filename, self.monitor, self.mode, self.save_top_k = stem, monitor, mode, save_top_k
+        self.save_last, self.every_n_train_steps = save_last, every_n_train_steps or None
+        self.every_n_epochs, self.train_time_interval = every_n_epochs or None, train_time_interval
+        self.best_k_models: dict[str, float] = {}
+        self.best_model_path, self.best_model_score, self.last_model_path = "", None, ""
+        self._last_step = self._saved_step = -1
+        self._last_time = 0.0
+        self._warned_missing = False
+
+    # ---- hooks ----------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any, task: Any) -> None:
+        self.dirpath = self.dirpath_arg or os.path.join(trainer.log_dir, "checkpoints")
+        if not getattr(trainer, "_resumed", False):  # a fresh run ranks its own files (a resume restored them)
+            self.best_k_models, self.best_model_path, self.best_model_score = {}, "", None
+        self._last_step = self._saved_step = trainer.state.global_step  # after a restore: the resumed step
+        self._last_time = time.monotonic()
+
+    def on_train_batch_end(self, trainer: Any, task: Any) -> None:
+        step = trainer.state.global_step
+        if step == self._last_step:  # no optimizer step in this batch (accumulation): nothing new to save
+            return
+        self._last_step = step
+        due = self.every_n_train_steps is not None and step % self.every_n_train_steps == 0
+        if self.train_time_interval is not None and not due:
+            due = self._time_due(trainer, step)
+        if due and not trainer.fast_dev_run:
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+        st = trainer.state
+        # A partial epoch (max_steps, a stop, a signal) is saved by on_fit_end or the preemption handler.
+        if st.epoch_done and self.every_n_epochs and (st.epoch + 1) % self.every_n_epochs == 0 \
+                and not trainer.fast_dev_run:
+            self.save(trainer)
+
+    def on_fit_end(self, trainer: Any, task: Any) -> None:
+        if self.save_last and trainer.state.global_step != self._saved_step and not trainer.fast_dev_run:
+            trainer.save_checkpoint(self.prepare_last(trainer))  # training ended between two saves
+            self._saved_step = trainer.state.global_step
+
+    def _time_due(self, trainer: Any, step: int) -> bool:
+        if trainer.strategy.world_size > 1:  # ranks must agree: decide on rank 0, only where ranks sync anyway
+            if step % trainer.log_every_n_steps:
+                return False
+            return bool(trainer.strategy.broadcast(time.monotonic() - self._last_time >= self.train_time_interval))
+        return time.monotonic() - self._last_time >= self.train_time_interval
+
+    # ---- saving -------------------------------------------------------------------------------------------
+    def prepare_last(self, trainer: Any) -> str:
+        """The ``last.ckpt`` path, recorded as :attr:`last_model_path` before the file is written."""
+        self.last_model_path = os.path.join(self.dirpath or os.path.join(trainer.log_dir, "checkpoints"), "last.ckpt")
+        return self.last_model_path
+
+    def save(self, trainer: Any) -> None:
+        """Save now: a ranked file if it makes the top k, and ``last.ckpt``; then delete what fell out of the top k."""
+        from trainer.checkpoint import atomic_copy
+
+        score = self._score(trainer)
+        path, evicted = None, []
+        if self.save_top_k != 0 and score is not None and self._qualifies(score):
+            path = self._new_path(trainer)
+            evicted = self._admit(path, score)
+        if self.save_last:
+            last = self.prepare_last(trainer)
+        if path is not None:
+            trainer.save_checkpoint(path)  # holds the bookkeeping above, which already counts this file
+            if self.save_last and trainer.is_main:
+                atomic_copy(path, last)  # a hard link: no second write
+        elif self.save_last:
+            trainer.save_checkpoint(last)
+        if trainer.is_main:  # old files go only once their replacement is in place
+            for old in evicted:
+                if os.path.dirname(old) == self.dirpath and old not in (path, self.last_model_path):
+                    try:
+                        os.remove(old)
+                    except FileNotFoundError:
+                        pass
+        self._saved_step = trainer.state.global_step
+        self._last_time = time.monotonic()
+
+    def _score(self, trainer: Any) -> float | None:
+        if self.monitor is None:
+            return float(trainer.state.global_step)  # ranked by recency
+        metrics = trainer.state.metrics
+        if self.monitor in metrics:
+            return float(metrics[self.monitor])
+        prefix = self.monitor.split("/")[0] + "/"
+        if any(k.startswith(prefix) for k in metrics):  # its stage has logged, so the name is wrong
+            from trainer.errors import MisconfigurationError
+
+            raise MisconfigurationError(
+                f"ModelCheckpoint(monitor={self.monitor!r}) is not a logged key; logged: {sorted(metrics)}.",
+                "use one of the logged keys (validation metrics are named val/<name>), or monitor=None.")
+        if not self._warned_missing:  # not logged yet (e.g. no validation so far): only last.ckpt this time
+            warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}): not logged yet at step "
+                          f"{trainer.state.global_step}, so only last.ckpt is written this time. HINT: save when "
+                          "validation has run (every_n_epochs), or validate more often.", stacklevel=2)
+            self._warned_missing = True
+        return None
+
+    def _better(self, a: float, b: float) -> bool:
+        if math.isnan(a):
+            return False
+        lower = self.mode == "min" and self.monitor is not None  # without a monitor the newest (highest step) wins
+        return math.isnan(b) or (a < b if lower else a > b)
+
+    def _qualifies(self, score: float) -> bool:
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        return self._better(score, self.best_k_models[self._worst()])
+
+    def _worst(self) -> str:
+        worst = None
+        for path, score in self.best_k_models.items():
+            if worst is None or self._better(self.best_k_models[worst], score):
+                worst = path
+        return worst
+
+    def _admit(self, path: str, score: float) -> list[str]:
+        self.best_k_models[path] = score
+        evicted = []
+        while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
+            worst = self._worst()
+            evicted.append(worst)
+            del self.best_k_models[worst]
+        best = None
+        for p, s in self.best_k_models.items():
+            if best is None or self._better(s, self.best_k_models[best]):
+                best = p
+        self.best_model_path, self.best_model_score = best, self.best_k_models[best]
+        return evicted
+
+    def _new_path(self, trainer: Any) -> str:
+        from trainer.errors import MisconfigurationError
+
+        st = trainer.state
+        values = {**st.metrics, "epoch": st.epoch, "step": st.global_step}
+        try:
+            name = format_filename(self.filename, values)
+        except KeyError as exc:
+            raise MisconfigurationError(
+                f"ModelCheckpoint(filename={self.filename!r}) uses {exc.args[0]!r}, which is not logged; "
+                f"available: {sorted(values)}.",
+                "use {epoch}, {step} or a logged key (e.g. {val/loss:.4f}) in the filename.") from None
+        path, version = os.path.join(self.dirpath, name + ".ckpt"), 0
+        while os.path.exists(path) and path not in self.best_k_models:  # a file from another run: keep it
+            version += 1
+            path = os.path.join(self.dirpath, f"{name}-v{version}.ckpt")
+        return path
+
+    # ---- state in the checkpoint -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"monitor": self.monitor, "mode": self.mode, "best_k_models": dict(self.best_k_models),
+                "best_model_path": self.best_model_path, "best_model_score": self.best_model_score,
+                "last_model_path": self.last_model_path, "dirpath": self.dirpath}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
+            warnings.warn(f"The checkpoint's ModelCheckpoint ranked files by {state.get('monitor')!r} "
+                          f"({state.get('mode')}); this one by {self.monitor!r} ({self.mode}): its top-k list starts "
+                          "empty. HINT: keep monitor/mode when resuming to continue the same ranking.", stacklevel=2)
+            self.last_model_path = state.get("last_model_path", "")
+            return
+        self.best_k_models = {str(k): float(v) for k, v in state.get("best_k_models", {}).items()}
+        self.best_model_path = state.get("best_model_path", "")
+        self.best_model_score = state.get("best_model_score")
+        self.last_model_path = state.get("last_model_path", "")

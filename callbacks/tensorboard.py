@@ -1,0 +1,260 @@
+"""TensorBoardLogger: every value the Trainer publishes becomes a TensorBoard scalar; hyperparameters go to HParams.
+
+Cost per training step: nothing. The Trainer converts logged tensors to floats once per ``log_every_n_steps``
+(its one host-device sync) and calls ``on_log``; this callback hands those floats to ``SummaryWriter``, whose
+background thread writes them to disk. Only rank 0 creates a writer; other ranks write no file at all.
+The tags are listed in docs/logging.md.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trainer.errors import MisconfigurationError
+
+from .base import Callback
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+# A metric whose last name part contains one of these is better when lower (used when no callback says).
+_LOWER_IS_BETTER = ("loss", "err", "mse", "mae", "perplexity", "ppl", "time")
+
+
+def guess_mode(key: str) -> str:
+    """``"min"`` for loss/error-like keys (``val/loss``, ``val/mae``), ``"max"`` otherwise (``val/acc``)."""
+    name = key.rsplit("/", 1)[-1].lower()
+    return "min" if any(word in name for word in _LOWER_IS_BETTER) else "max"
+
+
+class TensorBoardLogger(Callback):
+    """Writes every published value as a scalar (x-axis: ``trainer.state.global_step``) into ``trainer.log_dir``.
+
+    On by default (``Trainer(logger=True)``); rank 0 only. One run directory per fit (``version_N``).
+
+    Args:
+        hparam_metrics: what the HParams tab shows next to the hyperparameters. None (default): every ``val/*``
+            key, ``train/loss_epoch`` and the ``monitor`` of callbacks such as EarlyStopping; or a list of keys;
+            or ``{key: "min" | "max"}``. Each metric shows its final value (its own tag) and ``best/<key>``.
+        histogram_every_n_steps: write ``params/<name>`` and ``grads/<name>`` histograms every N optimizer steps
+            (off by default: each costs a device-to-host copy of every parameter and gradient).
+        log_graph: write the model graph once at fit start (traces ``task(task.example_input_array)``).
+        flush_secs: how often the writer's thread flushes on its own; it also flushes at every epoch end.
+    """
+
+    order = 1000  # last: on_fit_end closes the writer after every other callback has logged
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> TensorBoardLogger:
+        # Gradients exist only in on_before_optimizer_step, and a callback that overrides that hook costs the
+        # Trainer a call (and an AMP unscale) per step. Only loggers that asked for histograms get that hook.
+        if cls is TensorBoardLogger and kwargs.get("histogram_every_n_steps"):
+            cls = _HistogramLogger
+        return super().__new__(cls)
+
+    def __init__(self, *, hparam_metrics: Sequence[str] | Mapping[str, str] | None = None,
+                 histogram_every_n_steps: int | None = None, log_graph: bool = False,
+                 flush_secs: int = 120) -> None:
+        n = histogram_every_n_steps
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise MisconfigurationError(f"TensorBoardLogger(histogram_every_n_steps={n!r}) is not valid.",
+                                        "pass a positive number of optimizer steps, or None (no histograms).")
+        if isinstance(hparam_metrics, str):
+            hparam_metrics = [hparam_metrics]
+        if isinstance(hparam_metrics, Mapping):
+            bad = {k: m for k, m in hparam_metrics.items() if m not in ("min", "max")}
+            if bad:
+                raise MisconfigurationError(f"TensorBoardLogger(hparam_metrics=...) has invalid modes {bad}.",
+                                            'give each metric "min" (lower is better) or "max".')
+            modes: dict[str, str] | None = dict(hparam_metrics)
+        else:
+            modes = None if hparam_metrics is None else {k: guess_mode(k) for k in hparam_metrics}
+        self.hparam_metrics = modes
+        self.histogram_every_n_steps, self.log_graph, self.flush_secs = n, log_graph, flush_secs
+        self._writer: SummaryWriter | None = None
+        self._dir: str | None = None
+        self._fitting = False
+        self._hparams: dict[str, Any] = {}
+        self._modes: dict[str, str] = {}
+        self._final: dict[str, float] = {}
+        self._best: dict[str, float] = {}
+
+    # ---- the writer -------------------------------------------------------------------------------
+    @property
+    def experiment(self) -> SummaryWriter | None:
+        """The open ``SummaryWriter`` (rank 0, during a run), e.g. for images or text from your own callback."""
+        return self._writer
+
+    def writer(self, trainer: Any) -> SummaryWriter | None:
+        """The writer for ``trainer.log_dir``, opened on first use; None on ranks other than 0."""
+        if not trainer.is_main or trainer.log_dir is None:
+            return None
+        if self._writer is not None and self._dir == trainer.log_dir:
+            return self._writer
+        self._close()
+        try:  # imported here, not at module import: tensorboard + protobuf take a second to load
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise MisconfigurationError("TensorBoardLogger needs the `tensorboard` package, which is not installed.",
+                                        "`pip install tensorboard`, or pass Trainer(logger=False).") from exc
+        self._writer, self._dir = SummaryWriter(log_dir=trainer.log_dir, flush_secs=self.flush_secs), trainer.log_dir
+        return self._writer
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()  # flushes the queue and closes the event file
+            self._writer = None
+
+    # ---- hooks --------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any, task: Any) -> None:
+        example = getattr(task, "example_input_array", None) if self.log_graph else None
+        if self.log_graph and example is None:  # checked on every rank, so that all of them stop
+            raise MisconfigurationError(
+                f"TensorBoardLogger(log_graph=True) needs {type(task).__name__}.example_input_array.",
+                "set `self.example_input_array = torch.zeros(1, ...)` (one input batch, as forward takes it) in "
+                "your TaskModule's __init__, or pass log_graph=False.")
+        self._fitting = True
+        self._final, self._best = {}, {}
+        self._modes = {k: m for k, m in ((getattr(cb, "monitor", None), getattr(cb, "mode", None))
+                                         for cb in trainer.callbacks) if isinstance(k, str) and m in ("min", "max")}
+        if self.hparam_metrics is not None:
+            self._modes.update(self.hparam_metrics)
+        writer = self.writer(trainer)
+        if writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        self._hparams = _loggable(trainer.hparams)
+        _, session_start, _ = hparams(self._hparams, {})
+        writer.file_writer.add_summary(session_start, trainer.state.global_step)
+        if example is not None:
+            _write_graph(writer, trainer, task, example)
+
+    def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
+        writer = self.writer(trainer)  # also opens one for a validate/test outside fit
+        if writer is None:
+            return
+        step = trainer.state.global_step
+        for key, value in metrics.items():
+            writer.add_scalar(key, value, step)
+        if self._fitting:
+            for key, value in metrics.items():
+                if self._tracked(key):
+                    self._final[key] = value
+                    if math.isfinite(value):
+                        best = self._best.get(key)
+                        better = min if self._mode(key) == "min" else max
+                        self._best[key] = value if best is None else better(best, value)
+
+    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_validation_end(self, trainer: Any, task: Any) -> None:
+        if not self._fitting:  # a Trainer.validate on its own: its values are written, close the file
+            self._close()
+
+    def on_test_end(self, trainer: Any, task: Any) -> None:
+        self._close()
+
+    def on_fit_end(self, trainer: Any, task: Any) -> None:
+        self._end_session(trainer, task, "STATUS_SUCCESS")
+
+    def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
+        if self._fitting:  # an error fails the run; Ctrl-C or a preemption exit may be resumed later
+            self._end_session(trainer, task, "STATUS_FAILURE" if isinstance(exception, Exception)
+                              else "STATUS_UNKNOWN")
+        self._close()
+
+    # ---- hyperparameters ----------------------------------------------------------------------------
+    def _tracked(self, key: str) -> bool:
+        if self.hparam_metrics is not None:
+            return key in self.hparam_metrics
+        return key.startswith("val/") or key == "train/loss_epoch" or key in self._modes
+
+    def _mode(self, key: str) -> str:
+        return self._modes.get(key) or guess_mode(key)
+
+    def _end_session(self, trainer: Any, task: Any, status: str) -> None:
+        """Write ``best/<key>``, the experiment (hparam and metric names) and the session end, then close."""
+        self._fitting = False
+        writer = self.writer(trainer)
+        if writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        step = trainer.state.global_step
+        for key, value in self._best.items():
+            writer.add_scalar(f"best/{key}", value, step)
+        names = sorted(self._final)
+        metrics = [name for key in names for name in (key, f"best/{key}")]
+        if _defines(task, "test_dataloader"):  # columns for a trainer.test that may follow, in this run
+            metrics += [f"test/{key[4:]}" for key in names if key.startswith("val/")]
+        experiment, _, _ = hparams(self._hparams, dict.fromkeys(metrics, 0.0))
+        writer.file_writer.add_summary(experiment, step)
+        writer.file_writer.add_summary(_session_end(status), step)
+        self._close()
+
+
+class _HistogramLogger(TensorBoardLogger):
+    """TensorBoardLogger with ``histogram_every_n_steps``: adds the gradient hook (see ``__new__``)."""
+
+    def on_before_optimizer_step(self, trainer: Any, task: Any) -> None:
+        step = trainer.state.global_step  # steps done: parameters after `step` steps, gradients taken there
+        if step % self.histogram_every_n_steps:
+            return
+        writer = self.writer(trainer)
+        if writer is None:
+            return
+        for name, param in task.named_parameters():  # a device-to-host copy per tensor, every N steps only
+            writer.add_histogram(f"params/{name}", param.detach(), step)
+            if param.grad is not None:
+                writer.add_histogram(f"grads/{name}", param.grad.detach(), step)
+
+
+def summary_writer(trainer: Any) -> SummaryWriter | None:
+    """The ``SummaryWriter`` of ``trainer``'s TensorBoardLogger for your own callbacks; None on other ranks or
+    when the Trainer has no logger (``logger=False``). Write at ``trainer.state.global_step``."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, TensorBoardLogger):
+            return callback.writer(trainer)
+    return None
+
+
+def _loggable(values: Mapping[str, Any]) -> dict[str, Any]:
+    """HParams accepts numbers, strings and bools; anything else (None, lists...) is shown as text."""
+    return {str(k): v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+
+
+def _defines(task: Any, method: str) -> bool:
+    from trainer.module import TaskModule
+
+    return getattr(type(task), method, None) is not getattr(TaskModule, method)
+
+
+def _session_end(status: str) -> Any:
+    """The HParams SessionEndInfo summary with ``status`` (torch's ``hparams()`` always writes SUCCESS)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    info = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value(status), end_time_secs=time.time())
+    content = plugin_data_pb2.HParamsPluginData(session_end_info=info, version=metadata.PLUGIN_DATA_VERSION)
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME,
+                                                                  content=content.SerializeToString()))
+    return Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=meta)])
+
+
+def _write_graph(writer: SummaryWriter, trainer: Any, task: Any, example: Any) -> None:
+    """Trace the model once on ``example`` (RNG state and train/eval mode are restored: the run is unchanged)."""
+    import torch
+
+    device = trainer.strategy.device
+    inputs = trainer.strategy.batch_to_device(example)
+    training = task.training
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.trace", DeprecationWarning)  # add_graph traces with jit
+        task.eval()
+        writer.add_graph(task, inputs)
+    task.train(training)

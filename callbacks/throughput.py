@@ -1,0 +1,158 @@
+"""ThroughputMonitor: samples/s, time per batch, the share of it spent waiting for data, epoch time, peak memory.
+
+Timing uses ``time.perf_counter`` at the batch hooks, never a device sync. The data wait of a batch is the time
+from the previous ``on_train_batch_end`` (or the epoch start: creating the DataLoader iterator counts) to its
+``on_train_batch_start``; the rest, up to its ``on_train_batch_end``, is compute (validation inside is left
+out). On a GPU the host runs ahead of the device, but the Trainer syncs once per ``log_every_n_steps``, so the
+total of an interval is the true wall time and a data-bound loop shows up as data wait.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from trainer.errors import MisconfigurationError
+
+from .base import Callback
+
+
+class ThroughputMonitor(Callback):
+    """Logs ``perf/*`` at every ``log_every_n_steps`` and epoch end; prints a summary at fit end (rank 0).
+
+    Added by default with the logger (``Trainer(logger=True)``). Samples are counted from the training
+    DataLoader's ``batch_size`` (all ranks together); ``summary`` holds the end-of-fit numbers.
+
+    Args:
+        data_wait_warning: share of the time (0-1) spent waiting for data above which the summary says the
+            DataLoader is the bottleneck and suggests ``num_workers``/``pin_memory``...
+        min_data_wait_s: ...provided the fit waited at least this long in total (in a run of a few seconds, fixed
+            costs dominate and more workers would not help).
+        verbose: print the summary at fit end.
+        stream: where to print (default ``sys.stdout``).
+    """
+
+    order = 500  # after the progress bar: its per-batch work is not counted as data wait
+
+    def __init__(self, data_wait_warning: float = 0.3, min_data_wait_s: float = 1.0, verbose: bool = True,
+                 stream: TextIO | None = None) -> None:
+        if isinstance(data_wait_warning, bool) or not isinstance(data_wait_warning, (int, float)) \
+                or not 0 <= data_wait_warning <= 1:
+            raise MisconfigurationError(f"ThroughputMonitor(data_wait_warning={data_wait_warning!r}) is not valid.",
+                                        "pass a share of the step time between 0 and 1, e.g. 0.3 (30%).")
+        self.data_wait_warning, self.min_data_wait_s = float(data_wait_warning), float(min_data_wait_s)
+        self.verbose, self.stream = verbose, stream
+        self.summary: dict[str, float] = {}
+        self._fitting = False
+
+    # ---- per fit ------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any, task: Any) -> None:
+        loader = trainer.train_dataloader
+        self._loader_settings = (getattr(loader, "num_workers", None), getattr(loader, "pin_memory", None))
+        bs = getattr(loader, "batch_size", None)
+        self._batch_size = bs if isinstance(bs, int) else 0  # 0: unknown (custom batch sampler): no samples/s
+        self._partial_idx, self._partial = -1, 0  # the epoch's last, smaller batch (drop_last=False)
+        try:
+            per_rank = len(loader.sampler)
+        except (AttributeError, TypeError):
+            per_rank = None
+        if self._batch_size and per_rank and per_rank % self._batch_size and not getattr(loader, "drop_last", True):
+            self._partial_idx, self._partial = per_rank // self._batch_size, per_rank % self._batch_size
+        self._world = trainer.strategy.world_size
+        self._cuda = trainer.strategy.device if trainer.strategy.device.type == "cuda" else None
+        if self._cuda is not None:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self._cuda)
+        self._window = [0.0, 0.0, 0.0, 0, 0]  # data wait, batch time, validation inside batches, samples, batches
+        self._total = [0.0, 0.0, 0.0, 0, 0]
+        self._epochs, self._fitting, self.summary = 0, True, {}
+        self._t_start = self._t_end = self._t_val = self._t_epoch = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
+        self._t_end = self._t_epoch = time.perf_counter()
+
+    def on_train_batch_start(self, trainer: Any, task: Any) -> None:
+        now = time.perf_counter()
+        self._window[0] += now - self._t_end
+        self._t_start = now
+
+    def on_train_batch_end(self, trainer: Any, task: Any) -> None:
+        now = time.perf_counter()
+        w = self._window
+        w[1] += now - self._t_start
+        w[3] += self._partial if trainer.state.batch_idx == self._partial_idx else self._batch_size
+        w[4] += 1
+        self._t_end = now
+
+    def on_validation_start(self, trainer: Any, task: Any) -> None:
+        self._t_val = time.perf_counter()
+
+    def on_validation_end(self, trainer: Any, task: Any) -> None:
+        # Validation inside a batch (between its start and end hooks) is not training time.
+        if self._fitting and trainer.state.stage == "val" and self._t_start > self._t_end:
+            self._window[2] += time.perf_counter() - self._t_val
+
+    def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
+        if self._fitting and "train/loss" in metrics and trainer.state.stage == "train":
+            values = self._rates(self._window)
+            self._fold()
+            if values:
+                trainer.log_metrics(values)
+
+    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+        self._epochs += 1
+        trainer.log_metrics({"perf/epoch_time_s": time.perf_counter() - self._t_epoch})
+
+    def on_fit_end(self, trainer: Any, task: Any) -> None:
+        self._fold()
+        self._fitting = False
+        values = self._rates(self._total)
+        self.summary = {key.replace("perf/", ""): value for key, value in values.items()}
+        self.summary.update(samples=self._total[3] * self._world, batches=self._total[4], epochs=self._epochs,
+                            train_time_s=self._total[0] + self._total[1] - self._total[2], data_wait_s=self._total[0])
+        if values:
+            trainer.log_metrics({key.replace("perf/", "perf/fit/"): value for key, value in values.items()})
+        if self.verbose and trainer.is_main:
+            print(self.report(), file=self.stream or sys.stdout, flush=True)
+
+    def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
+        self._fitting = False
+
+    # ---- numbers ------------------------------------------------------------------------------------
+    def _fold(self) -> None:
+        for i, value in enumerate(self._window):
+            self._total[i] += value
+        self._window = [0.0, 0.0, 0.0, 0, 0]
+
+    def _rates(self, counts: list) -> dict[str, float]:
+        wait, busy, val, samples, batches = counts
+        elapsed = wait + busy - val
+        if batches == 0 or elapsed <= 0:
+            return {}
+        values = {"perf/step_time_ms": 1000.0 * elapsed / batches, "perf/data_wait_pct": 100.0 * wait / elapsed}
+        if samples:
+            values["perf/samples_per_sec"] = samples * self._world / elapsed
+        if self._cuda is not None:
+            import torch
+
+            values["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(self._cuda) / 2**30  # no device sync
+        return values
+
+    def report(self) -> str:
+        """The end-of-fit summary as text (and advice when the DataLoader is the bottleneck)."""
+        s = self.summary
+        if "step_time_ms" not in s:
+            return "Throughput: no training batch was run."
+        parts = [f"{s['samples_per_sec']:,.0f} samples/s" if "samples_per_sec" in s else None,
+                 f"{s['step_time_ms']:.3g} ms/batch", f"data wait {s['data_wait_pct']:.0f}% of each batch",
+                 f"{s['batches']:,} batches ({s['samples']:,} samples) in {s['train_time_s']:.3g} s",
+                 f"peak CUDA memory {s['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in s else None]
+        text = "Throughput: " + " | ".join(p for p in parts if p)
+        if s["data_wait_pct"] > 100 * self.data_wait_warning and s["data_wait_s"] >= self.min_data_wait_s:
+            workers, pin = self._loader_settings
+            text += (f"\nThroughput: the DataLoader is the bottleneck: {s['data_wait_pct']:.0f}% of each batch was "
+                     f"spent waiting for data (num_workers={workers}, pin_memory={pin}).\n  HINT: raise "
+                     "DataLoader(num_workers=...) (e.g. to the number of CPU cores), pass pin_memory=True when "
+                     "training on a GPU, or make __getitem__/collate_fn cheaper (pre-process once, not per batch).")
+        return text

@@ -1,0 +1,289 @@
+"""The monitoring callbacks: EarlyStopping on scripted metric sequences (and across a checkpoint resume),
+LearningRateMonitor against the scheduler, ThroughputMonitor's counts, data-wait advice and validation time.
+"""
+from __future__ import annotations
+
+import io
+import math
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from callbacks import Callback, EarlyStopping, LearningRateMonitor, TensorBoardLogger, ThroughputMonitor
+from tasks import RegressionTask
+from trainer import MisconfigurationError, Trainer
+
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def logged(trainer, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of ``tag`` in the run's event files, read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = EventAccumulator(trainer.log_dir, size_guidance={"scalars": 0})
+    run.Reload()
+    return [(e.step, e.value) for e in run.Scalars(tag)]
+
+
+# ---- EarlyStopping --------------------------------------------------------------------------------------
+class ScriptedTask(RegressionTask):
+    """Logs ``val/score = script[epoch]`` at each validation (``sanity`` during the sanity check)."""
+
+    def __init__(self, script, sanity: float = 0.0, lr: float = 0.05) -> None:
+        super().__init__(n=16, batch_size=8, val_n=8, lr=lr)  # one validation batch: the mean is the value
+        self.script, self.sanity, self.epoch = list(script), sanity, -1
+
+    def loss(self, outputs, targets):
+        if self.stage == "val":
+            self.log("score", self.sanity if self.epoch < 0 else self.script[self.epoch])
+        return super().loss(outputs, targets)
+
+
+class EpochToTask(Callback):
+    def on_train_epoch_start(self, trainer, task):
+        task.epoch = trainer.state.epoch
+
+
+def fit_scripted(script, stopper, max_epochs=None, **kwargs):
+    trainer = Trainer(max_epochs=max_epochs or len(script), logger=False, callbacks=[stopper, EpochToTask()],
+                      **QUIET, **kwargs)
+    task = ScriptedTask(script)
+    trainer.fit(task)
+    return trainer, task
+
+
+def test_early_stopping_counts_patience_and_min_delta(capsys):
+    # best 0.8 at epoch 1; 0.75 is not better by more than 0.1; epochs 2, 3, 4 without improvement -> stop at 4.
+    # The sanity check logs 0.0: were it counted, nothing would improve on it and fit would stop at epoch 2.
+    stopper = EarlyStopping(monitor="val/score", mode="min", patience=3, min_delta=0.1)
+    trainer, _ = fit_scripted([1.0, 0.8, 0.75, 0.79, 0.85, 0.5, 0.4, 0.3], stopper)
+    assert stopper.stopped_epoch == 4 and trainer.state.epoch == 5  # epoch 4 completes, no epoch 5
+    assert trainer.state.global_step == 5 * 2
+    assert stopper.best == pytest.approx(0.8) and stopper.wait == 3
+    reason = trainer.state.stop_reason
+    assert reason.startswith("EarlyStopping: val/score did not improve by more than 0.1 for 3 checks"), reason
+    assert "EarlyStopping: stopping at epoch 4 (global step 10)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script, kwargs, epoch, why", [
+    ([0.5, 0.7, 0.91, 0.95, 0.99], dict(mode="max", stopping_threshold=0.9), 2, "reached the stopping threshold 0.9"),
+    ([1.0, 0.9, math.nan, 0.1], dict(mode="min"), 2, "val/score = nan is not finite"),
+    ([1.0, 0.9, 4.0, 0.1], dict(mode="min", divergence_threshold=3.0), 2, "worse than the divergence threshold 3.0"),
+    ([0.1, 0.2, 0.3, 0.35, 0.4], dict(mode="max"), None, None),  # always improving: never stops
+])
+def test_early_stopping_thresholds_and_non_finite(script, kwargs, epoch, why):
+    stopper = EarlyStopping(monitor="val/score", patience=2, verbose=False, **kwargs)
+    trainer, _ = fit_scripted(script, stopper)
+    assert stopper.stopped_epoch == epoch
+    assert trainer.state.epoch == (len(script) if epoch is None else epoch + 1)
+    assert (why or "") in trainer.state.stop_reason and bool(trainer.state.stop_reason) == (why is not None)
+
+
+def test_early_stopping_on_a_training_key_checks_at_epoch_end():
+    stopper = EarlyStopping(monitor="train/loss_epoch", patience=2, verbose=False)
+    trainer = Trainer(max_epochs=10, logger=False, callbacks=[stopper], **QUIET)
+    trainer.fit(RegressionTask(n=16, lr=0.0))  # lr 0: the epoch loss never changes after epoch 0
+    assert stopper.stopped_epoch == 2 and trainer.state.epoch == 3
+
+
+def test_early_stopping_survives_a_checkpoint_resume(tmp_path):
+    script = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]  # never improves after epoch 0
+    first = EarlyStopping(monitor="val/score", patience=4, verbose=False)
+    trainer, task = fit_scripted(script, first, max_epochs=3)  # checks at epochs 1, 2: wait 2
+    assert (first.best, first.wait, first.stopped_epoch) == (1.0, 2, None)
+    path = str(tmp_path / "after3.ckpt")
+    trainer.save_checkpoint(path)
+
+    resumed = EarlyStopping(monitor="val/score", patience=4, verbose=False)
+    trainer = Trainer(max_epochs=len(script), logger=False, callbacks=[resumed, EpochToTask()], **QUIET)
+    trainer.fit(ScriptedTask(script), ckpt_path=path)
+    assert resumed.stopped_epoch == 4  # 2 restored + epochs 3, 4; a fresh counter would stop at epoch 7
+    assert resumed.best == 1.0 and trainer.state.epoch == 5
+
+    fresh = EarlyStopping(monitor="val/score", patience=4, verbose=False)
+    fresh.load_state_dict(first.state_dict())
+    assert fresh.state_dict() == first.state_dict() and fresh.state_key == "EarlyStopping{monitor=val/score, mode=min}"
+
+
+def test_early_stopping_explains_an_unknown_key():
+    stopper = EarlyStopping(monitor="val/acc")
+    with pytest.raises(MisconfigurationError, match=r"monitors 'val/acc', which was not logged\. Logged keys: "
+                                                    r"val/loss, val/score\."):
+        fit_scripted([1.0, 0.5], stopper)
+
+
+def test_early_stopping_without_validation_data_fails_before_training():
+    trainer = Trainer(max_epochs=2, logger=False, callbacks=[EarlyStopping()], **QUIET)
+    task = RegressionTask(n=16)
+    with pytest.raises(MisconfigurationError, match=r"monitors 'val/loss', but RegressionTask has no validation"):
+        trainer.fit(task)
+    assert trainer.state.global_step == 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mode="best"), r"mode='best'\) is not valid"), (dict(patience=-1), r"patience=-1\) is not valid"),
+    (dict(min_delta=-0.1), r"min_delta=-0.1\) is not valid"), (dict(monitor=""), r"monitor=''\) is not valid")])
+def test_early_stopping_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(MisconfigurationError, match=match):
+        EarlyStopping(**kwargs)
+
+
+# ---- LearningRateMonitor --------------------------------------------------------------------------------
+class TwoGroupTask(RegressionTask):
+    """Two param groups (one named) and a scheduler stepping every optimizer step or every epoch."""
+
+    def __init__(self, interval: str = "step", momentum: float = 0.0) -> None:
+        super().__init__(n=32, batch_size=8)
+        self.interval, self.momentum = interval, momentum
+
+    def build(self, params):
+        weight, bias = params
+        optimizer = torch.optim.SGD([{"params": [weight], "lr": 0.1, "name": "weights"}, {"params": [bias]}],
+                                    lr=0.02, momentum=self.momentum)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5) if self.interval == "step" \
+            else torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+        return optimizer, scheduler
+
+    def configure_optimizers(self):
+        optimizer, scheduler = self.build([self.net[1].weight, self.net[1].bias])
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.interval}}
+
+
+def expected_rates(task, scheduler_steps: int) -> list[float]:
+    """Replay the task's scheduler on a throwaway optimizer: the rates after ``scheduler_steps`` steps."""
+    optimizer, scheduler = task.build([torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)])
+    for _ in range(scheduler_steps):
+        optimizer.step()
+        scheduler.step()
+    return scheduler.get_last_lr()
+
+
+def test_lr_monitor_step_values_match_the_scheduler(tmp_path):
+    task = TwoGroupTask("step", momentum=0.9)
+    trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),
+                      callbacks=[LearningRateMonitor(log_momentum=True)], **QUIET)
+    trainer.fit(task)
+    weights, bias = logged(trainer, "lr/SGD/weights"), logged(trainer, "lr/SGD/pg1")
+    assert [s for s, _ in weights] == list(range(1, 11))
+    for (step, w), (_, b) in zip(weights, bias):  # at step s: the rate of the next step, after s scheduler steps
+        assert [w, b] == pytest.approx(expected_rates(task, step)), step
+    assert weights[1][1] == pytest.approx(0.1) and weights[2][1] == pytest.approx(0.05)  # StepLR(3) halves at 3
+    assert [v for _, v in logged(trainer, "momentum/SGD/weights")] == pytest.approx([0.9] * 10)
+
+
+def test_lr_monitor_epoch_interval_logs_at_epoch_start(tmp_path):
+    task = TwoGroupTask("epoch")
+    trainer = Trainer(max_epochs=3, default_root_dir=str(tmp_path),
+                      callbacks=[LearningRateMonitor(logging_interval="epoch")], **QUIET)
+    trainer.fit(task)
+    assert logged(trainer, "lr/SGD/weights") == [(0, pytest.approx(0.1)), (4, pytest.approx(0.05)),
+                                                  (8, pytest.approx(0.025))]
+    assert [v for _, v in logged(trainer, "lr/SGD/pg1")] == pytest.approx(
+        [expected_rates(task, e)[1] for e in range(3)])
+
+
+def test_lr_monitor_rejects_a_bad_interval():
+    with pytest.raises(MisconfigurationError, match=r"logging_interval='batch'\) is not valid"):
+        LearningRateMonitor(logging_interval="batch")
+
+
+def test_logger_adds_the_monitors_by_default_and_logger_false_removes_them():
+    def kinds(trainer):
+        return {type(cb) for cb in trainer.callbacks}
+
+    assert {TensorBoardLogger, LearningRateMonitor, ThroughputMonitor} <= kinds(Trainer(max_epochs=1, **QUIET))
+    assert not {TensorBoardLogger, LearningRateMonitor, ThroughputMonitor} & kinds(
+        Trainer(max_epochs=1, logger=False, **QUIET))
+    mine = LearningRateMonitor(logging_interval="epoch")
+    trainer = Trainer(max_epochs=1, callbacks=[mine], **QUIET)
+    assert [cb for cb in trainer.callbacks if isinstance(cb, LearningRateMonitor)] == [mine]
+
+
+# ---- ThroughputMonitor ----------------------------------------------------------------------------------
+def test_throughput_counts_samples_and_logs_perf(tmp_path):
+    stream = io.StringIO()
+    monitor = ThroughputMonitor(stream=stream)
+    task = RegressionTask(n=60, batch_size=8, val_n=16)  # 7 full batches and one of 4 per epoch
+    trainer = Trainer(max_epochs=2, log_every_n_steps=3, default_root_dir=str(tmp_path), callbacks=[monitor],
+                      **QUIET)
+    trainer.fit(task)
+    s = monitor.summary
+    assert (s["samples"], s["batches"], s["epochs"]) == (120, 16, 2)
+    assert s["samples_per_sec"] == pytest.approx(120 / s["train_time_s"])
+    assert s["step_time_ms"] == pytest.approx(1000 * s["train_time_s"] / 16)
+    assert 0 <= s["data_wait_pct"] <= 100 and "peak_memory_gib" not in s  # CPU: no CUDA memory
+    report = stream.getvalue()
+    assert report.startswith("Throughput: ") and "samples/s" in report and "16 batches (120 samples)" in report
+    assert [step for step, _ in logged(trainer, "perf/samples_per_sec")] == [3, 6, 9, 12, 15]
+    assert [step for step, _ in logged(trainer, "perf/epoch_time_s")] == [8, 16]
+    assert logged(trainer, "perf/fit/samples_per_sec") == [(16, pytest.approx(s["samples_per_sec"], rel=1e-6))]
+
+
+class SlowData(Dataset):
+    """Each sample costs ``delay`` seconds to load: a data-bound loop."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.data, self.delay = RegressionTask(n=n).data, delay
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return self.data[i]
+
+
+class SlowDataTask(RegressionTask):
+    def __init__(self, delay: float) -> None:
+        super().__init__(n=32, batch_size=4)
+        self.slow = SlowData(32, delay)
+
+    def train_dataloader(self):
+        return DataLoader(self.slow, batch_size=4)
+
+
+def test_throughput_says_when_the_dataloader_is_the_bottleneck():
+    stream = io.StringIO()
+    monitor = ThroughputMonitor(min_data_wait_s=0.1, stream=stream)
+    Trainer(max_epochs=1, logger=False, callbacks=[monitor], **QUIET).fit(SlowDataTask(delay=0.005))
+    assert monitor.summary["data_wait_pct"] > 50 and monitor.summary["data_wait_s"] >= 32 * 0.005
+    report = stream.getvalue()
+    assert "the DataLoader is the bottleneck" in report and "(num_workers=0, pin_memory=False)" in report
+    assert "HINT: raise DataLoader(num_workers=...)" in report
+
+    quick = ThroughputMonitor(stream=io.StringIO())  # the same loop without the delay, default thresholds
+    Trainer(max_epochs=1, logger=False, callbacks=[quick], **QUIET).fit(SlowDataTask(delay=0.0))
+    assert "bottleneck" not in quick.stream.getvalue()
+
+
+class SlowValidationTask(RegressionTask):
+    def loss(self, outputs, targets):
+        if self.stage == "val":
+            time.sleep(0.1)
+        return super().loss(outputs, targets)
+
+
+def test_throughput_leaves_validation_out_of_the_step_time():
+    monitor = ThroughputMonitor(verbose=False)
+    trainer = Trainer(max_epochs=1, val_check_interval=2, num_sanity_val_steps=0, logger=False, callbacks=[monitor],
+                      **QUIET)
+    trainer.fit(SlowValidationTask(n=32, batch_size=8, val_n=8))  # 4 batches, 2 validations of 0.1 s
+    assert monitor.summary["batches"] == 4
+    assert monitor.summary["train_time_s"] < 0.1  # the 0.2 s of validation are not training time
+    assert trainer.state.metrics["perf/epoch_time_s"] >= 0.2  # ...but they are part of the epoch
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is reported on CUDA only")
+def test_throughput_reports_cuda_peak_memory():
+    monitor = ThroughputMonitor(verbose=False)
+    trainer = Trainer(max_epochs=1, accelerator="cuda", logger=False, callbacks=[monitor], **QUIET)
+    trainer.fit(RegressionTask(n=32, batch_size=8))
+    assert 0 < monitor.summary["peak_memory_gib"] < 1
+    assert trainer.state.metrics["perf/fit/peak_memory_gib"] == monitor.summary["peak_memory_gib"]
+
+
+def test_throughput_rejects_a_bad_threshold():
+    with pytest.raises(MisconfigurationError, match=r"data_wait_warning=1.5\) is not valid"):
+        ThroughputMonitor(data_wait_warning=1.5)

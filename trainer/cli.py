@@ -1,0 +1,292 @@
+"""The ``taskfit`` command (also ``python -m trainer``): one Hydra app over ``conf/``. See docs/configuration.md.
+
+A run: compose the config (Hydra), resolve it, check every ``_target_`` and argument (trainer/config.py), save
+the resolved config as ``<run dir>/config.yaml``, build the task, the callbacks and the Trainer, fit, test
+when the task has test data, and print where the run directory, TensorBoard logs and best checkpoint are.
+The command line maps onto ``Trainer(**cfg.trainer, callbacks=[...cfg.callbacks, ...cfg.logger],
+config=<resolved cfg>)`` and ``trainer.fit(instantiate(cfg.task), ckpt_path=cfg.ckpt_path)``.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback as HydraCallback
+from omegaconf import DictConfig, OmegaConf
+
+from .checkpoint import last_checkpoint
+from .config import check_targets, explain, locate
+from .errors import CheckpointError, MisconfigurationError, TaskfitError
+from .seed import seed_everything
+from .strategies import launched_by_torchrun
+
+# Callbacks that a Trainer switch turns off: a configured one is dropped too, as the Trainer's default is.
+_SWITCHES = (("enable_progress_bar", "ProgressBar"), ("enable_model_summary", "ModelSummary"),
+             ("enable_checkpointing", "ModelCheckpoint"), ("logger", "TensorBoardLogger"),
+             ("logger", "LearningRateMonitor"), ("logger", "ThroughputMonitor"))
+
+
+def _config_path() -> str:
+    """The configs shipped as the package ``trainer.conf`` (installed, editable or not), else a checkout's conf/."""
+    if importlib.util.find_spec("trainer.conf") is not None:
+        return "pkg://trainer.conf"
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+def _is_leader() -> bool:
+    """Rank 0 of a torchrun job, or any process that torchrun did not start (spawned ddp workers never get here)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+# ---- building the pieces --------------------------------------------------------------------------------
+def build_callbacks(config: dict[str, Any]) -> list[Any]:
+    """The ``callbacks`` and ``logger`` groups' callbacks (a null entry is skipped), minus those the Trainer's
+    switches turn off (``trainer.enable_checkpointing=false`` drops ``callbacks.model_checkpoint``...)."""
+    import callbacks as cbs
+    from hydra.utils import instantiate
+
+    switches = config["trainer"]
+    off = tuple(getattr(cbs, name) for flag, name in _SWITCHES if not switches.get(flag, True))
+    if switches.get("fast_dev_run"):  # nothing is written in a fast_dev_run
+        off += (cbs.ModelCheckpoint, cbs.TensorBoardLogger)
+    built = []
+    for group in ("callbacks", "logger"):
+        for name, node in (config.get(group) or {}).items():
+            if node is None:
+                continue
+            if not isinstance(node, dict) or "_target_" not in node:
+                raise MisconfigurationError(
+                    f"{group}.{name} has no _target_, so it cannot become a callback (it is {node!r}).",
+                    f"give it `_target_: package.module.MyCallback` and its arguments, or remove it with "
+                    f"{group}.{name}=null.")
+            cls = locate(node["_target_"], f"{group}.{name}")
+            if isinstance(cls, type) and off and issubclass(cls, off):
+                continue
+            built.append(instantiate(node, _convert_="all"))
+    return built
+
+
+def build_trainer(config: dict[str, Any], callbacks: list[Any]) -> Any:
+    """``Trainer(**config["trainer"], callbacks=callbacks, config=config)``; a nested ``_target_`` (the ddp
+    strategy) is built first."""
+    from hydra.utils import instantiate
+
+    factory = instantiate(config["trainer"], _partial_=True, _convert_="all")
+    return factory(callbacks=callbacks, config=config)
+
+
+def find_last_checkpoint(log_dir: str, name: str, exclude: str | None = None) -> str:
+    """The newest ``last.ckpt`` (by modification time) of the runs named ``name``: the run directories
+    ``<log_dir>/<name>/runs/*`` and ``<log_dir>/<name>/multiruns/*/*``, each searched as
+    :func:`trainer.checkpoint.last_checkpoint` does (its ``last.ckpt``, else the highest ``version_N``'s)."""
+    base = os.path.abspath(os.path.join(log_dir, name))
+    runs = glob.glob(os.path.join(glob.escape(base), "runs", "*")) + \
+        glob.glob(os.path.join(glob.escape(base), "multiruns", "*", "*"))
+    found = [path for run in runs if os.path.isdir(run) and os.path.abspath(run) != exclude
+             if (path := last_checkpoint(run)) is not None]
+    if not found:
+        raise CheckpointError(
+            f"ckpt_path=last found no last.ckpt in the runs named '{name}' (looked in {base}/runs/* and "
+            f"{base}/multiruns/*/*).",
+            "run once without ckpt_path first, use the same name (experiment, or name=...) and paths.log_dir as "
+            "that run, or pass the file: ckpt_path=/path/to/last.ckpt.")
+    return max(found, key=os.path.getmtime)
+
+
+def _ckpt_path(config: dict[str, Any], run_dir: str) -> str | None:
+    value = config.get("ckpt_path")
+    if value == "last":
+        return find_last_checkpoint(config["paths"]["log_dir"], str(config["name"]), exclude=run_dir)
+    if isinstance(value, str) and value != "best":
+        return os.path.abspath(os.path.expanduser(value))
+    return value
+
+
+def compose_config(overrides: Sequence[str] = (), run_dir: str | None = None) -> dict[str, Any]:
+    """The resolved config that ``taskfit <overrides>`` would run, from Python (a notebook, a test).
+
+    Uses Hydra's compose API on the same configs; ``run_dir`` (default: the working directory) stands for the
+    run directory Hydra would create. Add your own config folder with ``"hydra.searchpath=[file:///abs/dir]"``.
+    Sets Hydra's global HydraConfig, as a running job has it.
+    """
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from omegaconf import open_dict, read_write
+
+    path = _config_path()
+    init = initialize_config_module(path[len("pkg://"):], version_base="1.3") if path.startswith("pkg://") \
+        else initialize_config_dir(path, version_base="1.3")
+    with init:
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = os.path.abspath(run_dir or os.getcwd())
+        cfg.hydra.runtime.cwd = os.getcwd()
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+# ---- the job ----------------------------------------------------------------------------------------------
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """One Hydra job: build, fit, test, report. Returns what the sweep summary shows."""
+    from hydra.utils import instantiate
+
+    started = time.perf_counter()
+    config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    check_targets(config)  # every _target_ imports, every key is an argument: before any work
+    run_dir = HydraConfig.get().runtime.output_dir
+    if _is_leader():  # torchrun: only rank 0 writes; the others share its directory
+        OmegaConf.save(OmegaConf.create(config), os.path.join(run_dir, "config.yaml"))
+    seed = config["trainer"].get("seed")
+    if seed is not None:  # before the task is built: its initial weights depend on the seed
+        seed_everything(seed)
+    ckpt_path = _ckpt_path(config, run_dir)
+    task = instantiate(config["task"], _convert_="all")
+    trainer = build_trainer(config, build_callbacks(config))
+    trainer.fit(task, ckpt_path=ckpt_path)
+    cb = trainer.checkpoint_callback
+    best = getattr(cb, "best_model_path", None) or None
+    tested = None
+    if config.get("test", True) and task.test_dataloader() is not None:
+        tested = trainer.test(task, ckpt_path=best if best and os.path.isfile(best) else None)[0]
+    result = _result(trainer, run_dir, best, tested)
+    if trainer.is_main:
+        _print_report(result, time.perf_counter() - started)
+    return result
+
+
+def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, float] | None) -> dict[str, Any]:
+    from callbacks import TensorBoardLogger
+
+    cb = trainer.checkpoint_callback
+    metrics = dict(trainer.state.metrics)
+    monitor, mode = getattr(cb, "monitor", None), getattr(cb, "mode", "min")
+    score = getattr(cb, "best_model_score", None) if monitor else None
+    kind = "best"
+    if monitor is None or score is None:  # nothing ranked checkpoints: show the final validation loss
+        monitor = monitor or next((k for k in ("val/loss", "train/loss_epoch", "train/loss") if k in metrics), None)
+        score, kind = metrics.get(monitor) if monitor else None, "final"
+    logging = any(isinstance(c, TensorBoardLogger) for c in trainer.callbacks)
+    return {"run_dir": run_dir, "log_dir": trainer.log_dir if logging else None, "best_checkpoint": best,
+            "monitor": monitor, "mode": mode, "score": None if score is None else float(score), "kind": kind,
+            "metrics": metrics, "test": tested}
+
+
+def _print_report(result: dict[str, Any], seconds: float) -> None:
+    score = "" if result["score"] is None else f"  ({result['monitor']}={result['score']:.4g})"
+    lines = [f"taskfit: done in {seconds:.1f} s",
+             f"  run directory:   {result['run_dir']}  (config.yaml: the resolved config)",
+             "  TensorBoard:     " + (f"{result['log_dir']}  (tensorboard --logdir {result['run_dir']})"
+                                      if result["log_dir"] else "off"),
+             f"  best checkpoint: {result['best_checkpoint'] or 'none'}{score if result['best_checkpoint'] else ''}"]
+    if result["best_checkpoint"] is None and result["score"] is not None:
+        lines.append(f"  {result['kind']} {result['monitor']}: {result['score']:.4g}")
+    if result["test"]:
+        lines.append("  test:            " + ", ".join(f"{k}={v:.4g}" for k, v in result["test"].items()))
+    print("\n".join(lines), flush=True)
+
+
+# ---- sweeps ------------------------------------------------------------------------------------------------
+class SweepSummary(HydraCallback):
+    """At the end of ``taskfit -m``: each job's overrides and its best monitored value (the checkpoint callback's
+    ``monitor``; the final ``val/loss`` when nothing is monitored), printed and saved as ``sweep_summary.yaml``."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.active = False
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.rows, self.active = [], True
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if not self.active:
+            return
+        from hydra.core.utils import JobStatus
+
+        ok = job_return.status == JobStatus.COMPLETED
+        value = job_return.return_value if ok else None
+        row = {"job": int(job_return.hydra_cfg.hydra.job.num), "overrides": list(job_return.overrides or []),
+               "status": "ok" if ok else "failed", "run_dir": job_return.hydra_cfg.hydra.runtime.output_dir}
+        if isinstance(value, dict):
+            row.update({k: value.get(k) for k in ("monitor", "mode", "score", "kind", "best_checkpoint")})
+        self.rows.append(row)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.active = False
+        if not self.rows or not _is_leader():
+            return
+        sweep_dir = os.path.dirname(self.rows[0]["run_dir"])
+        scored = [r for r in self.rows if r.get("score") is not None]
+        best = None
+        if scored:
+            pick = min if scored[0].get("mode", "min") == "min" else max
+            best = pick(scored, key=lambda r: r["score"])
+        common = set.intersection(*(set(r["overrides"]) for r in self.rows)) if len(self.rows) > 1 else set()
+        lines = [f"Sweep summary: {len(self.rows)} job(s) in {sweep_dir}"]
+        if common:
+            lines.append("  every job: " + " ".join(o for o in self.rows[0]["overrides"] if o in common))
+        lines.append(f"{'job':>5}  {'value':>10}  {'metric':<20}overrides")
+        for r in self.rows:
+            value = "failed" if r["status"] != "ok" else "-" if r.get("score") is None else f"{r['score']:.4g}"
+            metric = f"{r.get('kind') or ''} {r.get('monitor') or ''}".strip()
+            varying = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+            lines.append(f"{r['job']:>5}  {value:>10}  {metric:<20}{varying}{'  *' if r is best else ''}")
+        if best is not None:
+            lines.append(f"Best (*): job {best['job']}, {best['monitor']}={best['score']:.4g}: {best['run_dir']}")
+        print("\n".join(lines), flush=True)
+        OmegaConf.save(OmegaConf.create({"best_job": None if best is None else best["job"], "jobs": self.rows}),
+                       os.path.join(sweep_dir, "sweep_summary.yaml"))
+
+
+# ---- the command --------------------------------------------------------------------------------------------
+_app = hydra.main(version_base="1.3", config_path=_config_path(), config_name="config")(run)
+
+
+def _follower_overrides() -> list[str]:
+    """Under torchrun every rank runs this command. Ranks other than 0 get no directory, log file or saved
+    config of their own: their Trainer takes rank 0's log directory (a broadcast), and rank 0 writes."""
+    if launched_by_torchrun() and not _is_leader():
+        return ["hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=.", "hydra.output_subdir=null",
+                "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    return []
+
+
+def _fail(error: BaseException) -> None:
+    print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``taskfit``: ``argv`` (default ``sys.argv[1:]``) are Hydra flags and overrides."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv), *_follower_overrides()]
+    if os.getcwd() not in sys.path:  # `task._target_=mypkg.MyTask` works from the folder that holds mypkg
+        sys.path.append(os.getcwd())
+    user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing: errors are explained below
+    try:
+        _app()
+    except Exception as exc:
+        if user_wants_traceback:
+            raise
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, TaskfitError):  # e.g. inside InstantiationException
+            cause = cause.__cause__
+        if cause is not None:
+            _fail(cause)
+        if isinstance(exc, (HydraException, OmegaConfBaseException)):
+            _fail(explain(exc))
+        raise
+
+
+if __name__ == "__main__":
+    main()
