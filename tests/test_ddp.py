@@ -1,8 +1,9 @@
-"""ddp for real: 2 gloo processes on the CPU, started by the Trainer (spawn) and by torchrun.
+"""ddp for real: 2 gloo processes on the CPU, started by the Trainer (from pytest and from a script) and by torchrun.
 
-Each launch costs a few seconds (every worker imports torch and DDP imports torch._dynamo), so each test
-checks several things of one run. The tasks and callbacks live in tests/tasks.py: spawn pickles them by
-reference, so they must be importable.
+A fresh set of processes costs seconds (each imports torch, and DDP imports torch._dynamo); the Trainer's
+forkserver pays that once per pytest process, torchrun and a script every time. So each test checks several
+things of one run. The tasks and callbacks live in tests/tasks.py: the workers unpickle them by reference, so
+they must be importable.
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def test_ddp_spawn_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
     assert "on_train_batch_start" in str(info.value.__cause__)  # the worker's traceback comes along
 
 
-def test_ddp_spawn_a_preemption_signal_to_the_parent_reaches_every_rank(tmp_path):
+def test_ddp_spawn_a_preemption_signal_to_the_parent_reaches_every_rank(tmp_path, capfd):
     """A scheduler signals the process it started: the workers get it, agree, save one checkpoint and exit, and
     the parent exits with their code (128 + SIGTERM)."""
     seen = []
@@ -132,6 +133,8 @@ def test_ddp_spawn_a_preemption_signal_to_the_parent_reaches_every_rank(tmp_path
         with pytest.raises(SystemExit) as info:
             trainer.fit(RegressionTask())  # 5 epochs x 8 steps without the signal
         assert info.value.code == 128 + signal.SIGTERM and not seen
+        # rank 0 reports on this process's stderr as it is now, even from a forkserver started by an earlier test
+        assert capfd.readouterr().err.count("SIGTERM received; saved a checkpoint") == 1
         assert signal.getsignal(signal.SIGTERM) is parent_handler  # the parent's own handler is back
     finally:
         signal.signal(signal.SIGTERM, previous)

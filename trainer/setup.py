@@ -199,7 +199,7 @@ class TrainerSetup:
         self._enter_book("train")
         seed = current_seed() if current_seed() is not None else torch.initial_seed() % 2**31
         self.data_seed = int(self.strategy.broadcast(seed))
-        self._signal, self._stop_agreed = None, False
+        self._signal, self._stop_agreed, self._signal_agreed = None, False, False
         self._previous_handlers = {}
         if stage == "fit" and sys.modules["threading"].current_thread() is sys.modules["threading"].main_thread():
             for name in self.preempt_signals:
@@ -307,6 +307,10 @@ class TrainerSetup:
             return self._stop_agreed
         return self.state.should_stop or self._signal is not None
 
+    def _preempt_requested(self) -> bool:
+        """A preemption signal arrived (under ddp: one that every rank has agreed on, so all save together)."""
+        return self._signal_agreed if self.strategy.world_size > 1 else self._signal is not None
+
     def _agree_stop(self) -> None:
         """Under ddp, make every rank agree on should_stop/a signal: one tiny all-reduce per log interval."""
         if self.strategy.world_size == 1:
@@ -317,6 +321,7 @@ class TrainerSetup:
         self.state.should_stop = self.state.should_stop or bool(flags[0])
         if flags[1] and self._signal is None:
             self._signal = signal.SIGTERM
+        self._signal_agreed = bool(flags[1])
         self._stop_agreed = bool(flags[0] or flags[1])
 
     def _accumulation(self, batch_idx: int) -> tuple[bool, int]:

@@ -44,10 +44,13 @@ class Trainer(TrainerSetup):
         self._call("on_fit_start")
         if self.num_sanity_val_steps and self._val_loader is not None and not self._resumed:
             self._validate(sanity=True)
-        while not self._finished():
-            self._train_epoch()
-            if self._signal is not None:
+        while True:
+            finished = self._finished()  # under ddp this also agrees on stop flags and signals across ranks
+            if self._preempt_requested():
                 self._preempt()  # saves a checkpoint and exits the process
+            if finished:
+                break
+            self._train_epoch()
         self.state.stage = "idle"
         self._call("on_fit_end")
         return dict(self.state.metrics)
