@@ -206,17 +206,10 @@ def run_interleaved(spec: dict[str, Any], data: TensorDataset, epochs: int, root
             self.model.train()
             self.mark = time.perf_counter()
 
-        def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
-            self._close_epoch(trainer.state.epoch > 0)
-
-        def on_fit_end(self, trainer: Any, task: Any) -> None:
-            self._close_epoch(True)
-
-        def _close_epoch(self, record: bool) -> None:
+        def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+            # Last at epoch end: the epoch's checkpoint and logging count; what fit does once at its end does not.
             now = time.perf_counter()
-            self.trainer_s += now - self.mark
-            if record:
-                self.epochs.append((self.trainer_s, self.hand_s))
+            self.epochs.append((self.trainer_s + now - self.mark, self.hand_s))
             self.trainer_s = self.hand_s = 0.0
             self.mark = now
 
@@ -364,15 +357,21 @@ def measure_memory(workload: str, variant: str, epochs: int) -> dict[str, float]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def import_time(statement: str, repeats: int, pycache: str) -> list[float]:
-    """Seconds to run ``statement`` in a fresh interpreter, with bytecode cached in ``pycache`` (as after an
-    install, even where PYTHONDONTWRITEBYTECODE is set): the caller warms the cache with a first, dropped run."""
+def import_time(module: str, pycache: str) -> tuple[float, float]:
+    """(seconds of ``import torch``, seconds of ``import <module>`` right after it) in a fresh interpreter.
+
+    Timing both in one process gives the extra cost directly: two separate interpreters differ by more than
+    that on a busy machine. Bytecode is cached in ``pycache`` (as after an install, even where
+    PYTHONDONTWRITEBYTECODE is set); the caller warms that cache with a first, dropped sample.
+    """
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONPYCACHEPREFIX=pycache)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
-    return [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                                 cwd=ROOT, check=True).stdout) for _ in range(repeats)]
+    code = (f"import time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); import {module}; "
+            f"print(t1 - t0, time.perf_counter() - t1)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                         check=True).stdout.split()
+    return float(out[0]), float(out[1])
 
 
 def fmt_ms(seconds: float) -> str:
@@ -474,24 +473,25 @@ def main() -> None:
 
     if not args.no_import:
         repeats = 3 if args.quick else 7
-        statements = {"torch": "import torch", "trainer, callbacks": "import trainer, callbacks"}
-        if "lightning" in variants:
-            statements["lightning.pytorch"] = "import lightning.pytorch"
-        samples: dict[str, list[float]] = {k: [] for k in statements}
+        modules = ["trainer, callbacks"] + (["lightning.pytorch"] if "lightning" in variants else [])
+        torch_s: list[float] = []
+        extra: dict[str, list[float]] = {m: [] for m in modules}
         with tempfile.TemporaryDirectory() as pycache:
-            for statement in statements.values():
-                import_time(statement, 1, pycache)  # writes the bytecode cache
+            for module in modules:
+                import_time(module, pycache)  # writes the bytecode cache
             for _ in range(repeats):  # alternate, like the training runs
-                for key, statement in statements.items():
-                    samples[key] += import_time(statement, 1, pycache)
-        print(f"\nImport time: a fresh `python -c` per sample, bytecode cached, {repeats} alternating samples, "
-              "median.\n")
-        print("| import | median (s) | more than torch (s) |")
+                for module in modules:
+                    t, e = import_time(module, pycache)
+                    torch_s.append(t)
+                    extra[module].append(e)
+        print(f"\nImport time: a fresh `python -c` per sample that imports torch, then the package; bytecode "
+              f"cached; {repeats} alternating samples, median.\n")
+        print("| import | median (s) | [min-max] (s) |")
         print("|---|---|---|")
-        torch_s = statistics.median(samples["torch"])
-        for key, values in samples.items():
-            med = statistics.median(values)
-            print(f"| `import {key}` | {med:.2f} | {med - torch_s:+.2f} |")
+        print(f"| `import torch` | {statistics.median(torch_s):.2f} | [{min(torch_s):.2f}-{max(torch_s):.2f}] |")
+        for module, values in extra.items():
+            print(f"| `import {module}` after torch | +{statistics.median(values):.3f} | "
+                  f"[{min(values):.3f}-{max(values):.3f}] |")
 
 
 if __name__ == "__main__":
