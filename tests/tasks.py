@@ -133,3 +133,18 @@ class SignalAt(Callback):
 
             self.sent = True
             os.kill(self.pid, self.signum)
+
+
+# ---- for the checkpoint and resume tests: checkpoints on, everything else that prints or logs off ----------
+CHECKPOINTING = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
+
+
+def checkpointing_trainer(root, **kwargs):
+    from trainer import Trainer
+
+    return Trainer(default_root_dir=str(root), seed=0, **{**CHECKPOINTING, **kwargs})
+
+
+def seeded_task(cls=RegressionTask, **kwargs):
+    torch.manual_seed(0)
+    return cls(**kwargs)

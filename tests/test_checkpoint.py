@@ -14,19 +14,10 @@ from tasks import ClassifierTask, RegressionTask
 
 from callbacks import Callback, ModelCheckpoint
 from callbacks.checkpoint import format_filename
-from trainer import CheckpointError, MisconfigurationError, Trainer
+from trainer import CheckpointError, MisconfigurationError
 from trainer.checkpoint import FORMAT_VERSION, last_checkpoint, load_checkpoint
 
-QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
-
-
-def _trainer(root, **kwargs) -> Trainer:
-    return Trainer(default_root_dir=str(root), seed=0, **{**QUIET, **kwargs})
-
-
-def _task(cls=RegressionTask, **kwargs):
-    torch.manual_seed(0)
-    return cls(**kwargs)
+from tasks import checkpointing_trainer as _trainer, seeded_task as _task
 
 
 def _digest(folder) -> dict[str, str]:

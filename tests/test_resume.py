@@ -28,16 +28,7 @@ ROOT = os.path.dirname(HERE)
 SCENARIOS = ("steps", "epochs", "write", "sigterm")
 
 
-QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
-
-
-def _trainer(root, **kwargs) -> Trainer:
-    return Trainer(default_root_dir=str(root), seed=0, **{**QUIET, **kwargs})
-
-
-def _task(cls=RegressionTask, **kwargs):
-    torch.manual_seed(0)
-    return cls(**kwargs)
+from tasks import checkpointing_trainer as _trainer, seeded_task as _task
 
 
 @pytest.fixture(scope="module")
