@@ -7,33 +7,36 @@ converted once per ``log_every_n_steps`` (the one CPU-GPU sync point of training
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .checks import check_loss, limit_batches
 from .errors import NonFiniteLossError
+from .module import TaskModule
 from .setup import TrainerSetup, _length
 
 
 class Trainer(TrainerSetup):
-    """Fits, validates, tests and predicts with a :class:`~trainer.TaskModule`. Arguments: docs/trainer.md."""
+    """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
 
     # ---- entry points -------------------------------------------------------------------------
-    def fit(self, task, ckpt_path: str | None = None) -> dict[str, float]:
+    def fit(self, task: TaskModule, ckpt_path: str | None = None) -> dict[str, float]:
         """Train ``task``; resume from ``ckpt_path`` ("last", "best" or a path). Returns the final metrics."""
         self._check_entry(task, "fit")
         return self.strategy.launch(self._run, "fit", task, ckpt_path)
 
-    def validate(self, task, ckpt_path: str | None = None) -> list[dict[str, float]]:
+    def validate(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
         """Run one validation pass; returns ``[metrics]``."""
         self._check_entry(task, "validate")
         return self.strategy.launch(self._run, "validate", task, ckpt_path)
 
-    def test(self, task, ckpt_path: str | None = None) -> list[dict[str, float]]:
+    def test(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
         """Run one pass over ``task.test_dataloader()``; returns ``[metrics]``."""
         self._check_entry(task, "test")
         return self.strategy.launch(self._run, "test", task, ckpt_path)
 
-    def predict(self, task, ckpt_path: str | None = None) -> list:
+    def predict(self, task: TaskModule, ckpt_path: str | None = None) -> list[Any]:
         """Return ``task(inputs)`` for every batch of ``task.predict_dataloader()``."""
         self._check_entry(task, "predict")
         return self.strategy.launch(self._run, "predict", task, ckpt_path)
