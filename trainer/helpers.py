@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .data import batch_size_of, set_epoch
+from .data import set_epoch
 from .errors import MisconfigurationError
 from .logbook import LogBook
 from .optim import SchedulerConfig
@@ -121,10 +121,6 @@ class LoopHelpers:
         if isinstance(value, torch.Tensor) and value.numel() > 1:
             return {f"{name}_{i}": v for i, v in enumerate(value.flatten())}
         return {name: value}
-
-    @staticmethod
-    def _batch_size(targets: Any) -> int:
-        return batch_size_of(targets)
 
     def _predict_inputs(self, batch: Any) -> Any:
         from .module import TaskModule

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -32,16 +32,14 @@ _PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save`` to a hidden temporary file beside ``path``, fsync, then rename it over ``path``."""
+@contextlib.contextmanager
+def _staged(path: str) -> Iterator[str]:
+    """A hidden temporary name beside ``path``: renamed over ``path`` on success, removed on failure."""
     directory, name = os.path.split(path)
-    os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the name points at it
+        yield tmp
         _publish(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -49,12 +47,18 @@ def atomic_save(obj: Any, path: str) -> None:
         raise
 
 
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save`` to a hidden temporary file beside ``path``, fsync, then rename it over ``path``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _staged(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())  # the data is on disk before the name points at it
+
+
 def atomic_copy(src: str, dst: str) -> None:
     """Make ``dst`` a copy of the checkpoint ``src`` atomically: a hard link (free) or, where links fail, a copy."""
-    directory, name = os.path.split(dst)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
+    with _staged(dst) as tmp:
         os.unlink(tmp)
         try:
             os.link(src, tmp)
@@ -62,11 +66,6 @@ def atomic_copy(src: str, dst: str) -> None:
             shutil.copyfile(src, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        _publish(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _publish(tmp: str, path: str) -> None:

@@ -187,6 +187,7 @@ class TrainerSetup(LoopHelpers):
             self.log_dir = self.strategy.broadcast(self._next_version_dir() if self.is_main else None)
         self._hooks = {name: [getattr(cb, name) for cb in self.callbacks if _overrides(cb, name)]
                        for name in _hook_names()}
+        self._before_step_hooks = self._hooks["on_before_optimizer_step"]  # read every step: no dict lookup
         if self.channels_last:
             task.to(memory_format=torch.channels_last)
         wrapped = self.strategy.setup_module(task)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .checks import check_loss, limit_batches
+from .data import batch_size_of
 from .errors import NonFiniteLossError
 from .module import TaskModule
 from .setup import TrainerSetup, _length
@@ -124,9 +125,9 @@ class Trainer(TrainerSetup):
 
     def _optimizer_step(self) -> None:
         st, opt = self.state, self.optimizer
-        if self.gradient_clip_val is not None or self._hooks["on_before_optimizer_step"]:
+        if self.gradient_clip_val is not None or self._before_step_hooks:
             self.precision.unscale(opt)
-            for fn in self._hooks["on_before_optimizer_step"]:
+            for fn in self._before_step_hooks:
                 fn(self, self.task)
             if self.gradient_clip_val is not None:
                 self._clip(opt)
@@ -184,7 +185,7 @@ class Trainer(TrainerSetup):
                 if i >= limit:
                     break
                 inputs, targets = task.split_batch(self.strategy.batch_to_device(batch))
-                book.weight = self._batch_size(targets)
+                book.weight = batch_size_of(targets)
                 with self.precision.autocast:
                     outputs = module(inputs)
                     loss = task.loss(outputs, targets)
