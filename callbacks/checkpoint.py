@@ -136,8 +136,12 @@ class ModelCheckpoint(Callback):
         return self.last_model_path
 
     def save(self, trainer: Any) -> None:
-        """Save now: a ranked file if it makes the top k, and ``last.ckpt``; then delete what fell out of the top k."""
-        from trainer.checkpoint import atomic_copy
+        """Save now: a ranked file if it makes the top k, and ``last.ckpt``; then delete what fell out of the top k.
+
+        The checkpoint is serialised now; its fsync and rename, the ``last.ckpt`` link and the removals follow in
+        that order on ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk.
+        """
+        from trainer.checkpoint import atomic_copy, remove_files
 
         score = self._score(trainer)
         path, evicted = None, []
@@ -146,19 +150,17 @@ class ModelCheckpoint(Callback):
             evicted = self._admit(path, score)
         if self.save_last:
             last = self.prepare_last(trainer)
+        writer = trainer.checkpoint_writer
         if path is not None:
-            trainer.save_checkpoint(path)  # holds the bookkeeping above, which already counts this file
+            trainer.save_checkpoint(path, background=True)  # holds the bookkeeping above, which counts this file
             if self.save_last and trainer.is_main:
-                atomic_copy(path, last)  # a hard link: no second write
+                writer.submit(atomic_copy, path, last)  # a hard link: no second write
         elif self.save_last:
-            trainer.save_checkpoint(last)
-        if trainer.is_main:  # old files go only once their replacement is in place
-            for old in evicted:
-                if os.path.dirname(old) == self.dirpath and old not in (path, self.last_model_path):
-                    try:
-                        os.remove(old)
-                    except FileNotFoundError:
-                        pass
+            trainer.save_checkpoint(last, background=True)
+        evicted = [old for old in evicted if os.path.dirname(old) == self.dirpath
+                   and old not in (path, self.last_model_path)]
+        if trainer.is_main and evicted:
+            writer.submit(remove_files, evicted)  # old files go only once their replacement is in place
         self._saved_step = trainer.state.global_step
         self._last_time = time.monotonic()
 

@@ -97,6 +97,9 @@ class Signal(Callback):
     def _maybe(self, trainer) -> None:
         if (trainer.state.epoch, trainer.state.batch_idx) == (self.epoch, self.batch_idx) and \
                 self.rank in (None, trainer.strategy.rank):
+            # ModelCheckpoint renames its files on a background thread: kill after the last one is in place, so the
+            # resume point is known (a kill in the middle of a write is the "write" scenario).
+            trainer.checkpoint_writer.wait()
             if self.group:  # as `kill -TERM -<pgid>` or a scheduler does: DataLoader workers get it too
                 os.killpg(os.getpgrp(), self.signum)
             else:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import threading
+import time
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from tasks import ClassifierTask, RegressionTask
 from callbacks import Callback, ModelCheckpoint
 from callbacks.checkpoint import format_filename
 from trainer import CheckpointError, MisconfigurationError
-from trainer.checkpoint import FORMAT_VERSION, last_checkpoint, load_checkpoint
+from trainer.checkpoint import FORMAT_VERSION, CheckpointWriter, last_checkpoint, load_checkpoint
 
 from tasks import checkpointing_trainer as _trainer, seeded_task as _task
 
@@ -258,6 +260,65 @@ def test_train_time_interval(tmp_path):
     _trainer(tmp_path, max_steps=3, callbacks=[cb]).fit(_task())
     assert sorted(os.listdir(tmp_path / "version_0" / "checkpoints")) == [
         "last.ckpt", "step=1.ckpt", "step=2.ckpt", "step=3.ckpt"]
+
+
+class Threads(Callback):
+    """Records the names of the live threads at every epoch end (after ModelCheckpoint)."""
+
+    order = 2000
+
+    def __init__(self) -> None:
+        self.names: list[set[str]] = []
+
+    def on_train_epoch_end(self, trainer, task) -> None:
+        self.names.append({t.name.split("_")[0] for t in threading.enumerate()})
+
+
+def test_files_are_finished_on_a_background_thread_and_in_place_when_fit_returns(tmp_path):
+    threads = Threads()
+    cb = ModelCheckpoint(save_top_k=-1, filename="{epoch}")
+    _trainer(tmp_path, max_epochs=3, callbacks=[cb, threads]).fit(_task())
+    assert all("taskfit-checkpoint" in names for names in threads.names)  # the loop did not wait for the disk
+    assert not any(t.name.startswith("taskfit-checkpoint") for t in threading.enumerate())  # joined by fit
+    folder = tmp_path / "version_0" / "checkpoints"
+    assert sorted(os.listdir(folder)) == ["epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt", "last.ckpt"]
+    states = [load_checkpoint(str(folder / f"epoch={e}.ckpt"))["loop"]["state"] for e in range(3)]
+    assert [(s["epoch"], s["epoch_done"]) for s in states] == [(0, True), (1, True), (2, True)]
+
+
+def test_checkpoint_writer_keeps_order_and_reraises_the_first_error():
+    done = []
+
+    def slow(x):
+        time.sleep(0.05)
+        done.append(x)
+
+    def fail():
+        raise ValueError("disk on fire")
+
+    writer = CheckpointWriter()
+    writer.submit(slow, 1)
+    writer.submit(fail)
+    writer.submit(slow, 3)
+    with pytest.raises(ValueError, match="disk on fire"):
+        writer.wait()
+    assert done == [1, 3]  # in order, and the work after the failure still ran
+    writer.wait()  # the error was reported once
+    writer.close()
+    writer.submit(done.append, 4)  # a closed writer starts a new thread
+    writer.close()
+    assert done == [1, 3, 4]
+
+
+def test_a_failed_background_write_is_reported_and_the_previous_file_is_intact(tmp_path):
+    folder = tmp_path / "ckpts"
+    (folder / "last.ckpt").mkdir(parents=True)  # something else sits at the name: the rename must fail
+    cb = ModelCheckpoint(dirpath=folder, save_top_k=-1, every_n_train_steps=2, every_n_epochs=None, filename="{step}")
+    with pytest.raises(CheckpointError, match=r"Could not write the checkpoint .*last\.ckpt: \[Errno 21\] Is a "
+                                              r"directory.*\n  HINT: check that its folder is writable"):
+        _trainer(tmp_path, max_steps=6, callbacks=[cb]).fit(_task())
+    assert sorted(os.listdir(folder)) == ["last.ckpt", "step=2.ckpt"]  # no temporary file left behind
+    assert load_checkpoint(str(folder / "step=2.ckpt"))["loop"]["state"]["global_step"] == 2
 
 
 def test_filenames_and_invalid_arguments():

@@ -20,19 +20,21 @@ import torch
 
 from .data import ResumableSampler
 from .errors import CheckpointError
-from .serialization import (FORMAT, FORMAT_VERSION, LAST, atomic_copy, atomic_save, check_plain, check_weights,
-                            load_checkpoint, load_file, module_state)
+from .serialization import (FORMAT, FORMAT_VERSION, LAST, CheckpointWriter, atomic_copy, atomic_save, check_plain,
+                            check_weights, load_checkpoint, load_file, module_state, remove_files)
 
 __all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "preempt", "resolve", "last_checkpoint",
-           "load_checkpoint", "atomic_copy", "FORMAT_VERSION"]
+           "load_checkpoint", "atomic_copy", "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def save_checkpoint(trainer: Any, path: str | os.PathLike) -> str:
+def save_checkpoint(trainer: Any, path: str | os.PathLike, background: bool = False) -> str:
     """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
 
-    Returns the absolute path. Under ddp all ranks wait (a barrier) until the file is in place, so a rank that
-    exits right after (a preemption) cannot bring down rank 0 mid-write.
+    Returns the absolute path. Earlier background saves are finished first. ``background=True`` serialises now
+    and leaves the fsync and rename to ``trainer.checkpoint_writer`` (the file is in place when the next save
+    starts or fit returns). Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits
+    right after a (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
     """
     if getattr(trainer, "optimizer", None) is None:
         raise CheckpointError(f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so it "
@@ -40,6 +42,8 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike) -> str:
                               "call trainer.save_checkpoint(path) during or after trainer.fit(task); to save only "
                               "weights, use torch.save(task.state_dict(), path).")
     path = os.path.abspath(os.fspath(path))
+    writer = trainer.checkpoint_writer
+    writer.wait()  # in order: an older file is never renamed over this one
     strategy = trainer.strategy
     rng = _rng_state()
     ranks = [rng] if strategy.world_size == 1 else \
@@ -47,7 +51,7 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike) -> str:
     if trainer.is_main:
         checkpoint = _contents(trainer, ranks)
         check_plain(checkpoint, "checkpoint")
-        atomic_save(checkpoint, path)
+        atomic_save(checkpoint, path, writer if background else None)
     strategy.barrier()
     return path
 

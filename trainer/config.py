@@ -158,8 +158,8 @@ def choice(group: str, *, _root_: Any) -> str:
     value = choices.get(group)
     if value is None:
         raise MisconfigurationError(f"${{taskfit.choice:{group}}}: no option is chosen for the group '{group}'.",
-                                    f"name a group of the defaults list (task, trainer...), or set the value "
-                                    f"directly.")
+                                    "name a group of the defaults list (task, trainer...), or set the value "
+                                    "directly.")
     return str(value)
 
 

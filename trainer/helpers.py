@@ -29,8 +29,7 @@ class LoopHelpers:
         return self._val_loader is not None and (self.state.epoch + 1) % self.check_val_every_n_epoch == 0
 
     def _val_due(self, batch_idx: int) -> bool:
-        if self._val_loader is None or not self._val_enabled_this_epoch():
-            return False
+        """Validation is due after this batch (the loop asks only in epochs that validate)."""
         done = batch_idx + 1
         return done % self._val_every == 0 or (done == self.num_train_batches and isinstance(self.val_check_interval, float))
 

@@ -26,6 +26,7 @@ class Precision:
 
     def __init__(self, precision: str, device: torch.device) -> None:
         self.precision = normalize_precision(precision)
+        self.mixed = self.precision != "32"  # the loop enters ``autocast`` only then
         self.scaler: Any = None
         if self.precision == "32":
             self.autocast: Any = contextlib.nullcontext()

@@ -1,12 +1,12 @@
 """TrainerSetup: the Trainer's arguments, setup and small helpers, so that trainer.py reads as the loop alone."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import re
 import signal
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +20,7 @@ from .logbook import LogBook
 from .optim import parse_optimizers
 from .precision import Precision, normalize_precision
 from .seed import current_seed, seed_everything
+from .serialization import CheckpointWriter
 from .state import TrainerState
 from .strategies import select_strategy
 
@@ -85,7 +86,8 @@ class TrainerSetup(LoopHelpers):
         self.log_dir: str | None = None
         self.task: Any = None
         self._signal: int | None = None
-        self._no_ctx = contextlib.nullcontext()
+        # Finishes checkpoint files (fsync, rename) off the training thread; joined before each save and fit's end.
+        self.checkpoint_writer = CheckpointWriter()
 
     @staticmethod
     def _default_callbacks(callbacks: list[Any], progress: bool, summary: bool, checkpointing: bool,
@@ -165,13 +167,16 @@ class TrainerSetup(LoopHelpers):
         self._attach(task, stage)
         try:
             if stage == "fit":
-                return self._fit(ckpt_path)
+                metrics = self._fit(ckpt_path)
+                self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
+                return metrics
             if ckpt_path is not None:
                 from .checkpoint import load_weights
 
                 load_weights(self, ckpt_path)
             return self._predict() if stage == "predict" else self._run_eval_stage(stage)
         except BaseException as exc:
+            self._close_writer_quietly()
             self._call("on_exception", exc)
             raise
         finally:
@@ -286,11 +291,22 @@ class TrainerSetup(LoopHelpers):
             "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
 
     # ---- checkpoints and preemption (trainer/checkpoint.py does the work) ---------------------------
-    def save_checkpoint(self, path: str) -> None:
-        """Write everything needed to continue this run exactly, atomically, on rank 0."""
+    def save_checkpoint(self, path: str, background: bool = False) -> None:
+        """Write everything needed to continue this run exactly, atomically, on rank 0 (every rank calls it).
+
+        ``background=True``: serialise now, fsync and rename on :attr:`checkpoint_writer`'s thread (the file is
+        in place when the next save starts, when fit returns, or after ``trainer.checkpoint_writer.wait()``).
+        """
         from .checkpoint import save_checkpoint
 
-        save_checkpoint(self, path)
+        save_checkpoint(self, path, background)
+
+    def _close_writer_quietly(self) -> None:
+        """Fit is failing: finish the background files, but warn about their errors rather than hide the first."""
+        try:
+            self.checkpoint_writer.close()
+        except Exception as exc:  # noqa: BLE001 - the exception already propagating is the one to report
+            warnings.warn(f"A background checkpoint write failed too: {exc!r}.", stacklevel=2)
 
     def _preempt(self) -> None:
         from .checkpoint import preempt

@@ -73,6 +73,7 @@ class Trainer(TrainerSetup):
         self._wrapped.train()  # once per epoch (and after each validation), not per step
         n = self.num_train_batches
         on_start, on_end = self._hooks["on_train_batch_start"], self._hooks["on_train_batch_end"]
+        validating = self._val_enabled_this_epoch()
         exhausted = True
         for batch_idx, batch in enumerate(loader, st.batches_done):
             if batch_idx >= n:
@@ -82,7 +83,7 @@ class Trainer(TrainerSetup):
                 fn(self, task)
             stepped = self._train_step(batch, batch_idx)
             st.batches_done = batch_idx + 1
-            if self._val_due(batch_idx):
+            if validating and self._val_due(batch_idx):
                 self._validate()
                 self._wrapped.train()
             for fn in on_end:
@@ -91,7 +92,7 @@ class Trainer(TrainerSetup):
                 exhausted = st.batches_done >= n
                 break
         else:
-            if n == float("inf") and st.batches_done and self._val_enabled_this_epoch():
+            if n == float("inf") and st.batches_done and validating:
                 self._validate()  # a loader without len(): validate when it is exhausted
         if st.batches_done == 0 and n:
             self._empty_train_loader()  # a loader without len() that yielded nothing
@@ -99,29 +100,36 @@ class Trainer(TrainerSetup):
 
     def _train_step(self, batch, batch_idx: int) -> bool:
         """Forward, loss, backward; an optimizer step when the accumulation group is complete."""
-        task = self.task
-        inputs, targets = task.split_batch(self.strategy.batch_to_device(batch))
-        step = True
-        divide = 1
-        if self.accumulate_grad_batches > 1:
-            step, divide = self._accumulation(batch_idx)
-        with self.strategy.no_sync(self._wrapped) if not step else self._no_ctx:
-            with self.precision.autocast:
-                outputs = self._wrapped(inputs)
-                loss = task.loss(outputs, targets)
-            if self._first_step:
-                check_loss(loss, task)
-                self._first_step = False
-            detached = loss.detach()
-            self._loss_series.add(detached)
-            if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync, opted into
-                self.state.skipped_steps += 1
-                self.optimizer.zero_grad(set_to_none=True)
-                return False
-            self.precision.backward(loss if divide == 1 else loss / divide)
+        inputs, targets = self.task.split_batch(self.strategy.batch_to_device(batch))
+        step, divide = (True, 1) if self.accumulate_grad_batches == 1 else self._accumulation(batch_idx)
         if step:
+            ran = self._forward_backward(inputs, targets, divide)
+        else:
+            with self.strategy.no_sync(self._wrapped):  # ddp: no gradient all-reduce for a micro-batch that waits
+                ran = self._forward_backward(inputs, targets, divide)
+        if ran and step:
             self._optimizer_step()
-        return step
+        return ran and step
+
+    def _forward_backward(self, inputs: Any, targets: Any, divide: int) -> bool:
+        """Loss and backward of one micro-batch; False when a non-finite loss is skipped (``nonfinite_loss="skip"``)."""
+        task = self.task
+        if self.precision.mixed:
+            with self.precision.autocast:  # the forward and the loss only, as torch.autocast asks
+                loss = task.loss(self._wrapped(inputs), targets)
+        else:  # fp32: no context to enter (a `with` costs about a microsecond, per step)
+            loss = task.loss(self._wrapped(inputs), targets)
+        if self._first_step:
+            check_loss(loss, task)
+            self._first_step = False
+        detached = loss.detach()
+        self._loss_series.add(detached)
+        if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync, opted into
+            self.state.skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        self.precision.backward(loss if divide == 1 else loss / divide)
+        return True
 
     def _optimizer_step(self) -> None:
         st, opt = self.state, self.optimizer
