@@ -136,9 +136,12 @@ class TensorBoardLogger(Callback):
         writer = self.writer(trainer)  # also opens one for a validate/test outside fit
         if writer is None:
             return
-        step = trainer.state.global_step
-        for key, value in metrics.items():
-            writer.add_scalar(key, value, step)
+        # One event holding every value (as TF1's merged summaries did): one queue hand-off to the writer
+        # thread per call instead of one per scalar, read back by TensorBoard exactly as separate events.
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=key, simple_value=value)
+                                                      for key, value in metrics.items()]), trainer.state.global_step)
         if self._fitting:
             for key, value in metrics.items():
                 if self._tracked(key):

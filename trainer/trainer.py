@@ -7,6 +7,7 @@ converted once per ``log_every_n_steps`` (the one CPU-GPU sync point of training
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -239,20 +240,22 @@ class Trainer(TrainerSetup):
     def _log_train_step(self) -> None:
         """Convert the latest logged values (one ``tolist()``), check the losses since the last log for NaN/Inf."""
         book, series = self._train_book, self._loss_series
-        pending = series.pending
-        finite = torch.isfinite(torch.stack(pending)).all() if pending else torch.ones((), dtype=torch.bool)
+        pending = list(series.pending)  # fold empties it; kept to name a bad step
+        book.fold()  # one stack and sum per logged key: the loss total now includes every pending loss...
         keys, values = zip(*book.last_values().items())
-        floats = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=finite.device).reshape(())
-                              for v in values] + [finite.float()]).tolist()  # CPU-GPU sync point
-        if not floats[-1] and self._raise_nonfinite_loss:
+        floats = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=series.last.device).reshape(())
+                              for v in (*values, series.total)]).tolist()  # CPU-GPU sync point
+        if self._raise_nonfinite_loss and not math.isfinite(floats[-1]):  # ...so it is finite iff each loss is
             self._raise_nonfinite(pending)
-        book.fold()
         self._fold_mark = (self.state.global_step, self.state.batch_idx + 1)  # where the next pending loss is from
         self._publish(dict(zip(keys, floats[:-1])))
         self._agree_stop()
 
     def _raise_nonfinite(self, pending: list) -> None:
-        bad = int((~torch.isfinite(torch.stack(pending))).nonzero()[0])
+        bad_steps = (~torch.isfinite(torch.stack(pending))).nonzero()
+        if not len(bad_steps):  # finite losses whose sum overflowed: nothing to report
+            return
+        bad = int(bad_steps[0])
         step, batches = self._fold_mark
         batch_idx = batches + bad
         raise NonFiniteLossError(
