@@ -20,8 +20,9 @@ import torch
 
 from .data import ResumableSampler
 from .errors import CheckpointError
-from .serialization import (FORMAT, FORMAT_VERSION, LAST, CheckpointWriter, atomic_copy, atomic_save, check_plain,
-                            check_weights, load_checkpoint, load_file, module_state, remove_files)
+from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
+                            atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
+                            remove_files)
 
 __all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "preempt", "resolve", "last_checkpoint",
            "load_checkpoint", "atomic_copy", "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
@@ -50,8 +51,8 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike, background: bool = Fa
         [strategy.broadcast(rng if strategy.rank == r else None, src=r) for r in range(strategy.world_size)]
     if trainer.is_main:
         checkpoint = _contents(trainer, ranks)
-        check_plain(checkpoint, "checkpoint")
-        atomic_save(checkpoint, path, writer if background else None)
+        size = check_plain(checkpoint, "checkpoint")
+        atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
     strategy.barrier()
     return path
 

@@ -9,6 +9,7 @@ decides what goes into a checkpoint and how a run continues from one.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import re
@@ -29,19 +30,28 @@ if TYPE_CHECKING:
 FORMAT = "taskfit.checkpoint"
 FORMAT_VERSION = 1
 LAST = "last.ckpt"
+# Background saves of checkpoints up to this size are serialised into memory, so that creating and writing the
+# file also happen on the writer thread; larger ones are streamed to their file on the training thread.
+IN_MEMORY_BYTES = 8 * 2**20
 # Exactly the types torch.load(weights_only=True) reads back (subclasses, e.g. torch's version string, are not).
 _PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size, torch.Tensor,
           torch.nn.Parameter)
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None) -> None:
+def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None, in_memory: bool = False) -> None:
     """``torch.save`` to a hidden temporary file beside ``path``; then fsync it and rename it over ``path``.
 
-    With a ``writer``, only the ``torch.save`` happens now (the tensors may change at the next step); the fsync
-    and rename, which wait for the disk, run on the writer's thread.
+    With a ``writer``, only serialising happens now (the tensors may change at the next step); what waits for
+    the disk runs on the writer's thread: the fsync and rename and, with ``in_memory`` (a small checkpoint,
+    serialised into memory), also creating and writing the file.
     """
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if writer is not None and in_memory:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        writer.submit(_write_bytes, buffer, path)
+        return
     tmp = _temp_beside(path)
     try:
         with open(tmp, "wb") as f:
@@ -127,6 +137,17 @@ def _temp_beside(path: str) -> str:
     return tmp
 
 
+def _write_bytes(buffer: io.BytesIO, path: str) -> None:
+    tmp = _temp_beside(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+    except OSError as exc:
+        _remove(tmp)
+        raise _write_error(path, exc) from exc
+    _finish(tmp, path)
+
+
 def _finish(tmp: str, path: str, sync: bool = True) -> None:
     """Make ``tmp`` durable and rename it over ``path`` (removed instead if that fails)."""
     try:
@@ -138,9 +159,7 @@ def _finish(tmp: str, path: str, sync: bool = True) -> None:
     except BaseException as exc:
         _remove(tmp)
         if isinstance(exc, OSError):
-            raise CheckpointError(f"Could not write the checkpoint {path}: {exc}.",
-                                  "check that its folder is writable, has free space and that no folder has the "
-                                  "checkpoint's name; the previous checkpoint there is intact.") from exc
+            raise _write_error(path, exc) from exc
         raise
     if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
         dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
@@ -148,6 +167,12 @@ def _finish(tmp: str, path: str, sync: bool = True) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _write_error(path: str, exc: OSError) -> CheckpointError:
+    return CheckpointError(f"Could not write the checkpoint {path}: {exc}.",
+                           "check that its folder is writable, has free space and that no folder has the "
+                           "checkpoint's name; the previous checkpoint there is intact.")
 
 
 def _file_mode() -> int:
@@ -164,20 +189,19 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def check_plain(obj: Any, where: str) -> None:
-    """Refuse to write anything ``torch.load(weights_only=True)`` could not read back (names the culprit)."""
+def check_plain(obj: Any, where: str) -> int:
+    """Refuse to write anything ``torch.load(weights_only=True)`` could not read back (names the culprit).
+
+    Returns the bytes of the tensor storages in ``obj`` (what the file will roughly hold).
+    """
     kind = type(obj)
     if kind in _PLAIN:
-        return
+        return obj.untyped_storage().nbytes() if kind in (torch.Tensor, torch.nn.Parameter) else 0
     if kind in (dict, OrderedDict):
-        for key, value in obj.items():
-            check_plain(key, f"{where} key {key!r}")
-            check_plain(value, f"{where}[{key!r}]")
-        return
+        return sum(check_plain(key, f"{where} key {key!r}") + check_plain(value, f"{where}[{key!r}]")
+                   for key, value in obj.items())
     if kind in (list, tuple, set):
-        for i, value in enumerate(obj):
-            check_plain(value, f"{where}[{i}]")
-        return
+        return sum(check_plain(value, f"{where}[{i}]") for i, value in enumerate(obj))
     raise CheckpointError(
         f"Cannot save a checkpoint: {where} is a {type(obj).__module__}.{type(obj).__qualname__}, which a "
         "safe checkpoint cannot hold.",
