@@ -1,0 +1,102 @@
+"""Instructions per epoch: the Trainer against the hand-written loop, counted by valgrind (immune to machine load).
+
+    python benchmarks/instructions.py          # needs valgrind; ~10 minutes (valgrind runs ~50x slower)
+
+Wall-clock differences of 1% drown in the noise of a shared machine; instruction counts do not. This runs the
+tiny MLP of benchmarks/overhead.py under callgrind, counts the instructions of one epoch (the second: the first
+warms up) of the hand-written loop and of the Trainer with its defaults switched on one at a time, and prints
+each against the hand-written loop. Instructions are not time: they miss the disk (fsync) and cache misses,
+and Python-level work costs more per instruction than compiled kernels, so wall-clock shares are larger.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+VARIANTS = ["hand", "taskfit, all off", "taskfit, + progress bar", "taskfit, + logger", "taskfit"]
+
+
+def child() -> None:
+    """Under callgrind: run every variant; count only its second epoch (callgrind_control toggles and dumps)."""
+    import torch
+    import torch.nn.functional as F
+
+    import overhead as ob
+    from callbacks import Callback
+    from trainer import Trainer
+
+    torch.set_num_threads(1)
+    spec = ob.WORKLOADS["tiny MLP"]
+    data = ob.make_data(spec)
+
+    def control(*args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(os.getpid())], capture_output=True, check=False)
+
+    def measure(name: str, epoch: int) -> None:  # called at the start of every epoch
+        if epoch == 1:
+            control("--instr=on")
+        elif epoch == 2:
+            control("--instr=off")
+            control(f"--dump={name}")
+
+    model = ob.Model(ob.make_net(spec))
+    optimizer = ob.make_optimizer(model.parameters(), spec)
+    loader = ob.make_loader(data, spec)
+    model.train()
+    for epoch in range(3):
+        measure("hand", epoch)
+        for x, y in loader:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+    class Toggle(Callback):
+        order = -10**6
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_train_epoch_start(self, trainer: Trainer, task: object) -> None:
+            measure(self.name, trainer.state.epoch)
+
+    for name in VARIANTS[1:]:
+        with tempfile.TemporaryDirectory() as root, ob.quiet_run():
+            Trainer(max_epochs=3, accelerator="cpu", default_root_dir=root, callbacks=[Toggle(name)],
+                    **ob.BREAKDOWN.get(name, {})).fit(ob.make_task(spec, data))
+
+
+def main() -> None:
+    if shutil.which("valgrind") is None:
+        sys.exit("benchmarks/instructions.py needs valgrind (e.g. `apt-get install valgrind`).")
+    with tempfile.TemporaryDirectory() as out:
+        base = os.path.join(out, "callgrind.out")
+        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={base}",
+                        sys.executable, os.path.abspath(__file__), "--child"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        counts = {}
+        for path in glob.glob(base + ".*"):
+            with open(path) as f:
+                text = f.read()
+            name = re.search(r"^desc: Trigger: dump (.*)$", text, re.M)
+            total = re.search(r"^totals: (\d+)", text, re.M)
+            if name and total:
+                counts[name.group(1).strip()] = int(total.group(1))
+    missing = [v for v in VARIANTS if v not in counts]
+    if missing:
+        sys.exit(f"no count for {missing}: is callgrind_control on the PATH?")
+    print("| variant | instructions in one epoch of the tiny MLP | ratio to hand |\n|---|---|---|")
+    for name in VARIANTS:
+        print(f"| {name} | {counts[name]:,} | {counts[name] / counts['hand']:.4f} |")
+
+
+if __name__ == "__main__":
+    child() if "--child" in sys.argv else main()

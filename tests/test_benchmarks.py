@@ -1,0 +1,38 @@
+"""The benchmarks still run, and compare the same work: smoke runs of benchmarks/ (timings are printed, never asserted)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args: str) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TASKFIT_SEED", None)
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_overhead_benchmark_trains_exactly_what_the_hand_written_loop_trains():
+    out = _run("benchmarks/overhead.py", "--quick", "--epochs", "2", "--workload", "tiny MLP", "--no-lightning",
+               "--no-memory", "--no-import")
+    rows = [line for line in out.splitlines() if line.startswith("| tiny MLP |")]
+    variants = [row.split("|")[2].strip() for row in rows]
+    assert variants == ["hand", "taskfit", "taskfit"], out  # alternating: hand, taskfit; interleaved: taskfit
+    diffs = [row.rstrip(" |").rsplit("|", 1)[-1].strip() for row in rows]
+    assert diffs == ["0.0e+00"] * 3, out  # same data order, same arithmetic: bit-for-bit equal parameters
+    ratios = re.findall(r"\| (\d+\.\d{3}) \[(\d+\.\d{3})-(\d+\.\d{3})\] \|", rows[-1])
+    assert ratios and float(ratios[0][1]) <= float(ratios[0][0]) <= float(ratios[0][2]), rows[-1]
+
+
+def test_gpu_benchmark_quick_runs_on_the_cpu():
+    out = _run("benchmarks/gpu.py", "--quick")
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]) for line in out.splitlines()
+            if line.startswith("| fp32") or line.startswith("| bf16")}
+    assert {("fp32", "single", "hand"), ("fp32", "single", "taskfit"), ("bf16", "single", "hand"),
+            ("bf16", "single", "taskfit")} <= rows, out
+    assert "dp skipped" in out  # says why a row is missing instead of leaving it out silently
