@@ -1,4 +1,4 @@
-"""The benchmarks still run, and compare the same work: smoke runs of benchmarks/ (timings are printed, never asserted)."""
+"""Smoke runs of benchmarks/: they still run and compare the same work (timings are printed, never asserted)."""
 from __future__ import annotations
 
 import os

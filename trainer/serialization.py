@@ -2,9 +2,10 @@
 
 Writes go to a hidden temporary file in the same folder, are fsynced, then renamed over the target with
 ``os.replace``: a process killed at any instant leaves the previous file intact, and no partial file carries a
-checkpoint's name. The fsync and rename may run on a :class:`CheckpointWriter` thread, off the training loop. Reads refuse, with one clear error, a missing, unsafe, truncated or foreign file, and a
-checkpoint of another model (listing missing/unexpected keys and shape mismatches). trainer/checkpoint.py
-decides what goes into a checkpoint and how a run continues from one.
+checkpoint's name. What waits for the disk may run on a :class:`CheckpointWriter` thread, off the training
+loop. Reads refuse, with one clear error, a missing, unsafe, truncated or foreign file, and a checkpoint of
+another model (listing missing/unexpected keys and shape mismatches). trainer/checkpoint.py decides what goes
+into a checkpoint and how a run continues from one.
 """
 from __future__ import annotations
 
@@ -197,11 +198,15 @@ def check_plain(obj: Any, where: str) -> int:
     kind = type(obj)
     if kind in _PLAIN:
         return obj.untyped_storage().nbytes() if kind in (torch.Tensor, torch.nn.Parameter) else 0
+    size = 0
     if kind in (dict, OrderedDict):
-        return sum(check_plain(key, f"{where} key {key!r}") + check_plain(value, f"{where}[{key!r}]")
-                   for key, value in obj.items())
+        for key, value in obj.items():
+            size += check_plain(key, f"{where} key {key!r}") + check_plain(value, f"{where}[{key!r}]")
+        return size
     if kind in (list, tuple, set):
-        return sum(check_plain(value, f"{where}[{i}]") for i, value in enumerate(obj))
+        for i, value in enumerate(obj):
+            size += check_plain(value, f"{where}[{i}]")
+        return size
     raise CheckpointError(
         f"Cannot save a checkpoint: {where} is a {type(obj).__module__}.{type(obj).__qualname__}, which a "
         "safe checkpoint cannot hold.",
