@@ -139,21 +139,18 @@ def _temp_beside(path: str) -> str:
 
 
 def _write_bytes(buffer: io.BytesIO, path: str) -> None:
-    tmp = _temp_beside(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
-    except OSError as exc:
-        _remove(tmp)
-        raise _write_error(path, exc) from exc
-    _finish(tmp, path)
+    _finish(_temp_beside(path), path, data=buffer.getbuffer())
 
 
-def _finish(tmp: str, path: str, sync: bool = True) -> None:
-    """Make ``tmp`` durable and rename it over ``path`` (removed instead if that fails)."""
+def _finish(tmp: str, path: str, sync: bool = True, data: memoryview | None = None) -> None:
+    """Write ``data`` (if given) to ``tmp``, make it durable and rename it over ``path`` (``tmp`` is removed if that
+    fails)."""
     try:
         if sync:
-            with open(tmp, "rb") as f:
+            with open(tmp, "rb" if data is None else "wb") as f:
+                if data is not None:
+                    f.write(data)
+                    f.flush()
                 os.fsync(f.fileno())  # the data is on disk before the name points at it
         os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600 files; give the checkpoint the usual permissions
         os.replace(tmp, path)
