@@ -1,6 +1,7 @@
 """Instructions per epoch: the Trainer against the hand-written loop, counted by valgrind (immune to machine load).
 
     python benchmarks/instructions.py          # needs valgrind; ~10 minutes (valgrind runs ~50x slower)
+    python benchmarks/instructions.py --variants hand taskfit   # two of them: ~4 minutes
 
 Wall-clock differences of 1% drown in the noise of a shared machine; instruction counts do not. This runs the
 tiny MLP of benchmarks/overhead.py under callgrind, counts the instructions of one epoch (the second: the first
@@ -68,19 +69,25 @@ def child() -> None:
         def on_train_epoch_start(self, trainer: Trainer, task: object) -> None:
             measure(self.name, trainer.state.epoch)
 
-    for name in VARIANTS[1:]:
+    for name in [v for v in VARIANTS[1:] if v in sys.argv[2:]]:
         with tempfile.TemporaryDirectory() as root, ob.quiet_run():
             Trainer(max_epochs=3, accelerator="cpu", default_root_dir=root, callbacks=[Toggle(name)],
                     **ob.BREAKDOWN.get(name, {})).fit(ob.make_task(spec, data))
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Instructions per epoch of the tiny MLP, under callgrind.")
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS, metavar="NAME",
+                        help=f"which to count (default: all of {VARIANTS}); the hand-written loop always runs")
+    variants = ["hand"] + [v for v in parser.parse_args().variants if v != "hand"]
     if shutil.which("valgrind") is None:
         sys.exit("benchmarks/instructions.py needs valgrind (e.g. `apt-get install valgrind`).")
     with tempfile.TemporaryDirectory() as out:
         base = os.path.join(out, "callgrind.out")
         subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={base}",
-                        sys.executable, os.path.abspath(__file__), "--child"], check=True,
+                        sys.executable, os.path.abspath(__file__), "--child", *variants], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         counts = {}
         for path in glob.glob(base + ".*"):
@@ -90,11 +97,11 @@ def main() -> None:
             total = re.search(r"^totals: (\d+)", text, re.M)
             if name and total:
                 counts[name.group(1).strip()] = int(total.group(1))
-    missing = [v for v in VARIANTS if v not in counts]
+    missing = [v for v in variants if v not in counts]
     if missing:
         sys.exit(f"no count for {missing}: is callgrind_control on the PATH?")
     print("| variant | instructions in one epoch of the tiny MLP | ratio to hand |\n|---|---|---|")
-    for name in VARIANTS:
+    for name in variants:
         print(f"| {name} | {counts[name]:,} | {counts[name] / counts['hand']:.4f} |")
 
 

@@ -10,7 +10,8 @@
     on_log whenever values are written out (every log_every_n_steps, after each validation/epoch/test)
 
 Every hook receives ``(trainer, task)``; read ``trainer.state`` for where the run is. The Trainer calls a
-hook only on callbacks that override it, sorted by ``order`` (lower first), so an unused hook costs nothing.
+hook only on callbacks that override it, sorted by ``order`` (lower first), so an unused hook costs nothing;
+``needs_batch_hooks`` lets a callback skip its per-batch hooks for a whole fit.
 """
 from __future__ import annotations
 
@@ -67,6 +68,12 @@ class Callback:
 
     def on_exception(self, trainer: Trainer, task: TaskModule, exception: BaseException) -> None:
         """Fit ended by an exception (including KeyboardInterrupt and a preemption exit)."""
+
+    def needs_batch_hooks(self, trainer: Trainer) -> bool:
+        """Asked once per fit, after ``on_fit_start``: False and the Trainer does not call this callback's
+        ``on_train_batch_start``/``on_train_batch_end`` in this fit (a per-step call saved when, as configured,
+        they would do nothing)."""
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         """What this callback needs to continue after a resume (plain containers and primitives only)."""

@@ -99,6 +99,9 @@ class ModelCheckpoint(Callback):
         self._last_step = self._saved_step = trainer.state.global_step  # after a restore: the resumed step
         self._last_time = time.monotonic()
 
+    def needs_batch_hooks(self, trainer: Any) -> bool:
+        return self.every_n_train_steps is not None or self.train_time_interval is not None
+
     def on_train_batch_end(self, trainer: Any, task: Any) -> None:
         step = trainer.state.global_step
         if step == self._last_step:  # no optimizer step in this batch (accumulation): nothing new to save

@@ -32,6 +32,9 @@ class ProgressBar(Callback):
         out = self._out()
         self._interactive = trainer.is_main and hasattr(out, "isatty") and out.isatty()
 
+    def needs_batch_hooks(self, trainer: Any) -> bool:
+        return self._interactive  # a log file gets one line per epoch: nothing to do per batch
+
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
         self._postfix = {}
         self._start = time.perf_counter()

@@ -1,8 +1,10 @@
 """TensorBoardLogger: every value the Trainer publishes becomes a TensorBoard scalar; hyperparameters go to HParams.
 
 Cost per training step: nothing. The Trainer converts logged tensors to floats once per ``log_every_n_steps``
-(its one host-device sync) and calls ``on_log``; this callback hands those floats to ``SummaryWriter``, whose
-background thread writes them to disk. Only rank 0 creates a writer; other ranks write no file at all.
+(its one host-device sync) and calls ``on_log``; this callback collects the values of one step (the loss, the
+learning rate and the throughput arrive in separate calls) and hands them to ``SummaryWriter`` as one event when
+the step moves on, at epoch ends and at the end, because each event costs the writer's thread a checksum in pure
+Python, under the GIL. Only rank 0 creates a writer; other ranks write no file at all.
 The tags are listed in docs/logging.md.
 """
 from __future__ import annotations
@@ -75,6 +77,8 @@ class TensorBoardLogger(Callback):
         self.histogram_every_n_steps, self.log_graph, self.flush_secs = n, log_graph, flush_secs
         self._writer: SummaryWriter | None = None
         self._dir: str | None = None
+        self._step_values: dict[str, float] = {}  # the current step's values, not written yet
+        self._step = 0
         self._fitting = False
         self._hparams: dict[str, Any] = {}
         self._modes: dict[str, str] = {}
@@ -102,8 +106,27 @@ class TensorBoardLogger(Callback):
         self._writer, self._dir = SummaryWriter(log_dir=trainer.log_dir, flush_secs=self.flush_secs), trainer.log_dir
         return self._writer
 
+    def _collect(self, step: int, values: dict[str, float]) -> None:
+        """Add ``values`` to the event of ``step``. One event per step holds every value (as TF1's merged summaries
+        did; TensorBoard reads each scalar as if written alone); a new step, or a key already in it, starts the next."""
+        if step != self._step or not self._step_values.keys().isdisjoint(values):
+            self._write_step()
+        self._step = step
+        self._step_values.update(values)
+
+    def _write_step(self) -> None:
+        """Hand the collected values of one step to the writer, as one event (TensorBoard reads each scalar)."""
+        if self._step_values and self._writer is not None:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            self._writer.file_writer.add_summary(
+                Summary(value=[Summary.Value(tag=key, simple_value=value) for key, value in self._step_values.items()]),
+                self._step)
+        self._step_values = {}
+
     def _close(self) -> None:
         if self._writer is not None:
+            self._write_step()
             self._writer.close()  # flushes the queue and closes the event file
             self._writer = None
 
@@ -133,15 +156,9 @@ class TensorBoardLogger(Callback):
             _write_graph(writer, trainer, task, example)
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
-        writer = self.writer(trainer)  # also opens one for a validate/test outside fit
-        if writer is None:
+        if self.writer(trainer) is None:  # also opens one for a validate/test outside fit
             return
-        # One event holding every value (as TF1's merged summaries did): one queue hand-off to the writer
-        # thread per call instead of one per scalar, read back by TensorBoard exactly as separate events.
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=key, simple_value=value)
-                                                      for key, value in metrics.items()]), trainer.state.global_step)
+        self._collect(trainer.state.global_step, metrics)
         if self._fitting:
             for key, value in metrics.items():
                 if self._tracked(key):
@@ -153,6 +170,7 @@ class TensorBoardLogger(Callback):
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if self._writer is not None:
+            self._write_step()
             self._writer.flush()
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:
@@ -189,8 +207,8 @@ class TensorBoardLogger(Callback):
         from torch.utils.tensorboard.summary import hparams
 
         step = trainer.state.global_step
-        for key, value in self._best.items():
-            writer.add_scalar(f"best/{key}", value, step)
+        self._collect(step, {f"best/{key}": value for key, value in self._best.items()})
+        self._write_step()
         names = sorted(self._final)
         metrics = [name for key in names for name in (key, f"best/{key}")]
         if _defines(task, "test_dataloader"):  # columns for a trainer.test that may follow, in this run

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from time import perf_counter
 from typing import Any, TextIO
 
 from trainer.errors import MisconfigurationError
@@ -64,8 +65,11 @@ class ThroughputMonitor(Callback):
             import torch
 
             torch.cuda.reset_peak_memory_stats(self._cuda)
-        self._window = [0.0, 0.0, 0.0, 0, 0]  # data wait, batch time, validation inside batches, samples, batches
-        self._total = [0.0, 0.0, 0.0, 0, 0]
+        # Since the last log: data wait, batch time, validation inside batches (s), batches, and samples short of
+        # batches * batch_size (the partial batches). Plain attributes: the batch hooks run every step.
+        self._wait = self._busy = self._val = 0.0
+        self._batches = self._short = 0
+        self._total = [0.0, 0.0, 0.0, 0, 0]  # data wait, batch time, validation inside batches, samples, batches
         self._epochs, self._fitting, self.summary = 0, True, {}
         self._t_start = self._t_end = self._t_val = self._t_epoch = time.perf_counter()
 
@@ -73,17 +77,13 @@ class ThroughputMonitor(Callback):
         self._t_end = self._t_epoch = time.perf_counter()
 
     def on_train_batch_start(self, trainer: Any, task: Any) -> None:
-        now = time.perf_counter()
-        self._window[0] += now - self._t_end
-        self._t_start = now
+        self._t_start = now = perf_counter()
+        self._wait += now - self._t_end
 
     def on_train_batch_end(self, trainer: Any, task: Any) -> None:
-        now = time.perf_counter()
-        w = self._window
-        w[1] += now - self._t_start
-        w[3] += self._partial if trainer.state.batch_idx == self._partial_idx else self._batch_size
-        w[4] += 1
-        self._t_end = now
+        self._t_end = now = perf_counter()
+        self._busy += now - self._t_start
+        self._batches += 1
 
     def on_validation_start(self, trainer: Any, task: Any) -> None:
         self._t_val = time.perf_counter()
@@ -91,17 +91,18 @@ class ThroughputMonitor(Callback):
     def on_validation_end(self, trainer: Any, task: Any) -> None:
         # Validation inside a batch (between its start and end hooks) is not training time.
         if self._fitting and trainer.state.stage == "val" and self._t_start > self._t_end:
-            self._window[2] += time.perf_counter() - self._t_val
+            self._val += time.perf_counter() - self._t_val
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
         if self._fitting and "train/loss" in metrics and trainer.state.stage == "train":
-            values = self._rates(self._window)
-            self._fold()
+            values = self._rates(self._fold())
             if values:
                 trainer.log_metrics(values)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         self._epochs += 1
+        if trainer.state.batch_idx == self._partial_idx:  # the epoch ended with its smaller last batch
+            self._short += self._batch_size - self._partial
         trainer.log_metrics({"perf/epoch_time_s": time.perf_counter() - self._t_epoch})
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
@@ -120,10 +121,14 @@ class ThroughputMonitor(Callback):
         self._fitting = False
 
     # ---- numbers ------------------------------------------------------------------------------------
-    def _fold(self) -> None:
-        for i, value in enumerate(self._window):
+    def _fold(self) -> list:
+        """The counts since the last log, added to the totals and reset."""
+        window = [self._wait, self._busy, self._val, self._batches * self._batch_size - self._short, self._batches]
+        self._wait = self._busy = self._val = 0.0
+        self._batches = self._short = 0
+        for i, value in enumerate(window):
             self._total[i] += value
-        self._window = [0.0, 0.0, 0.0, 0, 0]
+        return window
 
     def _rates(self, counts: list) -> dict[str, float]:
         wait, busy, val, samples, batches = counts

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from callbacks import Callback, ProgressBar
+from callbacks import Callback, ModelCheckpoint, ProgressBar
 from tasks import ClassifierTask, RegressionTask, regression_data
 from trainer import Trainer, seed_everything
 from trainer.data import batch_to_device
@@ -240,6 +240,28 @@ def test_hook_order(quiet):
                      "on_train_batch_start", "on_before_optimizer_step", "on_validation_start",
                      "on_validation_end", "on_train_batch_end", "on_train_epoch_end", "on_fit_end"]
     assert log[1] == ("on_validation_start", "sanity") and log[9] == ("on_validation_start", "val")
+
+
+def test_needs_batch_hooks_false_skips_only_the_per_batch_hooks(quiet, tmp_path):
+    class Idle(_Order):
+        def needs_batch_hooks(self, trainer):
+            return False
+
+    log = []
+    Trainer(max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0, callbacks=[Idle(log)],
+            **quiet).fit(RegressionTask())
+    assert [h for h, _ in log] == ["on_fit_start", "on_train_epoch_start", "on_before_optimizer_step",
+                                   "on_before_optimizer_step", "on_train_epoch_end", "on_fit_end"]
+    # The defaults ask for no per-step call where they would do nothing: a bar to a log file, a checkpoint
+    # saved only at epoch ends. They do where they work (a terminal; step triggers).
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path)
+    assert not ProgressBar(stream=io.StringIO()).needs_batch_hooks(trainer)
+    tty = ProgressBar(stream=io.StringIO())
+    tty._interactive = True  # what on_fit_start decides for a stream that isatty()
+    assert tty.needs_batch_hooks(trainer)
+    assert not ModelCheckpoint().needs_batch_hooks(trainer)
+    assert ModelCheckpoint(every_n_train_steps=5).needs_batch_hooks(trainer)
+    assert ModelCheckpoint(train_time_interval=60).needs_batch_hooks(trainer)
 
 
 def test_callback_order_attribute_and_should_stop(quiet):

@@ -101,6 +101,25 @@ def test_scalars_in_event_files_are_what_was_logged(tmp_path):
     assert logger.experiment is None  # closed after fit, validate and test
 
 
+def test_one_event_per_step_and_a_key_logged_twice_keeps_both_values(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    class Twice(Callback):  # the same key twice at one step: both values must reach the file
+        def on_train_epoch_end(self, trainer, task):
+            trainer.log_metrics({"custom/x": 1.0})
+            trainer.log_metrics({"custom/x": 2.0})
+
+    trainer = Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), callbacks=[Twice()],
+                      **QUIET)
+    trainer.fit(ClassifierTask())  # 6 steps per epoch
+    assert scalars(read_run(trainer.log_dir), "custom/x") == [(6, 1.0), (6, 2.0), (12, 1.0), (12, 2.0)]
+    steps = [e.step for path in event_files(tmp_path) for e in LegacyEventFileLoader(str(path)).Load()
+             if e.summary.value and all(v.HasField("simple_value") for v in e.summary.value)]
+    # The loss, learning rate and throughput of an interval arrive in three on_log calls: one event. At 6 and
+    # 12 the epoch's values and validation join it; custom/x's second value starts one more event there.
+    assert steps == [2, 4, 6, 6, 8, 10, 12, 12, 12], steps
+
+
 def test_each_fit_gets_its_own_version_directory(tmp_path):
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
     trainer.fit(RegressionTask(n=16))

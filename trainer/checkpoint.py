@@ -70,7 +70,7 @@ def _contents(trainer: Any, rng: list[dict[str, Any]]) -> dict[str, Any]:
         "schedulers": [config.scheduler.state_dict() for config in trainer.schedulers],
         "precision": trainer.precision.state_dict(),
         "loop": {"state": st.state_dict(), "fold_mark": list(trainer._fold_mark)},
-        "logbook": _compact(trainer._train_book.state_dict()),
+        "logbook": _book_state(trainer),
         "rng": rng,
         "data": {"seed": int(trainer.data_seed), "epoch": st.epoch, "batches_done": st.batches_done,
                  "batch_size": getattr(loader, "batch_size", None), "world_size": trainer.strategy.world_size,
@@ -83,10 +83,20 @@ def _contents(trainer: Any, rng: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _compact(book: dict[str, Any]) -> dict[str, Any]:
-    """Logged tensors may be views of large tensors; save only their own values (bits unchanged)."""
+def _book_state(trainer: Any) -> dict[str, Any] | None:
+    """The values logged so far this epoch, exactly; None after a completed epoch (a resume starts the next)."""
+    if trainer.state.epoch_done:
+        return None
+    book = trainer._train_book.state_dict()
     for series in book["series"].values():
-        series["pending"] = [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in series["pending"]]
+        pending = series["pending"]
+        alike = pending and all(isinstance(v, torch.Tensor) for v in pending) \
+            and len({(v.dtype, v.shape, v.device) for v in pending}) == 1
+        if alike:
+            # One tensor in the file instead of one per value (each costs the pickler ~20 objects); bits unchanged.
+            series["pending"] = torch.stack([v.detach() for v in pending])
+        else:  # logged tensors may be views of large tensors: save only their own values
+            series["pending"] = [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in pending]
         if isinstance(series["total"], torch.Tensor):
             series["total"] = series["total"].detach().clone()
     return book
@@ -240,12 +250,14 @@ def _restore_loop(trainer: Any, ckpt: Mapping[str, Any]) -> None:
         device = trainer.strategy.device
         logbook = ckpt["logbook"]
         for series in logbook["series"].values():  # logged tensors go back to the device they were logged on
-            series["pending"] = [v.to(device) if isinstance(v, torch.Tensor) else v for v in series["pending"]]
+            pending = series["pending"]
+            series["pending"] = list(pending.to(device).unbind()) if isinstance(pending, torch.Tensor) else \
+                [v.to(device) if isinstance(v, torch.Tensor) else v for v in pending]
             if isinstance(series["total"], torch.Tensor):
                 series["total"] = series["total"].to(device)
         book.load_state_dict(logbook)
         trainer._fold_mark = tuple(ckpt["loop"].get("fold_mark", (st.global_step, st.batches_done)))
-    trainer._loss_series = book.series_for("train/loss")
+    trainer._track_loss()
     trainer.data_seed = int(data["seed"])  # the run's data order, whatever this process was seeded with
     for loader in (trainer._train_loader, trainer._val_loader):
         sampler = getattr(loader, "sampler", None)

@@ -57,6 +57,11 @@ class LoopHelpers:
         self._signal_agreed = bool(flags[1])
         self._stop_agreed = bool(flags[0] or flags[1])
 
+    def _track_loss(self) -> None:
+        """Point the loop at the training-loss series of the current book (its list is appended to per step)."""
+        self._loss_series = self._train_book.series_for("train/loss")
+        self._losses = self._loss_series.pending
+
     def _accumulation(self, batch_idx: int) -> tuple[bool, int]:
         """(step after this micro-batch?, size of its group): the epoch's last group may be short."""
         k, n = self.accumulate_grad_batches, self.num_train_batches

@@ -12,44 +12,58 @@ import torch
 
 
 class _Series:
-    __slots__ = ("pending", "weights", "total", "weight", "last")
+    """One logged key: the values since the last fold (tensors stay tensors) and the folded running total.
+
+    ``weights`` is None while every weight is 1 (training): then the Trainer appends its losses to ``pending``
+    directly, no call per step, and the count of values is the weight.
+    """
+
+    __slots__ = ("pending", "weights", "total", "weight", "_last")
 
     def __init__(self) -> None:
         self.pending: list[Any] = []
-        self.weights: list[float] = []
+        self.weights: list[float] | None = None
         self.total: Any = 0.0
         self.weight = 0.0
-        self.last: Any = None
+        self._last: Any = None
+
+    @property
+    def last(self) -> Any:
+        """The most recent value (None before the first)."""
+        return self.pending[-1] if self.pending else self._last
 
     def add(self, value: Any, weight: float = 1.0) -> None:
+        if weight != 1.0 and self.weights is None:
+            self.weights = [1.0] * len(self.pending)
         self.pending.append(value)
-        self.weights.append(weight)
-        self.last = value
+        if self.weights is not None:
+            self.weights.append(weight)
 
     def fold(self) -> None:
         if not self.pending:
             return
         self.total, self.weight = self.peek()
-        self.pending.clear()
-        self.weights.clear()
+        self._last = self.pending[-1]
+        self.pending.clear()  # the same list: the Trainer holds it
+        self.weights = None
 
     def peek(self) -> tuple[Any, float]:
         """``(total, weight)`` as :meth:`fold` would leave them, without folding (the book is left unchanged)."""
         if not self.pending:
             return self.total, self.weight
+        weights = self.weights
         if isinstance(self.pending[0], torch.Tensor):
             try:  # one stack and one cast per interval, not a .float() per value; reshape: a loss may be (1,)
                 values = torch.stack(self.pending).float().reshape(-1)
             except RuntimeError:  # values of different shapes, e.g. () and (1,)
                 values = torch.stack([v.float().reshape(()) for v in self.pending])
-            if self.weights.count(1.0) == len(self.weights):  # training: unweighted, skip building a tensor
+            if weights is None:  # training: unweighted, no weights tensor to build
                 total = self.total + values.sum()
             else:
-                weights = torch.tensor(self.weights, dtype=values.dtype, device=values.device)
-                total = self.total + (values * weights).sum()
+                total = self.total + (values * torch.tensor(weights, dtype=values.dtype, device=values.device)).sum()
         else:
-            total = self.total + sum(float(v) * w for v, w in zip(self.pending, self.weights))
-        return total, self.weight + sum(self.weights)
+            total = self.total + sum(float(v) * w for v, w in zip(self.pending, weights or [1.0] * len(self.pending)))
+        return total, self.weight + (len(self.pending) if weights is None else sum(weights))
 
 
 class LogBook:
@@ -115,7 +129,8 @@ class LogBook:
     def state_dict(self) -> dict[str, Any]:
         """Exact state (tensors kept as tensors) so that epoch means after a resume are bitwise equal."""
         return {"stage": self.stage, "prog_bar": sorted(self.prog_bar), "series": {
-            k: {"pending": list(s.pending), "weights": list(s.weights), "total": s.total, "weight": s.weight}
+            k: {"pending": list(s.pending), "weights": [1.0] * len(s.pending) if s.weights is None else list(s.weights),
+                "total": s.total, "weight": s.weight}
             for k, s in self.series.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -123,6 +138,6 @@ class LogBook:
         self.series.clear()
         for key, saved in state["series"].items():
             s = self.series[key] = _Series()
-            s.pending, s.weights = list(saved["pending"]), list(saved["weights"])
+            s.pending = list(saved["pending"])
+            s.weights = None if all(w == 1.0 for w in saved["weights"]) else list(saved["weights"])
             s.total, s.weight = saved["total"], saved["weight"]
-            s.last = s.pending[-1] if s.pending else None

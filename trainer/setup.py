@@ -193,6 +193,7 @@ class TrainerSetup(LoopHelpers):
         self._hooks = {name: [getattr(cb, name) for cb in self.callbacks if _overrides(cb, name)]
                        for name in _hook_names()}
         self._before_step_hooks = self._hooks["on_before_optimizer_step"]  # read every step: no dict lookup
+        self._move_batches = self.strategy.moves_batches
         if self.channels_last:
             task.to(memory_format=torch.channels_last)
         wrapped = self.strategy.setup_module(task)
@@ -202,7 +203,7 @@ class TrainerSetup(LoopHelpers):
         self._raise_nonfinite_loss = self.nonfinite_loss == "raise" and self.precision.scaler is None
         self._metrics = self._build_metrics(task)
         self._train_book = LogBook("train")
-        self._loss_series = self._train_book.series_for("train/loss")
+        self._track_loss()
         self._enter_book("train")
         seed = current_seed() if current_seed() is not None else torch.initial_seed() % 2**31
         self.data_seed = int(self.strategy.broadcast(seed))

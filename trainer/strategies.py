@@ -144,8 +144,8 @@ class Strategy:
 
     def _set_device(self, device: torch.device) -> None:
         self.device = device
-        # On the CPU, batches are already where they belong: skip the per-step tree walk.
-        self._move = self.device.type != "cpu"
+        # On the CPU, batches are already where they belong: the loop skips batch_to_device (no call per step).
+        self.moves_batches = self.device.type != "cpu"
 
     @property
     def is_main(self) -> bool:
@@ -170,7 +170,8 @@ class Strategy:
         return wrapped
 
     def batch_to_device(self, batch: Any) -> Any:
-        return batch_to_device(batch, self.device) if self._move else batch
+        """``batch`` with every tensor on this strategy's device (the copies are ``non_blocking``)."""
+        return batch_to_device(batch, self.device) if self.moves_batches else batch
 
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """The state dict of the user's module: never prefixed with ``module.`` or ``_orig_mod.``."""

@@ -47,6 +47,8 @@ class Trainer(TrainerSetup):
     def _fit(self, ckpt_path: str | None) -> dict[str, float]:
         self._setup_fit(ckpt_path)
         self._call("on_fit_start")
+        for name in ("on_train_batch_start", "on_train_batch_end"):  # a per-step call only where it does something
+            self._hooks[name] = [fn for fn in self._hooks[name] if fn.__self__.needs_batch_hooks(self)]
         if self.num_sanity_val_steps and self._val_loader is not None and not self._resumed:
             self._validate(sanity=True)
         while True:
@@ -100,17 +102,40 @@ class Trainer(TrainerSetup):
         self._epoch_end(completed=exhausted and (st.batches_done >= n or n == float("inf")))
 
     def _train_step(self, batch, batch_idx: int) -> bool:
-        """Forward, loss, backward; an optimizer step when the accumulation group is complete."""
-        inputs, targets = self.task.split_batch(self.strategy.batch_to_device(batch))
+        """Forward, loss, backward; an optimizer step when the accumulation group is complete. True if it stepped."""
+        if self._move_batches:  # on the CPU a batch stays where it is, without even a call
+            batch = self.strategy.batch_to_device(batch)
+        inputs, targets = self.task.split_batch(batch)
         step, divide = (True, 1) if self.accumulate_grad_batches == 1 else self._accumulation(batch_idx)
         if step:
             ran = self._forward_backward(inputs, targets, divide)
         else:
             with self.strategy.no_sync(self._wrapped):  # ddp: no gradient all-reduce for a micro-batch that waits
                 ran = self._forward_backward(inputs, targets, divide)
-        if ran and step:
-            self._optimizer_step()
-        return ran and step
+        if not (ran and step):
+            return False
+        # The optimizer step. Per step only what the settings ask for: clipping, scaling, schedulers.
+        st, opt = self.state, self.optimizer
+        if self.gradient_clip_val is not None or self._before_step_hooks:
+            self.precision.unscale(opt)
+            for fn in self._before_step_hooks:
+                fn(self, self.task)
+            if self.gradient_clip_val is not None:
+                self._clip(opt)
+        stepped = True
+        if self.precision.scaler is None:  # fp32, bf16: the plain step, without a call into Precision
+            opt.step()
+        else:
+            stepped = self.precision.step(opt)  # False: the GradScaler skipped it (the gradients overflowed)
+        opt.zero_grad(set_to_none=True)
+        st.global_step += 1
+        if stepped:
+            for config in self._step_schedulers:
+                if st.global_step % config.frequency == 0:
+                    self._scheduler_step(config)
+        if st.global_step % self.log_every_n_steps == 0:
+            self._log_train_step()
+        return True
 
     def _forward_backward(self, inputs: Any, targets: Any, divide: int) -> bool:
         """Loss and backward of one micro-batch; False when a non-finite loss is skipped (``nonfinite_loss="skip"``)."""
@@ -124,36 +149,23 @@ class Trainer(TrainerSetup):
             check_loss(loss, task)
             self._first_step = False
         detached = loss.detach()
-        self._loss_series.add(detached)
+        self._losses.append(detached)  # the losses since the last log: converted there, not here (no sync)
         if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync, opted into
             self.state.skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
             return False
-        self.precision.backward(loss if divide == 1 else loss / divide)
+        if divide != 1:
+            loss = loss / divide
+        if self.precision.scaler is None:  # no call into Precision unless it scales the loss
+            loss.backward()
+        else:
+            self.precision.backward(loss)
         return True
-
-    def _optimizer_step(self) -> None:
-        st, opt = self.state, self.optimizer
-        if self.gradient_clip_val is not None or self._before_step_hooks:
-            self.precision.unscale(opt)
-            for fn in self._before_step_hooks:
-                fn(self, self.task)
-            if self.gradient_clip_val is not None:
-                self._clip(opt)
-        stepped = self.precision.step(opt)
-        opt.zero_grad(set_to_none=True)
-        st.global_step += 1
-        if stepped:
-            for config in self._step_schedulers:
-                if st.global_step % config.frequency == 0:
-                    self._scheduler_step(config)
-        if st.global_step % self.log_every_n_steps == 0:
-            self._log_train_step()
 
     def _epoch_end(self, completed: bool) -> None:
         st = self.state
         st.epoch_done = completed
-        pending = self._loss_series.pending
+        pending = self._losses
         if self._raise_nonfinite_loss and pending and not torch.isfinite(torch.stack(pending)).all():
             self._raise_nonfinite(pending)  # the losses since the last log (a sync, once per epoch)
         self._publish(self._reduce_book(self._train_book, suffix="_epoch"))
@@ -165,7 +177,7 @@ class Trainer(TrainerSetup):
         if completed:
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
             self._train_book.reset()
-            self._loss_series = self._train_book.series_for("train/loss")
+            self._track_loss()
             self._fold_mark = (st.global_step, 0)
 
     # ---- validation / test / predict ------------------------------------------------------------
