@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Iterator
 
 import torch
@@ -38,14 +38,15 @@ class ResumableSampler(Sampler[int]):
         """Start the next iteration ``samples`` indices into this rank's order (a resume)."""
         self._skip = samples
 
-    def indices(self) -> list[int]:
+    def indices(self) -> Sequence[int]:
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.size, generator=g).tolist()
+            order: Sequence[int] = torch.randperm(self.size, generator=g).tolist()
         else:
-            order = list(range(self.size))
+            order = range(self.size)  # not a list of n ints per epoch (a slice of a range is a range)
         if self.world_size > 1:
+            order = list(order)
             if self.pad:
                 total = math.ceil(self.size / self.world_size) * self.world_size
                 order += (order * math.ceil(total / max(1, self.size)))[: total - self.size]
