@@ -191,8 +191,13 @@ def test_event_file_is_closed_when_fit_ends_abnormally(tmp_path, how, raised, st
     logger = TensorBoardLogger()
     trainer = Trainer(max_epochs=2, log_every_n_steps=1, default_root_dir=str(tmp_path), callbacks=[logger],
                       **QUIET)
-    with pytest.raises(raised):
-        trainer.fit(FailingTask(how))
+    # A job started in the background by a non-interactive shell inherits SIGINT ignored: Ctrl-C's default here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(raised):
+            trainer.fit(FailingTask(how))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert logger.experiment is None
     run = read_run(trainer.log_dir)
     steps = [s for s, _ in scalars(run, "train/loss")]
