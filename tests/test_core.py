@@ -332,6 +332,24 @@ def test_batch_to_device_nested():
     assert isinstance(moved["p"], Pair) and moved["x"][1][1] == "keep" and torch.equal(moved["x"][0], torch.ones(2))
 
 
+def test_cpu_skips_batch_to_device_unless_a_strategy_overrides_it(quiet):
+    from trainer.strategies import Strategy
+
+    class Halve(Strategy):  # a custom strategy that transforms batches: it must run even on the CPU
+        def batch_to_device(self, batch):
+            inputs, targets = super().batch_to_device(batch)
+            self.calls = getattr(self, "calls", 0) + 1
+            return inputs * 0, targets
+
+    plain = Trainer(max_steps=2, **quiet)
+    plain.fit(RegressionTask())
+    assert not plain.strategy.moves_batches  # the built-in strategy: no call per step on the CPU
+    halve = Halve("cpu", "auto")
+    trainer = Trainer(max_steps=2, strategy=halve, **quiet)
+    trainer.fit(RegressionTask())
+    assert halve.calls == 2
+
+
 def test_progress_bar_non_terminal_prints_one_line_per_epoch():
     stream = io.StringIO()
     trainer = Trainer(max_epochs=3, enable_model_summary=False, enable_checkpointing=False, logger=False,

@@ -22,7 +22,7 @@ from .precision import Precision, normalize_precision
 from .seed import current_seed, seed_everything
 from .serialization import CheckpointWriter
 from .state import TrainerState
-from .strategies import select_strategy
+from .strategies import Strategy, select_strategy
 
 
 class TrainerSetup(LoopHelpers):
@@ -193,7 +193,8 @@ class TrainerSetup(LoopHelpers):
         self._hooks = {name: [getattr(cb, name) for cb in self.callbacks if _overrides(cb, name)]
                        for name in _hook_names()}
         self._before_step_hooks = self._hooks["on_before_optimizer_step"]  # read every step: no dict lookup
-        self._move_batches = self.strategy.moves_batches
+        # On the CPU the loop skips batch_to_device, unless a custom strategy overrides it (it may do more).
+        self._move_batches = self.strategy.moves_batches or _overrides_batch_to_device(self.strategy)
         if self.channels_last:
             task.to(memory_format=torch.channels_last)
         wrapped = self.strategy.setup_module(task)
@@ -319,6 +320,10 @@ def _hook_names() -> tuple[str, ...]:
     from callbacks.base import HOOKS
 
     return HOOKS
+
+
+def _overrides_batch_to_device(strategy: Any) -> bool:
+    return getattr(type(strategy), "batch_to_device", None) is not Strategy.batch_to_device
 
 
 def _overrides(callback: Any, hook: str) -> bool:
