@@ -4,7 +4,7 @@
     python benchmarks/instructions.py --variants hand taskfit   # two of them: ~4 minutes
 
 Wall-clock differences of 1% drown in the noise of a shared machine; instruction counts do not. This runs the
-tiny MLP of benchmarks/overhead.py under callgrind, counts the instructions of one epoch (the second: the first
+tiny MLP of benchmarks/workloads.py under callgrind, counts the instructions of one epoch (the second: the first
 warms up) of the hand-written loop and of the Trainer with its defaults switched on one at a time, and prints
 each against the hand-written loop. Instructions are not time: they miss the disk (fsync) and cache misses,
 and Python-level work costs more per instruction than compiled kernels, so wall-clock shares are larger.
@@ -32,12 +32,13 @@ def child() -> None:
     import torch.nn.functional as F
 
     import overhead as ob
+    import workloads as wl
     from callbacks import Callback
     from trainer import Trainer
 
     torch.set_num_threads(1)
-    spec = ob.WORKLOADS["tiny MLP"]
-    data = ob.make_data(spec)
+    spec = wl.WORKLOADS["tiny MLP"]
+    data = wl.make_data(spec)
 
     def control(*args: str) -> None:
         subprocess.run(["callgrind_control", *args, str(os.getpid())], capture_output=True, check=False)
@@ -49,9 +50,9 @@ def child() -> None:
             control("--instr=off")
             control(f"--dump={name}")
 
-    model = ob.Model(ob.make_net(spec))
-    optimizer = ob.make_optimizer(model.parameters(), spec)
-    loader = ob.make_loader(data, spec)
+    model = wl.Model(wl.make_net(spec))
+    optimizer = wl.make_optimizer(model.parameters(), spec)
+    loader = wl.make_loader(data, spec)
     model.train()
     for epoch in range(3):
         measure("hand", epoch)
@@ -72,7 +73,7 @@ def child() -> None:
     for name in [v for v in VARIANTS[1:] if v in sys.argv[2:]]:
         with tempfile.TemporaryDirectory() as root, ob.quiet_run():
             Trainer(max_epochs=3, accelerator="cpu", default_root_dir=root, callbacks=[Toggle(name)],
-                    **ob.BREAKDOWN.get(name, {})).fit(ob.make_task(spec, data))
+                    **ob.BREAKDOWN.get(name, {})).fit(wl.make_task(spec, data))
 
 
 def main() -> None:

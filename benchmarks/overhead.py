@@ -48,57 +48,12 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-SEED = 0
-
-
-# ---- workloads: the same model, data and optimizer for every variant --------------------------------
-def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
-def cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
-
-
-WORKLOADS: dict[str, dict[str, Any]] = {
-    # 16,384 samples / 32 = 512 steps per epoch: the framework's per-step cost is what is measured
-    "tiny MLP": dict(net=mlp, shape=(64,), samples=16384, batch_size=32, lr=0.05, epochs=6),
-    # 2,048 samples / 64 = 32 steps per epoch of real compute
-    "small CNN": dict(net=cnn, shape=(3, 32, 32), samples=2048, batch_size=64, lr=0.02, epochs=4),
-}
-
-
-def make_data(spec: dict[str, Any]) -> TensorDataset:
-    g = torch.Generator().manual_seed(1234)
-    return TensorDataset(torch.randn(spec["samples"], *spec["shape"], generator=g),
-                         torch.randint(0, 10, (spec["samples"],), generator=g))
-
-
-def make_net(spec: dict[str, Any]) -> nn.Module:
-    torch.manual_seed(SEED)  # identical initial weights in every variant
-    return spec["net"]()
-
-
-def make_optimizer(params: Any, spec: dict[str, Any]) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=spec["lr"], momentum=0.9)
-
-
-def make_loader(data: TensorDataset, spec: dict[str, Any]) -> DataLoader:
-    return DataLoader(data, batch_size=spec["batch_size"], shuffle=False)
+from interleaved import HARNESS_CHECK, run_harness_check, run_interleaved  # noqa: E402
+from workloads import (WORKLOADS, Model, make_data, make_loader, make_net, make_optimizer,  # noqa: E402
+                       make_task)
 
 
 # ---- (1) the hand-written loop ---------------------------------------------------------------------
-class Model(nn.Module):
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
 def clock() -> tuple[float, float]:
     """(wall, CPU) seconds. CPU time of the whole process (all threads, e.g. TensorBoard's writer) is far less
     disturbed than wall time by other processes on a shared machine; both are reported."""
@@ -135,32 +90,6 @@ BREAKDOWN = {
 }
 
 
-HARNESS_CHECK = "hand in the Trainer's place (harness check)"
-
-
-def make_task(spec: dict[str, Any], data: TensorDataset) -> Any:
-    from trainer import TaskModule
-
-    class Task(TaskModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = make_net(spec)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.net(x)
-
-        def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(outputs, targets)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return make_optimizer(self.parameters(), spec)
-
-        def train_dataloader(self) -> DataLoader:
-            return make_loader(data, spec)
-
-    return Task()
-
-
 def run_taskfit(spec: dict[str, Any], data: TensorDataset, epochs: int, root: str,
                 **settings: Any) -> tuple[list[tuple[float, float]], nn.Module]:
     from callbacks import Callback
@@ -183,98 +112,6 @@ def run_taskfit(spec: dict[str, Any], data: TensorDataset, epochs: int, root: st
     task = make_task(spec, data)
     trainer.fit(task)
     return durations(timer.marks), task.net
-
-
-def make_interleave(spec: dict[str, Any], data: TensorDataset) -> Any:
-    """The callback that runs one hand-written step after each Trainer batch, splitting wall time at each switch.
-
-    The harness is not perfectly even: the switch is a hook call that counts on the Trainer's side, the hand
-    side's bookkeeping (its own iterator, a method call) on the hand's. ``run_harness_check`` measures the net
-    effect: the same interleaving with a hand-written loop in the Trainer's place.
-    """
-    from callbacks import Callback
-
-    class Interleave(Callback):
-        order = 10**6  # last at batch end: every other callback's work counts as the Trainer's
-
-        def __init__(self) -> None:
-            self.model = Model(make_net(spec))
-            self.optimizer = make_optimizer(self.model.parameters(), spec)
-            self.loader = make_loader(data, spec)
-            self.batches = iter(())
-            self.mark = self.trainer_s = self.hand_s = 0.0
-            self.epochs: list[tuple[float, float]] = []
-
-        def on_fit_start(self, trainer: Any, task: Any) -> None:
-            self.model.train()
-            self.mark = time.perf_counter()
-
-        def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
-            # Last at epoch end: the epoch's checkpoint and logging count; what fit does once at its end does not.
-            now = time.perf_counter()
-            self.epochs.append((self.trainer_s + now - self.mark, self.hand_s))
-            self.trainer_s = self.hand_s = 0.0
-            self.mark = now
-
-        def on_train_batch_end(self, trainer: Any, task: Any) -> None:
-            start = time.perf_counter()
-            self.trainer_s += start - self.mark
-            self.hand_step()  # its batch, output and loss are freed on return: inside the hand's time, as in a loop
-            self.mark = time.perf_counter()
-            self.hand_s += self.mark - start
-
-        def hand_step(self) -> None:
-            batch = next(self.batches, None)
-            if batch is None:  # the hand loop's epoch boundary: a new iterator, as `for x, y in loader` does
-                self.batches = iter(self.loader)
-                batch = next(self.batches)
-            x, y = batch
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
-            self.optimizer.step()
-
-    return Interleave()
-
-
-def run_interleaved(spec: dict[str, Any], data: TensorDataset, epochs: int, root: str,
-                    **settings: Any) -> tuple[list[tuple[float, float]], nn.Module, nn.Module]:
-    """The Trainer and the hand-written loop in lock-step: after each Trainer batch, one hand-written step.
-
-    Wall time is split at every switch, so both see the same machine load at millisecond granularity: the
-    ratio survives noise that swamps separate runs. Returns per epoch (Trainer seconds, hand seconds).
-    """
-    from trainer import Trainer
-
-    interleave = make_interleave(spec, data)
-    trainer = Trainer(max_epochs=epochs, accelerator="cpu", default_root_dir=root, callbacks=[interleave],
-                      **settings)
-    task = make_task(spec, data)
-    trainer.fit(task)
-    return interleave.epochs, task.net, interleave.model.net
-
-
-def run_harness_check(spec: dict[str, Any], data: TensorDataset, epochs: int, root: str,
-                      **settings: Any) -> tuple[list[tuple[float, float]], nn.Module, nn.Module]:
-    """The interleaving of ``run_interleaved`` with a hand-written loop in the Trainer's place, dispatching the
-    switch as the Trainer does: what the harness itself reads for two identical loops (ideally 1.000)."""
-    interleave = make_interleave(spec, data)
-    model = Model(make_net(spec))
-    optimizer = make_optimizer(model.parameters(), spec)
-    loader = make_loader(data, spec)
-    model.train()
-    on_end = [interleave.on_train_batch_end]
-    interleave.on_fit_start(None, None)
-    for _ in range(epochs):
-        for x, y in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            for fn in on_end:
-                fn(None, None)
-        interleave.on_train_epoch_end(None, None)
-    return interleave.epochs, model.net, interleave.model.net
 
 
 # ---- (3) PyTorch Lightning with the same settings ----------------------------------------------------
