@@ -50,10 +50,7 @@ def child() -> None:
             control("--instr=off")
             control(f"--dump={name}")
 
-    model = wl.Model(wl.make_net(spec))
-    optimizer = wl.make_optimizer(model.parameters(), spec)
-    loader = wl.make_loader(data, spec)
-    model.train()
+    model, optimizer, loader = wl.make_hand(spec, data)
     for epoch in range(3):
         measure("hand", epoch)
         for x, y in loader:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from workloads import Model, make_loader, make_net, make_optimizer, make_task
+from workloads import make_hand, make_task
 
 HARNESS_CHECK = "hand in the Trainer's place (harness check)"
 
@@ -28,9 +28,7 @@ def make_interleave(spec: dict[str, Any], data: TensorDataset) -> Any:
         order = 10**6  # last at batch end: every other callback's work counts as the Trainer's
 
         def __init__(self) -> None:
-            self.model = Model(make_net(spec))
-            self.optimizer = make_optimizer(self.model.parameters(), spec)
-            self.loader = make_loader(data, spec)
+            self.model, self.optimizer, self.loader = make_hand(spec, data)
             self.batches = iter(())
             self.mark = self.trainer_s = self.hand_s = 0.0
             self.epochs: list[tuple[float, float]] = []
@@ -89,10 +87,7 @@ def run_harness_check(spec: dict[str, Any], data: TensorDataset, epochs: int, ro
     """The interleaving of ``run_interleaved`` with a hand-written loop in the Trainer's place, dispatching the
     switch as the Trainer does: what the harness itself reads for two identical loops (ideally 1.000)."""
     interleave = make_interleave(spec, data)
-    model = Model(make_net(spec))
-    optimizer = make_optimizer(model.parameters(), spec)
-    loader = make_loader(data, spec)
-    model.train()
+    model, optimizer, loader = make_hand(spec, data)
     on_end = [interleave.on_train_batch_end]
     interleave.on_fit_start(None, None)
     for _ in range(epochs):

@@ -49,7 +49,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from interleaved import HARNESS_CHECK, run_harness_check, run_interleaved  # noqa: E402
-from workloads import (WORKLOADS, Model, make_data, make_loader, make_net, make_optimizer,  # noqa: E402
+from workloads import (WORKLOADS, make_data, make_hand, make_loader, make_net, make_optimizer,  # noqa: E402
                        make_task)
 
 
@@ -65,10 +65,7 @@ def durations(marks: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def run_hand(spec: dict[str, Any], data: TensorDataset, epochs: int) -> tuple[list[tuple[float, float]], nn.Module]:
-    model = Model(make_net(spec))
-    optimizer = make_optimizer(model.parameters(), spec)
-    loader = make_loader(data, spec)
-    model.train()
+    model, optimizer, loader = make_hand(spec, data)
     marks = [clock()]
     for _ in range(epochs):
         for x, y in loader:

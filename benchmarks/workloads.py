@@ -63,6 +63,14 @@ class Model(nn.Module):
         return self.net(x)
 
 
+def make_hand(spec: dict[str, Any], data: TensorDataset) -> tuple[Model, torch.optim.Optimizer, DataLoader]:
+    """What the hand-written loop starts from: its model (in train mode), optimizer and loader."""
+    model = Model(make_net(spec))
+    optimizer = make_optimizer(model.parameters(), spec)
+    model.train()
+    return model, optimizer, make_loader(data, spec)
+
+
 def make_task(spec: dict[str, Any], data: TensorDataset) -> Any:
     from trainer import TaskModule
 
