@@ -32,9 +32,13 @@ class _Series:
         """The most recent value (None before the first)."""
         return self.pending[-1] if self.pending else self._last
 
+    def weight_list(self) -> list[float]:
+        """The weight of each pending value (a new list of ones while they are all 1)."""
+        return [1.0] * len(self.pending) if self.weights is None else self.weights
+
     def add(self, value: Any, weight: float = 1.0) -> None:
         if weight != 1.0 and self.weights is None:
-            self.weights = [1.0] * len(self.pending)
+            self.weights = self.weight_list()
         self.pending.append(value)
         if self.weights is not None:
             self.weights.append(weight)
@@ -62,7 +66,7 @@ class _Series:
             else:
                 total = self.total + (values * torch.tensor(weights, dtype=values.dtype, device=values.device)).sum()
         else:
-            total = self.total + sum(float(v) * w for v, w in zip(self.pending, weights or [1.0] * len(self.pending)))
+            total = self.total + sum(float(v) * w for v, w in zip(self.pending, self.weight_list()))
         return total, self.weight + (len(self.pending) if weights is None else sum(weights))
 
 
@@ -129,7 +133,7 @@ class LogBook:
     def state_dict(self) -> dict[str, Any]:
         """Exact state (tensors kept as tensors) so that epoch means after a resume are bitwise equal."""
         return {"stage": self.stage, "prog_bar": sorted(self.prog_bar), "series": {
-            k: {"pending": list(s.pending), "weights": [1.0] * len(s.pending) if s.weights is None else list(s.weights),
+            k: {"pending": list(s.pending), "weights": list(s.weight_list()),
                 "total": s.total, "weight": s.weight}
             for k, s in self.series.items()}}
 

@@ -194,7 +194,7 @@ class TrainerSetup(LoopHelpers):
                        for name in _hook_names()}
         self._before_step_hooks = self._hooks["on_before_optimizer_step"]  # read every step: no dict lookup
         # On the CPU the loop skips batch_to_device, unless a custom strategy overrides it (it may do more).
-        self._move_batches = self.strategy.moves_batches or _overrides_batch_to_device(self.strategy)
+        self._move_batches = self.strategy.moves_batches or _overrides(self.strategy, "batch_to_device", Strategy)
         if self.channels_last:
             task.to(memory_format=torch.channels_last)
         wrapped = self.strategy.setup_module(task)
@@ -322,14 +322,13 @@ def _hook_names() -> tuple[str, ...]:
     return HOOKS
 
 
-def _overrides_batch_to_device(strategy: Any) -> bool:
-    return getattr(type(strategy), "batch_to_device", None) is not Strategy.batch_to_device
+def _overrides(obj: Any, name: str, base: type | None = None) -> bool:
+    """``obj``'s class defines its own ``name`` instead of ``base``'s (default: the Callback base class)."""
+    if base is None:
+        from callbacks.base import Callback
 
-
-def _overrides(callback: Any, hook: str) -> bool:
-    from callbacks.base import Callback
-
-    return getattr(type(callback), hook, None) is not getattr(Callback, hook)
+        base = Callback
+    return getattr(type(obj), name, None) is not getattr(base, name)
 
 
 def _length(loader: Any) -> float:
