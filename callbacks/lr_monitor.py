@@ -26,22 +26,23 @@ class LearningRateMonitor(Callback):
             raise MisconfigurationError(f"LearningRateMonitor(logging_interval={logging_interval!r}) is not valid.",
                                         'use "step" (every log_every_n_steps) or "epoch" (at each epoch start).')
         self.logging_interval, self.log_momentum = logging_interval, log_momentum
-        self._names: list[str] = []
+        self._keys: list[tuple[str, str]] = []
 
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         optimizer = trainer.optimizer
         prefix = type(optimizer).__name__
-        self._names = [f"{prefix}/{group.get('name') or f'pg{i}'}" for i, group in enumerate(optimizer.param_groups)]
+        names = [f"{prefix}/{group.get('name') or f'pg{i}'}" for i, group in enumerate(optimizer.param_groups)]
+        self._keys = [(f"lr/{name}", f"momentum/{name}") for name in names]  # built once, not at every log
 
     def values(self, trainer: Any) -> dict[str, float]:
         """The current rate (and momentum) of every param group."""
         out: dict[str, float] = {}
-        for name, group in zip(self._names, trainer.optimizer.param_groups):
-            out[f"lr/{name}"] = float(group["lr"])  # a Python float (or a CPU tensor): no device sync
+        for (lr_key, momentum_key), group in zip(self._keys, trainer.optimizer.param_groups):
+            out[lr_key] = float(group["lr"])  # a Python float (or a CPU tensor): no device sync
             if self.log_momentum:
                 momentum = group.get("momentum", group.get("betas", (None,))[0])
                 if momentum is not None:
-                    out[f"momentum/{name}"] = float(momentum)
+                    out[momentum_key] = float(momentum)
         return out
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:

@@ -21,7 +21,7 @@ class ProgressBar(Callback):
     def __init__(self, stream: TextIO | None = None, leave: bool = True) -> None:
         self.stream, self.leave = stream, leave
         self._bar: Any = None
-        self._postfix: dict[str, str] = {}
+        self._logged: dict[str, float] = {}  # the latest value of each key logged this epoch
         self._interactive = False
         self._start = 0.0
 
@@ -36,7 +36,7 @@ class ProgressBar(Callback):
         return self._interactive  # a log file gets one line per epoch: nothing to do per batch
 
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
-        self._postfix = {}
+        self._logged = {}
         self._start = time.perf_counter()
         if self._interactive:
             from tqdm.auto import tqdm
@@ -50,19 +50,13 @@ class ProgressBar(Callback):
             self._bar.update()
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
-        if not trainer.is_main:
-            return
-        shown = trainer.prog_bar_keys
-        self._postfix["step"] = str(trainer.state.global_step)
-        for key, value in metrics.items():
-            if key in shown:
-                self._postfix[key.replace("train/", "")] = f"{value:.4g}"
+        self._logged.update(metrics)  # formatted only where shown: at tqdm's refresh, or in the epoch's line
         if self._bar is not None:  # tqdm refreshes the postfix at its own rate, not every step
-            self._bar.set_postfix(self._postfix, refresh=False)
+            self._bar.set_postfix(self._postfix(trainer), refresh=False)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if self._bar is not None:
-            self._bar.set_postfix(self._postfix)
+            self._bar.set_postfix(self._postfix(trainer))
             self._bar.close()
             self._bar = None
         elif trainer.is_main:
@@ -70,15 +64,17 @@ class ProgressBar(Callback):
 
             done = trainer.state.batch_idx + 1
             total = trainer.num_train_batches
+            postfix = ", ".join(f"{k}={v}" for k, v in self._postfix(trainer).items())
             line = tqdm.format_meter(done, None if total == float("inf") else total,
                                      time.perf_counter() - self._start, prefix=self._desc(trainer),
-                                     postfix=", ".join(f"{k}={v}" for k, v in self._postfix.items()) or None)
+                                     postfix=postfix or None)
             print(line, file=self._out(), flush=True)
 
-    def on_validation_end(self, trainer: Any, task: Any) -> None:
-        if trainer.state.stage == "val":
-            self._postfix.update({k: f"{v:.4g}" for k, v in trainer.state.metrics.items()
-                                  if k in trainer.prog_bar_keys and k.startswith("val/")})
+    def _postfix(self, trainer: Any) -> dict[str, str]:
+        """The step and the ``prog_bar`` values logged this epoch (validation's included), formatted."""
+        shown = trainer.prog_bar_keys
+        values = {key.replace("train/", ""): f"{value:.4g}" for key, value in self._logged.items() if key in shown}
+        return {"step": str(trainer.state.global_step), **values} if self._logged else values
 
     def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
         if self._bar is not None:

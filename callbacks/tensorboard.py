@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 # A metric whose last name part contains one of these is better when lower (used when no callback says).
+# An epoch end flushes the event file when the last flush is this old (seconds).
+EPOCH_FLUSH_SECS = 5.0
 _LOWER_IS_BETTER = ("loss", "err", "mse", "mae", "perplexity", "ppl", "time")
 
 
@@ -44,7 +46,8 @@ class TensorBoardLogger(Callback):
         histogram_every_n_steps: write ``params/<name>`` and ``grads/<name>`` histograms every N optimizer steps
             (off by default: each costs a device-to-host copy of every parameter and gradient).
         log_graph: write the model graph once at fit start (traces ``task(task.example_input_array)``).
-        flush_secs: how often the writer's thread flushes on its own; it also flushes at every epoch end.
+        flush_secs: how often the writer's thread flushes on its own. It also flushes at an epoch end when the
+            last flush is ``EPOCH_FLUSH_SECS`` (5 s) old or more: a flush waits for the writer's thread.
     """
 
     order = 1000  # last: on_fit_end closes the writer after every other callback has logged
@@ -76,6 +79,7 @@ class TensorBoardLogger(Callback):
         self.hparam_metrics = modes
         self.histogram_every_n_steps, self.log_graph, self.flush_secs = n, log_graph, flush_secs
         self._writer: SummaryWriter | None = None
+        self._flushed = 0.0  # time.monotonic() of the last flush
         self._dir: str | None = None
         self._step_values: dict[str, float] = {}  # the current step's values, not written yet
         self._step = 0
@@ -104,6 +108,7 @@ class TensorBoardLogger(Callback):
             raise MisconfigurationError("TensorBoardLogger needs the `tensorboard` package, which is not installed.",
                                         "`pip install tensorboard`, or pass Trainer(logger=False).") from exc
         self._writer, self._dir = SummaryWriter(log_dir=trainer.log_dir, flush_secs=self.flush_secs), trainer.log_dir
+        self._flushed = time.monotonic()
         return self._writer
 
     def _collect(self, step: int, values: dict[str, float]) -> None:
@@ -171,7 +176,10 @@ class TensorBoardLogger(Callback):
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if self._writer is not None:
             self._write_step()
-            self._writer.flush()
+            now = time.monotonic()
+            if now - self._flushed >= EPOCH_FLUSH_SECS:  # epochs of a second or two: not every one waits
+                self._writer.flush()
+                self._flushed = now
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:
         if not self._fitting:  # a Trainer.validate on its own: its values are written, close the file

@@ -1,15 +1,15 @@
 """ThroughputMonitor: samples/s, time per batch, the share of it spent waiting for data, epoch time, peak memory.
 
-Timing uses ``time.perf_counter`` at the batch hooks, never a device sync. The data wait of a batch is the time
-from the previous ``on_train_batch_end`` (or the epoch start: creating the DataLoader iterator counts) to its
-``on_train_batch_start``; the rest, up to its ``on_train_batch_end``, is compute (validation inside is left
-out). On a GPU the host runs ahead of the device, but the Trainer syncs once per ``log_every_n_steps``, so the
-total of an interval is the true wall time and a data-bound loop shows up as data wait.
+No per-batch hook: the Trainer times the DataLoader itself (``trainer.state.data_wait_s``, a ``perf_counter``
+around each ``next(batch)``, creating the iterator included), and this callback reads the clock only when the
+Trainer logs (every ``log_every_n_steps``) and at epoch ends. The time of a window is the wall time of its
+batches and of the loop around them, less validation run inside the epoch; never a device sync. On a GPU the
+host runs ahead of the device, but the Trainer syncs once per ``log_every_n_steps``, so the time of a window
+is the true wall time, and a data-bound loop shows up as data wait.
 """
 from __future__ import annotations
 
 import sys
-import time
 from time import perf_counter
 from typing import Any, TextIO
 
@@ -33,7 +33,7 @@ class ThroughputMonitor(Callback):
         stream: where to print (default ``sys.stdout``).
     """
 
-    order = 500  # after the progress bar: its per-batch work is not counted as data wait
+    order = 500  # at epoch end before ModelCheckpoint (1000): saving a checkpoint is not training time
 
     def __init__(self, data_wait_warning: float = 0.3, min_data_wait_s: float = 1.0, verbose: bool = True,
                  stream: TextIO | None = None) -> None:
@@ -65,45 +65,56 @@ class ThroughputMonitor(Callback):
             import torch
 
             torch.cuda.reset_peak_memory_stats(self._cuda)
-        # Since the last log: data wait, batch time, validation inside batches (s), batches, and samples short of
-        # batches * batch_size (the partial batches). Plain attributes: the batch hooks run every step.
-        self._wait = self._busy = self._val = 0.0
+        # Since the last log: wall time, data wait, validation inside the epoch (s), batches, and samples short of
+        # batches * batch_size (the partial batches).
+        self._elapsed = self._wait = self._val = 0.0
         self._batches = self._short = 0
-        self._total = [0.0, 0.0, 0.0, 0, 0]  # data wait, batch time, validation inside batches, samples, batches
-        self._epochs, self._fitting, self.summary = 0, True, {}
-        self._t_start = self._t_end = self._t_val = self._t_epoch = time.perf_counter()
+        self._total = [0.0, 0.0, 0.0, 0, 0]  # elapsed, data wait, validation inside the epoch, samples, batches
+        self._epochs, self._fitting, self._in_epoch, self.summary = 0, True, False, {}
+        self._mark(trainer)
+        self._t_val = self._t_epoch = self._t_mark
+
+    def _mark(self, trainer: Any) -> None:
+        """Start the next window here: the clock, the Trainer's data wait and its batches done so far."""
+        st = trainer.state
+        self._t_mark, self._wait_mark, self._batches_mark = perf_counter(), st.data_wait_s, st.batches_done
+
+    def _take(self, trainer: Any, batches_done: int) -> None:
+        """Add what happened since the mark to the window, and move the mark here."""
+        now, wait = perf_counter(), trainer.state.data_wait_s
+        self._elapsed += now - self._t_mark
+        self._wait += wait - self._wait_mark
+        self._batches += batches_done - self._batches_mark
+        self._t_mark, self._wait_mark, self._batches_mark = now, wait, batches_done
 
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
-        self._t_end = self._t_epoch = time.perf_counter()
-
-    def on_train_batch_start(self, trainer: Any, task: Any) -> None:
-        self._t_start = now = perf_counter()
-        self._wait += now - self._t_end
-
-    def on_train_batch_end(self, trainer: Any, task: Any) -> None:
-        self._t_end = now = perf_counter()
-        self._busy += now - self._t_start
-        self._batches += 1
+        self._mark(trainer)  # what happened between epochs (their end, validation at the end) is not counted
+        self._t_epoch, self._in_epoch = self._t_mark, True
 
     def on_validation_start(self, trainer: Any, task: Any) -> None:
-        self._t_val = time.perf_counter()
+        self._t_val = perf_counter()
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:
-        # Validation inside a batch (between its start and end hooks) is not training time.
-        if self._fitting and trainer.state.stage == "val" and self._t_start > self._t_end:
-            self._val += time.perf_counter() - self._t_val
+        # Validation inside the epoch (val_check_interval) is not training time.
+        if self._fitting and self._in_epoch and trainer.state.stage == "val":
+            self._val += perf_counter() - self._t_val
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
-        if self._fitting and "train/loss" in metrics and trainer.state.stage == "train":
+        st = trainer.state
+        if self._fitting and "train/loss" in metrics and st.stage == "train":
+            self._take(trainer, st.batch_idx + 1)  # logged from inside the step of batch ``batch_idx``
             values = self._rates(self._fold())
             if values:
                 trainer.log_metrics(values)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+        st = trainer.state
+        self._take(trainer, st.batches_done)
         self._epochs += 1
-        if trainer.state.batch_idx == self._partial_idx:  # the epoch ended with its smaller last batch
+        self._in_epoch = False
+        if st.batch_idx == self._partial_idx:  # the epoch ended with its smaller last batch
             self._short += self._batch_size - self._partial
-        trainer.log_metrics({"perf/epoch_time_s": time.perf_counter() - self._t_epoch})
+        trainer.log_metrics({"perf/epoch_time_s": perf_counter() - self._t_epoch})
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         self._fold()
@@ -111,7 +122,7 @@ class ThroughputMonitor(Callback):
         values = self._rates(self._total)
         self.summary = {key.replace("perf/", ""): value for key, value in values.items()}
         self.summary.update(samples=self._total[3] * self._world, batches=self._total[4], epochs=self._epochs,
-                            train_time_s=self._total[0] + self._total[1] - self._total[2], data_wait_s=self._total[0])
+                            train_time_s=self._total[0] - self._total[2], data_wait_s=self._total[1])
         if values:
             trainer.log_metrics({key.replace("perf/", "perf/fit/"): value for key, value in values.items()})
         if self.verbose and trainer.is_main:
@@ -123,16 +134,16 @@ class ThroughputMonitor(Callback):
     # ---- numbers ------------------------------------------------------------------------------------
     def _fold(self) -> list:
         """The counts since the last log, added to the totals and reset."""
-        window = [self._wait, self._busy, self._val, self._batches * self._batch_size - self._short, self._batches]
-        self._wait = self._busy = self._val = 0.0
+        window = [self._elapsed, self._wait, self._val, self._batches * self._batch_size - self._short, self._batches]
+        self._elapsed = self._wait = self._val = 0.0
         self._batches = self._short = 0
         for i, value in enumerate(window):
             self._total[i] += value
         return window
 
     def _rates(self, counts: list) -> dict[str, float]:
-        wait, busy, val, samples, batches = counts
-        elapsed = wait + busy - val
+        elapsed, wait, val, samples, batches = counts
+        elapsed -= val
         if batches == 0 or elapsed <= 0:
             return {}
         values = {"perf/step_time_ms": 1000.0 * elapsed / batches, "perf/data_wait_pct": 100.0 * wait / elapsed}

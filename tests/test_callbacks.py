@@ -247,8 +247,10 @@ class SlowDataTask(RegressionTask):
 def test_throughput_says_when_the_dataloader_is_the_bottleneck():
     stream = io.StringIO()
     monitor = ThroughputMonitor(min_data_wait_s=0.1, stream=stream)
-    Trainer(max_epochs=1, logger=False, callbacks=[monitor], **QUIET).fit(SlowDataTask(delay=0.005))
+    trainer = Trainer(max_epochs=1, logger=False, callbacks=[monitor], **QUIET)
+    trainer.fit(SlowDataTask(delay=0.005))
     assert monitor.summary["data_wait_pct"] > 50 and monitor.summary["data_wait_s"] >= 32 * 0.005
+    assert monitor.summary["data_wait_s"] == pytest.approx(trainer.state.data_wait_s)  # the loop's own timing
     report = stream.getvalue()
     assert "the DataLoader is the bottleneck" in report and "(num_workers=0, pin_memory=False)" in report
     assert "HINT: raise DataLoader(num_workers=...)" in report

@@ -264,6 +264,39 @@ def test_needs_batch_hooks_false_skips_only_the_per_batch_hooks(quiet, tmp_path)
     assert ModelCheckpoint(train_time_interval=60).needs_batch_hooks(trainer)
 
 
+def test_defaults_call_no_callback_per_batch_on_a_non_terminal(tmp_path, capsys):
+    """Progress bar to a log file, TensorBoard, LR and throughput monitors, epoch-end checkpoints: none of them
+    has work per batch, so the loop calls no hook between two batches (the data wait is timed by the loop)."""
+    trainer = Trainer(max_epochs=1, log_every_n_steps=2, default_root_dir=tmp_path)
+    trainer.fit(RegressionTask(n=32, val_n=8))
+    assert trainer._hooks["on_train_batch_start"] == [] and trainer._hooks["on_train_batch_end"] == []
+    assert 0 < trainer.state.data_wait_s < 60
+    assert "perf/data_wait_pct" in trainer.state.metrics
+    # The epoch's line shows the validation values too (taken from what was logged this epoch).
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 0/0"))
+    assert "step=4" in line and "loss=" in line and "val/loss=" in line
+
+
+class _Noop(Callback):
+    def on_before_optimizer_step(self, trainer, task):  # a hook between backward and step: the full step runs
+        pass
+
+
+def test_the_plain_step_and_the_full_step_train_identically(quiet):
+    """fp32 without accumulation, clipping or gradient hooks runs the hand-written step; any of them runs the step
+    with every setting. Both give the same weights, bit for bit, and the same logged losses."""
+    runs = {}
+    for name, callbacks in (("plain", []), ("full", [_Noop()])):
+        seed_everything(0)
+        task = RegressionTask(shuffle=True, dropout=0.1)
+        trainer = Trainer(max_epochs=2, log_every_n_steps=3, callbacks=callbacks, **quiet)
+        trainer.fit(task)
+        assert trainer._plain_step is (name == "plain")
+        runs[name] = (task.state_dict(), trainer.state.metrics)
+    assert all(torch.equal(a, b) for a, b in zip(runs["plain"][0].values(), runs["full"][0].values()))
+    assert runs["plain"][1] == runs["full"][1]
+
+
 def test_callback_order_attribute_and_should_stop(quiet):
     calls = []
 

@@ -13,7 +13,7 @@ import torch
 
 from .data import set_epoch
 from .errors import MisconfigurationError
-from .logbook import LogBook
+from .logbook import LogBook, stack_scalars
 from .optim import SchedulerConfig
 
 
@@ -97,26 +97,23 @@ class LoopHelpers:
         if not keys:
             return {}
         device = self.strategy.device
-        packed = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device).reshape(()) for v in flat])
-        packed = self.strategy.all_reduce(packed, op="sum")
+        packed = self.strategy.all_reduce(stack_scalars(flat, device), op="sum")
         means = packed[0::2] / packed[1::2].clamp_min(1e-12)
         return {key + suffix: means[i] for i, key in enumerate(keys)}
 
-    def _publish(self, metrics: dict[str, Any]) -> None:
-        if not metrics:
-            return
-        metrics = self._to_floats(metrics)
-        self.state.metrics.update(metrics)
-        self._call("on_log", metrics)
+    def _publish(self, metrics: dict[str, float]) -> None:
+        """Hand Python floats (see ``_to_floats``) to ``state.metrics`` and every callback's ``on_log``."""
+        if metrics:
+            self.state.metrics.update(metrics)
+            self._call("on_log", metrics)
 
     @staticmethod
-    def _to_floats(values: dict[str, Any]) -> dict[str, float]:
-        tensors = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-        out = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
-        if tensors:  # a CPU-GPU sync point, once per call
-            converted = torch.stack([values[k].detach().float().reshape(()).cpu() for k in tensors]).tolist()
-            out.update(zip(tensors, converted))
-        return {k: out[k] for k in values}
+    def _to_floats(values: Mapping[str, Any]) -> dict[str, float]:
+        tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return {k: float(v) for k, v in values.items()}
+        converted = iter(stack_scalars([t.detach() for t in tensors], tensors[0].device).tolist())  # a CPU-GPU sync
+        return {k: next(converted) if isinstance(v, torch.Tensor) else float(v) for k, v in values.items()}
 
     @staticmethod
     def _metric_values(name: str, value: Any) -> dict[str, Any]:

@@ -11,6 +11,17 @@ from typing import Any
 import torch
 
 
+def stack_scalars(values: list[Any], device: torch.device) -> torch.Tensor:
+    """One float32 vector on ``device`` from scalars (tensors of shape () or (1,), any dtype; numbers).
+
+    One ``stack``, no host-device sync; values that already are float32 scalars on ``device`` go in as they are
+    (``as_tensor`` and ``reshape`` cost two dispatches each, per value, per log).
+    """
+    f32 = torch.float32
+    return torch.stack([v if type(v) is torch.Tensor and v.dtype is f32 and v.dim() == 0 and v.device == device
+                        else torch.as_tensor(v, dtype=f32, device=device).reshape(()) for v in values])
+
+
 class _Series:
     """One logged key: the values since the last fold (tensors stay tensors) and the folded running total.
 
@@ -57,8 +68,10 @@ class _Series:
             return self.total, self.weight
         weights = self.weights
         if isinstance(self.pending[0], torch.Tensor):
-            try:  # one stack and one cast per interval, not a .float() per value; reshape: a loss may be (1,)
-                values = torch.stack(self.pending).float().reshape(-1)
+            try:  # one stack (and a cast, a reshape where needed) per interval, not a .float() per value
+                values = torch.stack(self.pending)
+                if values.dtype is not torch.float32 or values.dim() != 1:  # a loss may be (1,), or float16
+                    values = values.float().reshape(-1)
             except RuntimeError:  # values of different shapes, e.g. () and (1,)
                 values = torch.stack([v.float().reshape(()) for v in self.pending])
             if weights is None:  # training: unweighted, no weights tensor to build

@@ -132,7 +132,7 @@ class TrainerSetup(LoopHelpers):
 
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Publish values from a callback at the current global step: into ``state.metrics`` and every ``on_log``."""
-        self._publish(dict(metrics))
+        self._publish(self._to_floats(metrics))
 
     @property
     def should_stop(self) -> bool:
@@ -266,6 +266,11 @@ class TrainerSetup(LoopHelpers):
         self._val_every = (max(1, int(n * vci)) if n != float("inf") else float("inf")) \
             if isinstance(vci, float) else vci
         self._first_step, self._resumed = True, False
+        # The plain step (trainer.py) once the first loss has been checked: what a hand-written loop does.
+        self._plain_step = False
+        self._plain_step_possible = (self.accumulate_grad_batches == 1 and not self.precision.mixed
+                                     and self.precision.scaler is None and self.gradient_clip_val is None
+                                     and not self._before_step_hooks and self.nonfinite_loss != "skip")
         self._fold_mark = (0, 0)
         if ckpt_path is not None:
             from .checkpoint import restore

@@ -8,6 +8,7 @@ converted once per ``log_every_n_steps`` (the one CPU-GPU sync point of training
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from .checks import check_loss, limit_batches
 from .data import batch_size_of
 from .errors import NonFiniteLossError
+from .logbook import stack_scalars
 from .module import TaskModule
 from .setup import TrainerSetup, _length
 
@@ -78,7 +80,10 @@ class Trainer(TrainerSetup):
         on_start, on_end = self._hooks["on_train_batch_start"], self._hooks["on_train_batch_end"]
         validating = self._val_enabled_this_epoch()
         exhausted = True
+        clock = time.perf_counter
+        waited = clock()  # creating the DataLoader iterator counts as waiting for data
         for batch_idx, batch in enumerate(loader, st.batches_done):
+            st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor reports it)
             if batch_idx >= n:
                 break
             st.batch_idx = batch_idx
@@ -94,6 +99,7 @@ class Trainer(TrainerSetup):
             if stepped and self._should_break():
                 exhausted = st.batches_done >= n
                 break
+            waited = clock()
         else:
             if n == float("inf") and st.batches_done and validating:
                 self._validate()  # a loader without len(): validate when it is exhausted
@@ -106,28 +112,19 @@ class Trainer(TrainerSetup):
         if self._move_batches:  # on the CPU a batch stays where it is, without even a call
             batch = self.strategy.batch_to_device(batch)
         inputs, targets = self.task.split_batch(batch)
-        step, divide = (True, 1) if self.accumulate_grad_batches == 1 else self._accumulation(batch_idx)
-        if step:
-            ran = self._forward_backward(inputs, targets, divide)
-        else:
-            with self.strategy.no_sync(self._wrapped):  # ddp: no gradient all-reduce for a micro-batch that waits
-                ran = self._forward_backward(inputs, targets, divide)
-        if not (ran and step):
-            return False
-        # The optimizer step. Per step only what the settings ask for: clipping, scaling, schedulers.
-        st, opt = self.state, self.optimizer
-        if self.gradient_clip_val is not None or self._before_step_hooks:
-            self.precision.unscale(opt)
-            for fn in self._before_step_hooks:
-                fn(self, self.task)
-            if self.gradient_clip_val is not None:
-                self._clip(opt)
-        stepped = True
-        if self.precision.scaler is None:  # fp32, bf16: the plain step, without a call into Precision
+        opt = self.optimizer
+        if self._plain_step:  # fp32, a step per batch, nothing between backward and step: the hand-written step
+            loss = self.task.loss(self._wrapped(inputs), targets)
+            self._losses.append(loss.detach())  # the losses since the last log: converted there, not here (no sync)
+            loss.backward()
             opt.step()
+            stepped = True
         else:
-            stepped = self.precision.step(opt)  # False: the GradScaler skipped it (the gradients overflowed)
+            stepped = self._full_step(inputs, targets, batch_idx)
+            if stepped is None:
+                return False
         opt.zero_grad(set_to_none=True)
+        st = self.state
         st.global_step += 1
         if stepped:
             for config in self._step_schedulers:
@@ -137,29 +134,43 @@ class Trainer(TrainerSetup):
             self._log_train_step()
         return True
 
+    def _full_step(self, inputs: Any, targets: Any, batch_idx: int) -> bool | None:
+        """The step with every setting: accumulation (ddp ``no_sync``), autocast, GradScaler, clipping, the
+        ``on_before_optimizer_step`` hook. None: no optimizer step (a micro-batch that waits for its group, or a
+        skipped non-finite loss); False: the GradScaler skipped the step (the gradients overflowed)."""
+        step, divide = (True, 1) if self.accumulate_grad_batches == 1 else self._accumulation(batch_idx)
+        if step:
+            ran = self._forward_backward(inputs, targets, divide)
+        else:
+            with self.strategy.no_sync(self._wrapped):  # ddp: no gradient all-reduce for a micro-batch that waits
+                ran = self._forward_backward(inputs, targets, divide)
+        if not (ran and step):
+            return None
+        opt = self.optimizer
+        if self.gradient_clip_val is not None or self._before_step_hooks:
+            self.precision.unscale(opt)
+            for fn in self._before_step_hooks:
+                fn(self, self.task)
+            if self.gradient_clip_val is not None:
+                self._clip(opt)
+        return self.precision.step(opt)
+
     def _forward_backward(self, inputs: Any, targets: Any, divide: int) -> bool:
         """Loss and backward of one micro-batch; False when a non-finite loss is skipped (``nonfinite_loss="skip"``)."""
         task = self.task
-        if self.precision.mixed:
-            with self.precision.autocast:  # the forward and the loss only, as torch.autocast asks
-                loss = task.loss(self._wrapped(inputs), targets)
-        else:  # fp32: no context to enter (a `with` costs about a microsecond, per step)
+        with self.precision.autocast:  # the forward and the loss only, as torch.autocast asks
             loss = task.loss(self._wrapped(inputs), targets)
         if self._first_step:
             check_loss(loss, task)
             self._first_step = False
+            self._plain_step = self._plain_step_possible  # from now on, where the settings allow it
         detached = loss.detach()
-        self._losses.append(detached)  # the losses since the last log: converted there, not here (no sync)
+        self._losses.append(detached)
         if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync, opted into
             self.state.skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
             return False
-        if divide != 1:
-            loss = loss / divide
-        if self.precision.scaler is None:  # no call into Precision unless it scales the loss
-            loss.backward()
-        else:
-            self.precision.backward(loss)
+        self.precision.backward(loss if divide == 1 else loss / divide)
         return True
 
     def _epoch_end(self, completed: bool) -> None:
@@ -168,7 +179,7 @@ class Trainer(TrainerSetup):
         pending = self._losses
         if self._raise_nonfinite_loss and pending and not torch.isfinite(torch.stack(pending)).all():
             self._raise_nonfinite(pending)  # the losses since the last log (a sync, once per epoch)
-        self._publish(self._reduce_book(self._train_book, suffix="_epoch"))
+        self._publish(self._to_floats(self._reduce_book(self._train_book, suffix="_epoch")))
         if completed:
             for config in self._epoch_schedulers:
                 if (st.epoch + 1) % config.frequency == 0:
@@ -254,13 +265,12 @@ class Trainer(TrainerSetup):
         book, series = self._train_book, self._loss_series
         pending = list(series.pending)  # fold empties it; kept to name a bad step
         book.fold()  # one stack and sum per logged key: the loss total now includes every pending loss...
-        keys, values = zip(*book.last_values().items())
-        floats = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=series.last.device).reshape(())
-                              for v in (*values, series.total)]).tolist()  # CPU-GPU sync point
+        last = book.last_values()
+        floats = stack_scalars([*last.values(), series.total], series.last.device).tolist()  # CPU-GPU sync point
         if self._raise_nonfinite_loss and not math.isfinite(floats[-1]):  # ...so it is finite iff each loss is
             self._raise_nonfinite(pending)
         self._fold_mark = (self.state.global_step, self.state.batch_idx + 1)  # where the next pending loss is from
-        self._publish(dict(zip(keys, floats[:-1])))
+        self._publish(dict(zip(last, floats)))
         self._agree_stop()
 
     def _raise_nonfinite(self, pending: list) -> None:
