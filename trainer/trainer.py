@@ -1,8 +1,10 @@
 """Trainer: the loop, top to bottom. Setup and argument checks live beside it (``setup.py``, ``checks.py``).
 
-Per training step the Trainer does exactly: move the batch (skipped on CPU), ``split_batch``, forward and
-loss under the precision's autocast, backward, and every ``accumulate_grad_batches`` micro-batches an
-optimizer step. Nothing in a step reads a device value on the host; the loss stays a tensor and is
+Per training step the Trainer does exactly: time the DataLoader's ``next`` (two ``perf_counter`` calls), move
+the batch (skipped on CPU), ``split_batch``, forward and loss under the precision's autocast, backward, and
+every ``accumulate_grad_batches`` micro-batches an optimizer step. In fp32 with a step per batch and nothing
+between backward and step, that is the hand-written step itself (``_plain_step``); every other setting goes
+through ``_full_step``. Nothing in a step reads a device value on the host; the loss stays a tensor and is
 converted once per ``log_every_n_steps`` (the one CPU-GPU sync point of training).
 """
 from __future__ import annotations
