@@ -88,7 +88,7 @@ class ThroughputMonitor(Callback):
         self._t_mark, self._wait_mark, self._batches_mark = now, wait, batches_done
 
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
-        self._mark(trainer)  # what happened between epochs (their end, validation at the end) is not counted
+        self._mark(trainer)  # between epochs (the checkpoint after on_train_epoch_end...) is not training time
         self._t_epoch, self._in_epoch = self._t_mark, True
 
     def on_validation_start(self, trainer: Any, task: Any) -> None:
