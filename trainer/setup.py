@@ -268,9 +268,9 @@ class TrainerSetup(LoopHelpers):
         self._first_step, self._resumed = True, False
         # The plain step (trainer.py) once the first loss has been checked: what a hand-written loop does.
         self._plain_step = False
-        self._plain_step_possible = (self.accumulate_grad_batches == 1 and not self.precision.mixed
-                                     and self.precision.scaler is None and self.gradient_clip_val is None
-                                     and not self._before_step_hooks and self.nonfinite_loss != "skip")
+        self._plain_step_possible = (self.accumulate_grad_batches == 1 and not self.precision.mixed  # fp32: no scaler
+                                     and self.gradient_clip_val is None and not self._before_step_hooks
+                                     and self.nonfinite_loss != "skip")
         self._fold_mark = (0, 0)
         if ckpt_path is not None:
             from .checkpoint import restore
