@@ -127,8 +127,8 @@ def hand_loop(args: argparse.Namespace, device: torch.device, precision: str, co
 
 
 def trainer_loop(args: argparse.Namespace, device: torch.device, precision: str, compiled: bool, dp: bool) -> float:
-    from callbacks import Callback
-    from trainer import TaskModule, Trainer
+    from taskfit.callbacks import Callback
+    from taskfit import TaskModule, Trainer
 
     class ResNetTask(TaskModule):
         def __init__(self) -> None:

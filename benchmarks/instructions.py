@@ -33,8 +33,8 @@ def child() -> None:
 
     import overhead as ob
     import workloads as wl
-    from callbacks import Callback
-    from trainer import Trainer
+    from taskfit.callbacks import Callback
+    from taskfit import Trainer
 
     torch.set_num_threads(1)
     spec = wl.WORKLOADS["tiny MLP"]

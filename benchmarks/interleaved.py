@@ -22,7 +22,7 @@ def make_interleave(spec: dict[str, Any], data: TensorDataset) -> Any:
     side's bookkeeping (its own iterator, a method call) on the hand's. ``run_harness_check`` measures the net
     effect: the same interleaving with a hand-written loop in the Trainer's place.
     """
-    from callbacks import Callback
+    from taskfit.callbacks import Callback
 
     class Interleave(Callback):
         order = 10**6  # last at batch end: every other callback's work counts as the Trainer's
@@ -72,7 +72,7 @@ def run_interleaved(spec: dict[str, Any], data: TensorDataset, epochs: int, root
     Wall time is split at every switch, so both see the same machine load at millisecond granularity: the
     ratio survives noise that swamps separate runs. Returns per epoch (Trainer seconds, hand seconds).
     """
-    from trainer import Trainer
+    from taskfit import Trainer
 
     interleave = make_interleave(spec, data)
     trainer = Trainer(max_epochs=epochs, accelerator="cpu", default_root_dir=root, callbacks=[interleave],

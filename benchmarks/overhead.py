@@ -89,8 +89,8 @@ BREAKDOWN = {
 
 def run_taskfit(spec: dict[str, Any], data: TensorDataset, epochs: int, root: str,
                 **settings: Any) -> tuple[list[tuple[float, float]], nn.Module]:
-    from callbacks import Callback
-    from trainer import Trainer
+    from taskfit.callbacks import Callback
+    from taskfit import Trainer
 
     class EpochClock(Callback):
         order = -1000  # first: an epoch runs from one on_train_epoch_start to the next (or to on_fit_end)

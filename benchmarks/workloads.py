@@ -72,7 +72,7 @@ def make_hand(spec: dict[str, Any], data: TensorDataset) -> tuple[Model, torch.o
 
 
 def make_task(spec: dict[str, Any], data: TensorDataset) -> Any:
-    from trainer import TaskModule
+    from taskfit import TaskModule
 
     class Task(TaskModule):
         def __init__(self) -> None:

@@ -6,20 +6,20 @@ from typing import Any
 
 from .base import HOOKS, Callback
 
-_LAZY = {
-    "ProgressBar": "callbacks.progress",
-    "ModelSummary": "callbacks.summary",
-    "ModelCheckpoint": "callbacks.checkpoint",
-    "TensorBoardLogger": "callbacks.tensorboard",
-    "EarlyStopping": "callbacks.early_stopping",
-    "LearningRateMonitor": "callbacks.lr_monitor",
-    "ThroughputMonitor": "callbacks.throughput",
+LAZY = {  # class name: its module, relative to this package (imported on first use)
+    "ProgressBar": ".progress",
+    "ModelSummary": ".summary",
+    "ModelCheckpoint": ".checkpoint",
+    "TensorBoardLogger": ".tensorboard",
+    "EarlyStopping": ".early_stopping",
+    "LearningRateMonitor": ".lr_monitor",
+    "ThroughputMonitor": ".throughput",
 }
 
-__all__ = ["Callback", "HOOKS", *_LAZY]
+__all__ = ["Callback", "HOOKS", *LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
+    if name in LAZY:
+        return getattr(importlib.import_module(LAZY[name], __name__), name)
+    raise AttributeError(f"module 'taskfit.callbacks' has no attribute {name!r}")

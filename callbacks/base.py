@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer import TaskModule, Trainer
+    from .. import TaskModule, Trainer
 
 HOOKS = ("on_fit_start", "on_fit_end", "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start",
          "on_train_batch_end", "on_before_optimizer_step", "on_validation_start", "on_validation_end",

@@ -57,7 +57,7 @@ class ModelCheckpoint(Callback):
                  monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
                  every_n_train_steps: int | None = None, every_n_epochs: int | None = 1,
                  train_time_interval: float | datetime.timedelta | None = None) -> None:
-        from trainer.errors import MisconfigurationError
+        from ..errors import MisconfigurationError
 
         if mode not in ("min", "max"):
             raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
@@ -144,7 +144,7 @@ class ModelCheckpoint(Callback):
         The checkpoint is serialised now; its fsync and rename, the ``last.ckpt`` link and the removals follow in
         that order on ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk.
         """
-        from trainer.checkpoint import atomic_copy, remove_files
+        from ..checkpoint import atomic_copy, remove_files
 
         score = self._score(trainer)
         path, evicted = None, []
@@ -175,7 +175,7 @@ class ModelCheckpoint(Callback):
             return float(metrics[self.monitor])
         prefix = self.monitor.split("/")[0] + "/"
         if any(k.startswith(prefix) for k in metrics):  # its stage has logged, so the name is wrong
-            from trainer.errors import MisconfigurationError
+            from ..errors import MisconfigurationError
 
             raise MisconfigurationError(
                 f"ModelCheckpoint(monitor={self.monitor!r}) is not a logged key; logged: {sorted(metrics)}.",
@@ -220,7 +220,7 @@ class ModelCheckpoint(Callback):
         return evicted
 
     def _new_path(self, trainer: Any) -> str:
-        from trainer.errors import MisconfigurationError
+        from ..errors import MisconfigurationError
 
         st = trainer.state
         values = {**st.metrics, "epoch": st.epoch, "step": st.global_step}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainer.errors import MisconfigurationError
+from ..errors import MisconfigurationError
 
 from .base import Callback
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.errors import MisconfigurationError
+from ..errors import MisconfigurationError
 
 from .base import Callback
 

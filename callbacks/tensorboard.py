@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import MisconfigurationError
+from ..errors import MisconfigurationError
 
 from .base import Callback
 
@@ -258,7 +258,7 @@ def _loggable(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _defines(task: Any, method: str) -> bool:
-    from trainer.module import TaskModule
+    from ..module import TaskModule
 
     return getattr(type(task), method, None) is not getattr(TaskModule, method)
 

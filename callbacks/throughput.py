@@ -13,7 +13,7 @@ import sys
 from time import perf_counter
 from typing import Any, TextIO
 
-from trainer.errors import MisconfigurationError
+from ..errors import MisconfigurationError
 
 from .base import Callback
 

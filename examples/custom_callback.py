@@ -20,10 +20,10 @@ import os
 import torch
 import torch.nn.functional as F
 
-from callbacks import Callback
-from callbacks.tensorboard import summary_writer
-from examples.digits import DigitsTask
-from trainer import Trainer, seed_everything
+from taskfit.callbacks import Callback
+from taskfit.callbacks.tensorboard import summary_writer
+from taskfit.examples.digits import DigitsTask
+from taskfit import Trainer, seed_everything
 
 
 class PredictionSamples(Callback):

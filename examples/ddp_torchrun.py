@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from trainer import Trainer, seed_everything
+from taskfit import Trainer, seed_everything
 
 try:
-    from examples.digits import DigitsTask
+    from taskfit.examples.digits import DigitsTask
 except ImportError:  # run as `python examples/ddp_torchrun.py` from a checkout: examples/ is on sys.path
     from digits import DigitsTask
 

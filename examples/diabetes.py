@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer import TaskModule, Trainer, seed_everything
+from taskfit import TaskModule, Trainer, seed_everything
 
 
 def diabetes_splits(seed: int = 0) -> tuple[TensorDataset, TensorDataset, TensorDataset]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from trainer import Trainer, seed_everything
+from taskfit import Trainer, seed_everything
 
 try:
-    from examples.digits import DigitsTask
+    from taskfit.examples.digits import DigitsTask
 except ImportError:  # run as `python examples/dp.py` from a checkout: the examples folder is on sys.path
     from digits import DigitsTask
 

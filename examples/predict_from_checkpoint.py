@@ -19,8 +19,8 @@ import os
 import torch
 from torch.utils.data import DataLoader
 
-from examples.digits import DigitsTask
-from trainer import Trainer, seed_everything
+from taskfit.examples.digits import DigitsTask
+from taskfit import Trainer, seed_everything
 
 
 class DigitsPredictor(DigitsTask):
@@ -33,7 +33,7 @@ class DigitsPredictor(DigitsTask):
 
 def train(root: str) -> str:
     """A short training run; returns the path of its best checkpoint (ranked by validation accuracy)."""
-    from callbacks import ModelCheckpoint
+    from taskfit.callbacks import ModelCheckpoint
 
     seed_everything(0)
     checkpoint = ModelCheckpoint(monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.3f}")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from trainer import TaskModule, Trainer, seed_everything
+from taskfit import TaskModule, Trainer, seed_everything
 
 VOCAB, MARKER = 8, 9  # tokens 1..8 are symbols, 9 the marker; 0 is unused (free for padding)
 

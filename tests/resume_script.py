@@ -26,8 +26,8 @@ torch.set_num_threads(1)
 
 from tasks import RegressionTask  # noqa: E402
 
-from callbacks import Callback, ModelCheckpoint  # noqa: E402
-from trainer import Trainer  # noqa: E402
+from taskfit.callbacks import Callback, ModelCheckpoint  # noqa: E402
+from taskfit import Trainer  # noqa: E402
 
 
 class ScheduledTask(RegressionTask):

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback
-from trainer import TaskModule
+from taskfit.callbacks import Callback
+from taskfit import TaskModule
 
 
 def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:
@@ -140,7 +140,7 @@ CHECKPOINTING = dict(enable_progress_bar=False, enable_model_summary=False, logg
 
 
 def checkpointing_trainer(root, **kwargs):
-    from trainer import Trainer
+    from taskfit import Trainer
 
     return Trainer(default_root_dir=str(root), seed=0, **{**CHECKPOINTING, **kwargs})
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from callbacks import Callback, EarlyStopping, LearningRateMonitor, TensorBoardLogger, ThroughputMonitor
+from taskfit.callbacks import Callback, EarlyStopping, LearningRateMonitor, TensorBoardLogger, ThroughputMonitor
 from tasks import RegressionTask
-from trainer import MisconfigurationError, Trainer
+from taskfit import MisconfigurationError, Trainer
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from tasks import ClassifierTask, RegressionTask
 
-from callbacks import Callback, ModelCheckpoint
-from callbacks.checkpoint import format_filename
-from trainer import CheckpointError, MisconfigurationError
-from trainer.checkpoint import FORMAT_VERSION, CheckpointWriter, last_checkpoint, load_checkpoint
+from taskfit.callbacks import Callback, ModelCheckpoint
+from taskfit.callbacks.checkpoint import format_filename
+from taskfit import CheckpointError, MisconfigurationError
+from taskfit.checkpoint import FORMAT_VERSION, CheckpointWriter, last_checkpoint, load_checkpoint
 
 from tasks import checkpointing_trainer as _trainer, seeded_task as _task
 

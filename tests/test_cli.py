@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _command() -> list[str]:
-    """The installed console script when it runs this checkout (pip install -e .), else `python -m trainer`."""
+    """The installed console script when it runs this checkout (pip install -e .), else `python -m taskfit`."""
     script = shutil.which("taskfit")
-    return [script] if script else [sys.executable, "-m", "trainer"]
+    return [script] if script else [sys.executable, "-m", "taskfit"]
 
 
 def taskfit(*args: str, cwd: Path, timeout: int = 300, expect: int = 0, command: list[str] | None = None,
@@ -149,7 +150,7 @@ def test_ddp_spawn_through_the_command_on_cpu(tmp_path):
 
 
 def test_ddp_torchrun_ranks_share_rank0s_run_directory(tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "trainer"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "taskfit"]
     taskfit("trainer=ddp", "trainer.accelerator=cpu", *TINY, "test=false", cwd=tmp_path, command=command)
     run = _single_run(tmp_path, "digits")
     assert load_ckpt(run / "version_0" / "checkpoints" / "last.ckpt")["data"]["world_size"] == 2
@@ -173,9 +174,13 @@ def test_a_non_editable_install_runs_from_another_directory(tmp_path):
     work.mkdir()
     env = _env()
     env["PYTHONPATH"] = str(site)
-    where = subprocess.run([sys.executable, "-c", "import trainer.cli as c; print(c.__file__, c._config_path())"],
+    with zipfile.ZipFile(wheel) as archive:  # one import name: nothing else lands in site-packages
+        top = {name.split("/")[0] for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"taskfit"}
+    assert sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info")) == ["bin", "taskfit"]
+    where = subprocess.run([sys.executable, "-c", "import taskfit.cli as c; print(c.__file__, c._config_path())"],
                            cwd=work, env=env, capture_output=True, text=True, check=True).stdout.split()
-    assert where == [str(site / "trainer" / "cli.py"), "pkg://trainer.conf"]
+    assert where == [str(site / "taskfit" / "cli.py"), "pkg://taskfit.conf"]
     out = taskfit("debug=fast_dev_run", "test=false", "trainer.enable_model_summary=false", cwd=work,
                   command=[str(site / "bin" / "taskfit")], env=env).stdout
     (run,) = run_dirs(work, "debug_digits")

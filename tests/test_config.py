@@ -14,11 +14,11 @@ import torch
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.utils import instantiate
 
-import callbacks as cbs
-from trainer import Trainer
-from trainer.cli import _config_path, build_callbacks, build_trainer, compose_config, find_last_checkpoint
-from trainer.config import SCHEMAS, check_targets, explain, locate
-from trainer.errors import CheckpointError, MisconfigurationError
+from taskfit import callbacks as cbs
+from taskfit import Trainer
+from taskfit.cli import _config_path, build_callbacks, build_trainer, compose_config, find_last_checkpoint
+from taskfit.config import SCHEMAS, check_targets, explain, locate
+from taskfit.errors import CheckpointError, MisconfigurationError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -74,7 +74,7 @@ def test_defaults_reach_the_trainer_and_callbacks(tmp_path):
 
 
 def test_ddp_preset_builds_a_ddp_strategy_with_its_options(tmp_path):
-    from trainer.ddp import DDPStrategy
+    from taskfit.ddp import DDPStrategy
 
     config = composed(tmp_path, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
                       "trainer.strategy.timeout=30")
@@ -196,9 +196,9 @@ def test_a_target_that_cannot_be_imported_names_the_module(tmp_path, monkeypatch
     with pytest.raises(MisconfigurationError, match=r"(?s)task._target_='nopkg_xyz.MyTask': no module named 'nopkg_xyz'"
                                                      r".*HINT: check the spelling, and that the package is installed"):
         check_targets(composed(tmp_path, "task._target_=nopkg_xyz.MyTask"))
-    with pytest.raises(MisconfigurationError, match=r"(?s)'examples.digits' has no attribute 'DigitTask'.*"
-                                                     r"did you mean examples.digits.DigitsTask"):
-        check_targets(composed(tmp_path, "task._target_=examples.digits.DigitTask"))
+    with pytest.raises(MisconfigurationError, match=r"(?s)'taskfit.examples.digits' has no attribute 'DigitTask'.*"
+                                                     r"did you mean taskfit.examples.digits.DigitsTask"):
+        check_targets(composed(tmp_path, "task._target_=taskfit.examples.digits.DigitTask"))
     (tmp_path / "broken_mod_xyz.py").write_text("import not_installed_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(MisconfigurationError, match=r"(?s)importing module 'broken_mod_xyz' failed: No module named "
@@ -235,7 +235,7 @@ def command(tmp_path, monkeypatch):
     """Call trainer.cli.main in this process (its environment, argv and sys.path changes are undone after)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from trainer.cli import main
+    from taskfit.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")

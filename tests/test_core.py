@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from callbacks import Callback, ModelCheckpoint, ProgressBar
+from taskfit.callbacks import Callback, ModelCheckpoint, ProgressBar
 from tasks import ClassifierTask, RegressionTask, regression_data
-from trainer import Trainer, seed_everything
-from trainer.data import batch_to_device
+from taskfit import Trainer, seed_everything
+from taskfit.data import batch_to_device
 
 
 def params(task):
@@ -19,7 +19,7 @@ def params(task):
 
 
 def test_digits_main_job_reaches_95_percent(quiet):
-    from examples.digits import DigitsTask
+    from taskfit.examples.digits import DigitsTask
 
     seed_everything(0)
     trainer = Trainer(max_epochs=6, num_sanity_val_steps=0, **quiet)
@@ -366,7 +366,7 @@ def test_batch_to_device_nested():
 
 
 def test_cpu_skips_batch_to_device_unless_a_strategy_overrides_it(quiet):
-    from trainer.strategies import Strategy
+    from taskfit.strategies import Strategy
 
     class Halve(Strategy):  # a custom strategy that transforms batches: it must run even on the CPU
         def batch_to_device(self, batch):
@@ -399,7 +399,7 @@ def test_model_summary_printed(capsys):
 
 
 def test_nonfinite_loss_raises_with_step_and_epoch(quiet):
-    from trainer import NonFiniteLossError
+    from taskfit import NonFiniteLossError
 
     class Exploding(RegressionTask):
         def loss(self, outputs, targets):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tasks import ClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt
-from trainer import Trainer, seed_everything
+from taskfit import Trainer, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
@@ -149,7 +149,7 @@ def test_ddp_under_torchrun_equals_one_process_and_a_failing_rank_ends_the_run(t
         import sys, time
         import torch
         from tasks import ClassifierTask, RaiseAtStep
-        from trainer import Trainer, seed_everything
+        from taskfit import Trainer, seed_everything
 
         quiet = {QUIET!r}
         seed_everything(0)

@@ -324,7 +324,7 @@ def test_troubleshooting_documents_every_error():
 
 # ---- reference pages name everything they describe -----------------------------------------------------------
 def test_trainer_page_documents_every_argument():
-    from trainer import Trainer
+    from taskfit import Trainer
 
     params = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
     page = (DOCS / "trainer.md").read_text(encoding="utf-8")
@@ -333,7 +333,7 @@ def test_trainer_page_documents_every_argument():
 
 
 def test_callbacks_page_documents_every_hook():
-    from callbacks import HOOKS
+    from taskfit.callbacks import HOOKS
 
     page = (DOCS / "callbacks.md").read_text(encoding="utf-8")
     missing = [h for h in HOOKS + ("state_dict", "load_state_dict", "order", "should_stop") if f"`{h}`" not in page]
@@ -343,15 +343,16 @@ def test_callbacks_page_documents_every_hook():
 def test_api_page_covers_every_callback_and_strategy():
     import importlib
 
-    import callbacks
-    from trainer.strategies import Strategy
+    from taskfit import callbacks
+    from taskfit.strategies import Strategy
 
     page = (DOCS / "api.md").read_text(encoding="utf-8")
-    strategies = [f"::: {module}.{name}" for module in ("trainer.strategies", "trainer.ddp")
-                  for name, obj in vars(importlib.import_module(module)).items()
-                  if isinstance(obj, type) and issubclass(obj, Strategy) and obj.__module__ == module
+    # mkdocstrings reads the source folders: taskfit.<m> is trainer/<m>.py, taskfit.callbacks.<m> is callbacks/<m>.py
+    strategies = [f"::: trainer.{module}.{name}" for module in ("strategies", "ddp")
+                  for name, obj in vars(importlib.import_module(f"taskfit.{module}")).items()
+                  if isinstance(obj, type) and issubclass(obj, Strategy) and obj.__module__ == f"taskfit.{module}"
                   and not name.startswith("_")]
-    wanted = [f"::: {callbacks._LAZY[name]}.{name}" for name in callbacks._LAZY] + strategies + [
+    wanted = [f"::: callbacks{callbacks.LAZY[name]}.{name}" for name in callbacks.LAZY] + strategies + [
         "::: trainer.Trainer", "::: trainer.TaskModule", "::: callbacks.Callback"]
     assert len(strategies) >= 3, strategies
     missing = [w for w in wanted if w not in page]

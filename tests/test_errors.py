@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from tasks import RegressionTask
-from trainer import MisconfigurationError, TaskModule, TaskModuleError, Trainer
+from taskfit import MisconfigurationError, TaskModule, TaskModuleError, Trainer
 
 
 class NoLoss(TaskModule):
@@ -44,7 +44,7 @@ class NoSuper(TaskModule):
     (NoLoss(), r"NoLoss does not define `loss`, which fit needs[\s\S]*HINT: add `def loss\(self, outputs, targets\)"),
     (NoForward(), r"NoForward does not define `forward`[\s\S]*HINT: add `def forward\(self, inputs\):`"),
     (NoData(), r"NoData does not define `train_dataloader`[\s\S]*HINT: add `def train_dataloader\(self\)"),
-    (nn.Linear(2, 2), r"expects a TaskModule, got Linear[\s\S]*HINT: subclass `trainer.TaskModule`"),
+    (nn.Linear(2, 2), r"expects a TaskModule, got Linear[\s\S]*HINT: subclass `taskfit.TaskModule`"),
 ])
 def test_missing_methods(task, match, quiet):
     with pytest.raises((TaskModuleError,), match=match):
@@ -140,7 +140,7 @@ def test_no_stopping_condition(kwargs, match, quiet):
     ({"gradient_clip_algorithm": "max"}, r"gradient_clip_algorithm='max'\) is not valid[\s\S]*'norm', 'value'"),
     ({"gradient_clip_val": -1}, r"gradient_clip_val=-1\) is not valid[\s\S]*HINT: pass a positive number"),
     ({"nonfinite_loss": "ignore"}, r"nonfinite_loss='ignore'\) is not valid"),
-    ({"callbacks": [object()]}, r"got object, not a Callback[\s\S]*HINT: subclass `callbacks.Callback`"),
+    ({"callbacks": [object()]}, r"got object, not a Callback[\s\S]*HINT: subclass `taskfit.callbacks.Callback`"),
 ])
 def test_bad_trainer_arguments(kwargs, match):
     with pytest.raises(MisconfigurationError, match=match):

@@ -70,7 +70,7 @@ def test_recall_task_cannot_be_solved_without_memory():
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from examples.sequence import MARKER, VOCAB, RecallDataset
+    from taskfit.examples.sequence import MARKER, VOCAB, RecallDataset
 
     data = RecallDataset(2048, length=16, seed=0)
     rows = torch.arange(len(data))

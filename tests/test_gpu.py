@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, ProgressBar
-from trainer import TaskModule, Trainer
+from taskfit.callbacks import Callback, ProgressBar
+from taskfit import TaskModule, Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from callbacks import Callback, EarlyStopping, TensorBoardLogger
+from taskfit.callbacks import Callback, EarlyStopping, TensorBoardLogger
 from tasks import ClassifierTask, RegressionTask
-from trainer import MisconfigurationError, Trainer, seed_everything
+from taskfit import MisconfigurationError, Trainer, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
@@ -239,7 +239,7 @@ def test_histograms_and_graph_when_asked(tmp_path):
 
 def test_default_logger_costs_nothing_per_step():
     """Only a logger with histograms overrides on_before_optimizer_step (which the Trainer would call per step)."""
-    from callbacks.base import Callback as Base
+    from taskfit.callbacks.base import Callback as Base
 
     assert type(TensorBoardLogger()) is TensorBoardLogger
     assert TensorBoardLogger.on_before_optimizer_step is Base.on_before_optimizer_step

@@ -19,9 +19,9 @@ import torch
 from tasks import RegressionTask
 from torch.utils.data import DataLoader, Dataset
 
-from callbacks import Callback
-from trainer import Trainer
-from trainer.checkpoint import load_checkpoint
+from taskfit.callbacks import Callback
+from taskfit import Trainer
+from taskfit.checkpoint import load_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -248,7 +248,7 @@ def test_cuda_mixed_precision_extend_is_exact(tmp_path):
 
 # ---- ddp ----------------------------------------------------------------------------------------------------
 def _ddp_trainer(root, **kwargs):
-    from callbacks import ModelCheckpoint
+    from taskfit.callbacks import ModelCheckpoint
 
     callbacks = kwargs.pop("callbacks", [])
     return Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, accumulate_grad_batches=2,

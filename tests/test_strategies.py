@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 from tasks import ClassifierTask, RegressionTask
-from trainer import MisconfigurationError, Trainer, seed_everything
-from trainer.ddp import DDPStrategy
-from trainer.strategies import DataParallelStrategy, Strategy, normalize_state_dict
+from taskfit import MisconfigurationError, Trainer, seed_everything
+from taskfit.ddp import DDPStrategy
+from taskfit.strategies import DataParallelStrategy, Strategy, normalize_state_dict
 
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
@@ -213,7 +213,7 @@ def test_ddp_with_a_task_that_cannot_be_pickled_says_how_to_fix_it(quiet):
 # ---- the dp example -------------------------------------------------------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="the example uses scikit-learn's digits")
 def test_dp_example_runs_and_its_checkpoint_loads_into_a_plain_module(tmp_path, capsys):
-    from examples.dp import main  # in this process: dp starts no processes, and torch is imported already
+    from taskfit.examples.dp import main  # in this process: dp starts no processes, and torch is imported already
 
     warns = pytest.warns(UserWarning, match="strategy='dp' needs CUDA GPUs") if not torch.cuda.is_available() \
         else contextlib.nullcontext()

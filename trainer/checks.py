@@ -53,7 +53,7 @@ def check_task(task: Any, stage: str) -> None:
 
     if not isinstance(task, TaskModule):
         raise TaskModuleError(f"Trainer.{stage} expects a TaskModule, got {type(task).__name__}.",
-                              "subclass `trainer.TaskModule` (it is a torch.nn.Module) and pass an instance.")
+                              "subclass `taskfit.TaskModule` (it is a torch.nn.Module) and pass an instance.")
     if "_parameters" not in task.__dict__:
         raise TaskModuleError(f"{type(task).__name__}.__init__ did not call super().__init__().",
                               "call `super().__init__()` first thing in your __init__.")

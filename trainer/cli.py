@@ -34,9 +34,9 @@ _SWITCHES = (("enable_progress_bar", "ProgressBar"), ("enable_model_summary", "M
 
 
 def _config_path() -> str:
-    """The configs shipped as the package ``trainer.conf`` (installed, editable or not), else a checkout's conf/."""
-    if importlib.util.find_spec("trainer.conf") is not None:
-        return "pkg://trainer.conf"
+    """The configs shipped as the package ``taskfit.conf`` (installed, editable or not), else a checkout's conf/."""
+    if importlib.util.find_spec("taskfit.conf") is not None:
+        return "pkg://taskfit.conf"
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
@@ -49,7 +49,7 @@ def _is_leader() -> bool:
 def build_callbacks(config: dict[str, Any]) -> list[Any]:
     """The ``callbacks`` and ``logger`` groups' callbacks (a null entry is skipped), minus those the Trainer's
     switches turn off (``trainer.enable_checkpointing=false`` drops ``callbacks.model_checkpoint``...)."""
-    import callbacks as cbs
+    from . import callbacks as cbs
     from hydra.utils import instantiate
 
     switches = config["trainer"]
@@ -163,7 +163,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, float] | None) -> dict[str, Any]:
-    from callbacks import TensorBoardLogger
+    from .callbacks import TensorBoardLogger
 
     cb = trainer.checkpoint_callback
     metrics = dict(trainer.state.metrics)

@@ -36,10 +36,10 @@ DIRECTIVES = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_conv
 # against the real annotation. tests/test_config.py keeps these in step with the signatures.
 @dataclass
 class TrainerConf:
-    """``trainer.*``: the keyword arguments of :class:`trainer.Trainer` (except ``callbacks`` and ``config``,
+    """``trainer.*``: the keyword arguments of :class:`taskfit.Trainer` (except ``callbacks`` and ``config``,
     which the command builds)."""
 
-    _target_: str = "trainer.Trainer"
+    _target_: str = "taskfit.Trainer"
     max_epochs: Optional[int] = None
     max_steps: Optional[int] = None
     accelerator: str = "auto"
@@ -75,7 +75,7 @@ class TrainerConf:
 
 @dataclass
 class ModelCheckpointConf:
-    _target_: str = "callbacks.ModelCheckpoint"
+    _target_: str = "taskfit.callbacks.ModelCheckpoint"
     dirpath: Optional[str] = None
     filename: str = "{epoch}-{step}"
     monitor: Optional[str] = None
@@ -89,7 +89,7 @@ class ModelCheckpointConf:
 
 @dataclass
 class EarlyStoppingConf:
-    _target_: str = "callbacks.EarlyStopping"
+    _target_: str = "taskfit.callbacks.EarlyStopping"
     monitor: str = "val/loss"
     mode: str = "min"
     patience: int = 3
@@ -102,14 +102,14 @@ class EarlyStoppingConf:
 
 @dataclass
 class LearningRateMonitorConf:
-    _target_: str = "callbacks.LearningRateMonitor"
+    _target_: str = "taskfit.callbacks.LearningRateMonitor"
     logging_interval: str = "step"
     log_momentum: bool = False
 
 
 @dataclass
 class ThroughputMonitorConf:
-    _target_: str = "callbacks.ThroughputMonitor"
+    _target_: str = "taskfit.callbacks.ThroughputMonitor"
     data_wait_warning: float = 0.3
     min_data_wait_s: float = 1.0
     verbose: bool = True
@@ -118,7 +118,7 @@ class ThroughputMonitorConf:
 
 @dataclass
 class TensorBoardLoggerConf:
-    _target_: str = "callbacks.TensorBoardLogger"
+    _target_: str = "taskfit.callbacks.TensorBoardLogger"
     hparam_metrics: Any = None
     histogram_every_n_steps: Optional[int] = None
     log_graph: bool = False
@@ -127,14 +127,14 @@ class TensorBoardLoggerConf:
 
 @dataclass
 class ProgressBarConf:
-    _target_: str = "callbacks.ProgressBar"
+    _target_: str = "taskfit.callbacks.ProgressBar"
     stream: Any = None
     leave: bool = True
 
 
 @dataclass
 class ModelSummaryConf:
-    _target_: str = "callbacks.ModelSummary"
+    _target_: str = "taskfit.callbacks.ModelSummary"
     max_depth: int = 1
 
 

@@ -49,7 +49,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceO
 _RESULT = "rank0.pt"
 _FAILED = False  # an entry point raised in this process (under torchrun)
 # What the forkserver imports once, so that workers start without importing torch (DDP also imports torch._dynamo).
-_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchmetrics", "trainer")
+_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchmetrics", "taskfit")
 
 
 class DDPStrategy(Strategy):

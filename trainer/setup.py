@@ -92,12 +92,12 @@ class TrainerSetup(LoopHelpers):
     @staticmethod
     def _default_callbacks(callbacks: list[Any], progress: bool, summary: bool, checkpointing: bool,
                            logger: bool) -> list[Any]:
-        import callbacks as cbs
+        from . import callbacks as cbs
 
         for cb in callbacks:
             if not isinstance(cb, cbs.Callback):
                 raise MisconfigurationError(f"Trainer(callbacks=[...]) got {type(cb).__name__}, not a Callback.",
-                                            "subclass `callbacks.Callback` and pass instances.")
+                                            "subclass `taskfit.callbacks.Callback` and pass instances.")
         present = {type(cb) for cb in callbacks}
         for wanted, name in ((progress, "ProgressBar"), (summary, "ModelSummary"),
                              (checkpointing, "ModelCheckpoint"), (logger, "TensorBoardLogger"),
@@ -145,7 +145,7 @@ class TrainerSetup(LoopHelpers):
 
     @property
     def checkpoint_callback(self) -> Any:
-        from callbacks import ModelCheckpoint
+        from .callbacks import ModelCheckpoint
 
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
@@ -322,7 +322,7 @@ class TrainerSetup(LoopHelpers):
 
 
 def _hook_names() -> tuple[str, ...]:
-    from callbacks.base import HOOKS
+    from .callbacks.base import HOOKS
 
     return HOOKS
 
@@ -330,7 +330,7 @@ def _hook_names() -> tuple[str, ...]:
 def _overrides(obj: Any, name: str, base: type | None = None) -> bool:
     """``obj``'s class defines its own ``name`` instead of ``base``'s (default: the Callback base class)."""
     if base is None:
-        from callbacks.base import Callback
+        from .callbacks.base import Callback
 
         base = Callback
     return getattr(type(obj), name, None) is not getattr(base, name)

@@ -1,6 +1,6 @@
 """BatchNormDigits: taskfit's digits CNN with BatchNorm after each convolution.
 
-It takes the same arguments as examples.digits.DigitsTask, so the built-in digits config trains it as is:
+It takes the same arguments as taskfit.examples.digits.DigitsTask, so the built-in digits config trains it as is:
 
     taskfit task=digits task._target_=mypkg.digits.BatchNormDigits
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from examples.digits import DigitsTask
+from taskfit.examples.digits import DigitsTask
 
 
 class BatchNormDigits(DigitsTask):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer import TaskModule
+from taskfit import TaskModule
 
 
 def sine_data(n: int, noise: float, seed: int) -> TensorDataset:
