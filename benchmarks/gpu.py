@@ -151,12 +151,12 @@ def trainer_loop(args: argparse.Namespace, device: torch.device, precision: str,
         def __init__(self) -> None:
             self.start = self.end = 0.0
 
-        def on_train_batch_start(self, trainer: Any, task: Any) -> None:
+        def on_train_batch_start(self, trainer: Any, task: Any, batch: Any, batch_idx: int) -> None:
             if trainer.state.batch_idx == args.warmup:
                 sync(device)
                 self.start = time.perf_counter()
 
-        def on_train_batch_end(self, trainer: Any, task: Any) -> None:
+        def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if trainer.state.global_step == args.warmup + args.steps:
                 sync(device)
                 self.end = time.perf_counter()

@@ -44,7 +44,7 @@ def make_interleave(spec: dict[str, Any], data: TensorDataset) -> Any:
             self.trainer_s = self.hand_s = 0.0
             self.mark = now
 
-        def on_train_batch_end(self, trainer: Any, task: Any) -> None:
+        def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             start = time.perf_counter()
             self.trainer_s += start - self.mark
             self.hand_step()  # its batch, output and loss are freed on return: inside the hand's time, as in a loop
@@ -91,12 +91,12 @@ def run_harness_check(spec: dict[str, Any], data: TensorDataset, epochs: int, ro
     on_end = [interleave.on_train_batch_end]
     interleave.on_fit_start(None, None)
     for _ in range(epochs):
-        for x, y in loader:
+        for batch_idx, (x, y) in enumerate(loader):
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
             for fn in on_end:
-                fn(None, None)
+                fn(None, None, loss, (x, y), batch_idx)
         interleave.on_train_epoch_end(None, None)
     return interleave.epochs, model.net, interleave.model.net

@@ -4,7 +4,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import HOOKS, Callback
+from ..errors import MisconfigurationError
+from .base import HOOKS, Callback, hook_table
 
 LAZY = {  # class name: its module, relative to this package (imported on first use)
     "ProgressBar": ".progress",
@@ -16,10 +17,30 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "ThroughputMonitor": ".throughput",
 }
 
-__all__ = ["Callback", "HOOKS", *LAZY]
+__all__ = ["Callback", "HOOKS", "hook_table", "with_defaults", *LAZY]
 
 
 def __getattr__(name: str) -> Any:
     if name in LAZY:
         return getattr(importlib.import_module(LAZY[name], __name__), name)
     raise AttributeError(f"module 'taskfit.callbacks' has no attribute {name!r}")
+
+
+def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointing: bool,
+                  logger: bool) -> list[Callback]:
+    """The user's callbacks plus the default ones the Trainer's switches ask for (unless the user passed one of
+    that class), sorted by ``order``."""
+    callbacks = list(callbacks or [])
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise MisconfigurationError(f"Trainer(callbacks=[...]) got {type(cb).__name__}, not a Callback.",
+                                        "subclass `taskfit.callbacks.Callback` and pass instances.")
+    present = {type(cb) for cb in callbacks}
+    for wanted, name in ((progress, "ProgressBar"), (summary, "ModelSummary"), (checkpointing, "ModelCheckpoint"),
+                         (logger, "TensorBoardLogger"), (logger, "LearningRateMonitor"),
+                         (logger, "ThroughputMonitor")):
+        if wanted:
+            cls = __getattr__(name)
+            if not any(issubclass(t, cls) for t in present):
+                callbacks.append(cls())
+    return sorted(callbacks, key=lambda cb: cb.order)

@@ -1,28 +1,38 @@
-"""Callback: the hooks the Trainer calls, in this order (see docs/callbacks.md)::
+"""Callback: the hooks the Trainer calls, in this order (the table in docs/callbacks.md says when each fires)::
 
-    on_fit_start
-      [sanity validation: on_validation_start, on_validation_end]
-      per epoch:  on_train_epoch_start
-        per batch:  on_train_batch_start, (on_before_optimizer_step), [validation], on_train_batch_end
-        on_train_epoch_end
-    on_fit_end                      (on_exception instead, when fit raises or is interrupted)
-    test:  on_test_start, on_test_end
-    on_log whenever values are written out (every log_every_n_steps, after each validation/epoch/test)
+    fit:
+      on_fit_start
+        [sanity check: on_sanity_check_start, on_sanity_check_end]
+        per epoch:  on_train_epoch_start
+          per batch:  on_train_batch_start
+                      (on_before_optimizer_step)
+                      (on_log_interval, every log_every_n_steps optimizer steps)
+                      [validation: on_validation_start, on_validation_end]
+                      on_train_batch_end
+          on_train_epoch_end
+      on_fit_end                    (on_exception instead, when any entry point raises or is interrupted)
+    validate:  on_validation_start, on_validation_end
+    test:      on_test_start, on_test_end
+    on_log whenever values are written out (log interval, after each validation/epoch/test, callbacks' values)
 
-Every hook receives ``(trainer, task)``; read ``trainer.state`` for where the run is. The Trainer calls a
-hook only on callbacks that override it, sorted by ``order`` (lower first), so an unused hook costs nothing;
-``needs_batch_hooks`` lets a callback skip its per-batch hooks for a whole fit.
+Every hook receives ``(trainer, task, ...)``; read ``trainer.state`` for where the run is (``state.fn`` is the
+entry point: "fit", "validate", "test" or "predict"). The Trainer calls a hook only on callbacks that override
+it, sorted by ``order`` (lower first), so an unused hook costs nothing; ``needs_batch_hooks`` lets a callback
+skip its per-batch hooks for a whole fit.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
+    import torch
+
     from .. import TaskModule, Trainer
 
-HOOKS = ("on_fit_start", "on_fit_end", "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start",
-         "on_train_batch_end", "on_before_optimizer_step", "on_validation_start", "on_validation_end",
-         "on_test_start", "on_test_end", "on_log", "on_exception")
+HOOKS = ("on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start",
+         "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
+         "on_log_interval", "on_validation_start", "on_validation_end", "on_test_start", "on_test_end", "on_log",
+         "on_exception")
 
 
 class Callback:
@@ -36,23 +46,35 @@ class Callback:
     def on_fit_end(self, trainer: Trainer, task: TaskModule) -> None:
         """After training ended normally (max_epochs/max_steps reached or ``should_stop`` set)."""
 
+    def on_sanity_check_start(self, trainer: Trainer, task: TaskModule) -> None:
+        """Before the sanity check: ``num_sanity_val_steps`` validation batches before the first epoch."""
+
+    def on_sanity_check_end(self, trainer: Trainer, task: TaskModule) -> None:
+        """After the sanity check (its values are not logged and no validation hook fired for it)."""
+
     def on_train_epoch_start(self, trainer: Trainer, task: TaskModule) -> None:
         """At the start of each training epoch."""
 
     def on_train_epoch_end(self, trainer: Trainer, task: TaskModule) -> None:
         """At the end of each training epoch, after its validation and epoch-level logging."""
 
-    def on_train_batch_start(self, trainer: Trainer, task: TaskModule) -> None:
-        """Before each training batch (``trainer.state.batch_idx``)."""
+    def on_train_batch_start(self, trainer: Trainer, task: TaskModule, batch: Any, batch_idx: int) -> None:
+        """Before each training batch (``batch`` as the DataLoader gave it, before it moves to the device)."""
 
-    def on_train_batch_end(self, trainer: Trainer, task: TaskModule) -> None:
-        """After each training batch, its optimizer step and any validation due at this batch."""
+    def on_train_batch_end(self, trainer: Trainer, task: TaskModule, outputs: torch.Tensor, batch: Any,
+                           batch_idx: int) -> None:
+        """After each training batch, its optimizer step and any validation due at this batch; ``outputs`` is the
+        batch's loss, detached (a device tensor: reading it on the host is a sync)."""
 
-    def on_before_optimizer_step(self, trainer: Trainer, task: TaskModule) -> None:
-        """Gradients are ready (unscaled, before clipping); the optimizer steps next."""
+    def on_before_optimizer_step(self, trainer: Trainer, task: TaskModule, optimizer: torch.optim.Optimizer) -> None:
+        """Gradients are ready (unscaled, before clipping); ``optimizer`` steps next."""
+
+    def on_log_interval(self, trainer: Trainer, task: TaskModule) -> None:
+        """Every ``log_every_n_steps`` optimizer steps, after the training values of that step were logged: the
+        place for values a callback logs at the same cadence (``trainer.log_metrics``)."""
 
     def on_validation_start(self, trainer: Trainer, task: TaskModule) -> None:
-        """Before a validation pass (also the sanity check: ``trainer.state.stage == "sanity"``)."""
+        """Before a validation pass, in fit or ``Trainer.validate`` (``trainer.state.fn`` says which)."""
 
     def on_validation_end(self, trainer: Trainer, task: TaskModule) -> None:
         """After a validation pass; its metrics are in ``trainer.state.metrics``."""
@@ -67,7 +89,8 @@ class Callback:
         """Values to write out, already Python floats, at ``trainer.state.global_step``."""
 
     def on_exception(self, trainer: Trainer, task: TaskModule, exception: BaseException) -> None:
-        """Fit ended by an exception (including KeyboardInterrupt and a preemption exit)."""
+        """An entry point (``trainer.state.fn``) ended by an exception (including KeyboardInterrupt and a
+        preemption exit)."""
 
     def needs_batch_hooks(self, trainer: Trainer) -> bool:
         """Asked once per fit, after ``on_fit_start``: False and the Trainer does not call this callback's
@@ -86,3 +109,9 @@ class Callback:
     def state_key(self) -> str:
         """The key of this callback's state in a checkpoint."""
         return type(self).__qualname__
+
+
+def hook_table(callbacks: Iterable[Callback]) -> dict[str, list[Callable[..., None]]]:
+    """For each hook, the bound methods of the callbacks (already sorted by ``order``) that override it."""
+    return {name: [getattr(cb, name) for cb in callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
+            for name in HOOKS}

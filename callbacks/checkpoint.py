@@ -13,6 +13,8 @@ import time
 import warnings
 from typing import Any
 
+from ..errors import MisconfigurationError
+from ..serialization import atomic_copy, remove_files
 from .base import Callback
 
 _FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
@@ -51,14 +53,12 @@ class ModelCheckpoint(Callback):
     Every rank runs this callback (a save gathers RNG states from all ranks); only rank 0 touches files.
     """
 
-    order = 1000  # last: a checkpoint must hold every other callback's state after this hook
+    order = 1000  # last of the defaults: a checkpoint must hold every other callback's state after this hook
 
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str = "{epoch}-{step}",
                  monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
                  every_n_train_steps: int | None = None, every_n_epochs: int | None = 1,
                  train_time_interval: float | datetime.timedelta | None = None) -> None:
-        from ..errors import MisconfigurationError
-
         if mode not in ("min", "max"):
             raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
                                         'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
@@ -94,7 +94,7 @@ class ModelCheckpoint(Callback):
     # ---- hooks ----------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         self.dirpath = self.dirpath_arg or os.path.join(trainer.log_dir, "checkpoints")
-        if not getattr(trainer, "_resumed", False):  # a fresh run ranks its own files (a resume restored them)
+        if not trainer.state.resumed:  # a fresh run ranks its own files (a resume restored them)
             self.best_k_models, self.best_model_path, self.best_model_score = {}, "", None
         self._last_step = self._saved_step = trainer.state.global_step  # after a restore: the resumed step
         self._last_time = time.monotonic()
@@ -102,7 +102,7 @@ class ModelCheckpoint(Callback):
     def needs_batch_hooks(self, trainer: Any) -> bool:
         return self.every_n_train_steps is not None or self.train_time_interval is not None
 
-    def on_train_batch_end(self, trainer: Any, task: Any) -> None:
+    def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.state.global_step
         if step == self._last_step:  # no optimizer step in this batch (accumulation): nothing new to save
             return
@@ -144,8 +144,6 @@ class ModelCheckpoint(Callback):
         The checkpoint is serialised now; its fsync and rename, the ``last.ckpt`` link and the removals follow in
         that order on ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk.
         """
-        from ..checkpoint import atomic_copy, remove_files
-
         score = self._score(trainer)
         path, evicted = None, []
         if self.save_top_k != 0 and score is not None and self._qualifies(score):
@@ -175,9 +173,7 @@ class ModelCheckpoint(Callback):
             return float(metrics[self.monitor])
         prefix = self.monitor.split("/")[0] + "/"
         if any(k.startswith(prefix) for k in metrics):  # its stage has logged, so the name is wrong
-            from ..errors import MisconfigurationError
-
-            raise MisconfigurationError(
+                raise MisconfigurationError(
                 f"ModelCheckpoint(monitor={self.monitor!r}) is not a logged key; logged: {sorted(metrics)}.",
                 "use one of the logged keys (validation metrics are named val/<name>), or monitor=None.")
         if not self._warned_missing:  # not logged yet (e.g. no validation so far): only last.ckpt this time
@@ -220,8 +216,6 @@ class ModelCheckpoint(Callback):
         return evicted
 
     def _new_path(self, trainer: Any) -> str:
-        from ..errors import MisconfigurationError
-
         st = trainer.state
         values = {**st.metrics, "epoch": st.epoch, "step": st.global_step}
         try:

@@ -12,7 +12,7 @@ from .base import Callback
 class EarlyStopping(Callback):
     """Sets ``trainer.state.should_stop`` when ``monitor`` has not improved for ``patience`` checks.
 
-    A check happens after every validation for ``val/*`` keys (the sanity check is ignored) and at every epoch
+    A check happens after every validation in fit for ``val/*`` keys (not after the sanity check) and at every epoch
     end for ``train/*`` keys. The run then ends cleanly at the next step boundary; the reason is printed (rank 0)
     and kept in ``trainer.state.stop_reason``. ``best`` and the patience counter are saved in checkpoints.
 
@@ -48,7 +48,6 @@ class EarlyStopping(Callback):
         self.best = math.inf if mode == "min" else -math.inf
         self.wait = 0  # checks since the last improvement
         self.stopped_epoch: int | None = None
-        self._fitting = False
 
     @property
     def state_key(self) -> str:
@@ -63,7 +62,6 @@ class EarlyStopping(Callback):
 
     # ---- hooks --------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
-        self._fitting = True
         self.stopped_epoch = None
         if trainer.state.global_step == 0:  # a new run starts afresh; a resumed one (restored before) continues
             self.best, self.wait = (math.inf if self.mode == "min" else -math.inf), 0
@@ -75,18 +73,12 @@ class EarlyStopping(Callback):
                 "'train/loss_epoch'.")
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:
-        if self._fitting and trainer.state.stage == "val" and not self.monitor.startswith("train/"):
+        if trainer.state.fn == "fit" and not self.monitor.startswith("train/"):  # not a Trainer.validate call
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if self.monitor.startswith("train/"):
             self._check(trainer)
-
-    def on_fit_end(self, trainer: Any, task: Any) -> None:
-        self._fitting = False
-
-    def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
-        self._fitting = False
 
     # ---- the decision -------------------------------------------------------------------------------
     def _check(self, trainer: Any) -> None:

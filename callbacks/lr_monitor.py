@@ -45,9 +45,8 @@ class LearningRateMonitor(Callback):
                     out[momentum_key] = float(momentum)
         return out
 
-    def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
-        # "train/loss" is in every step-interval log and only there: ride on the Trainer's logging interval.
-        if self.logging_interval == "step" and "train/loss" in metrics and trainer.state.stage == "train":
+    def on_log_interval(self, trainer: Any, task: Any) -> None:
+        if self.logging_interval == "step":
             trainer.log_metrics(self.values(trainer))
 
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:

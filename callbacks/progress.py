@@ -45,7 +45,7 @@ class ProgressBar(Callback):
             self._bar = tqdm(total=None if total == float("inf") else total, initial=trainer.state.batches_done,
                              desc=self._desc(trainer), file=self._out(), leave=self.leave, dynamic_ncols=True)
 
-    def on_train_batch_end(self, trainer: Any, task: Any) -> None:
+    def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._bar is not None:
             self._bar.update()
 

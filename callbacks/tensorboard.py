@@ -16,15 +16,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MisconfigurationError
+from ..module import TaskModule
 
 from .base import Callback
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
-# A metric whose last name part contains one of these is better when lower (used when no callback says).
 # An epoch end flushes the event file when the last flush is this old (seconds).
 EPOCH_FLUSH_SECS = 5.0
+# A metric whose last name part contains one of these is better when lower (used when no callback says).
 _LOWER_IS_BETTER = ("loss", "err", "mse", "mae", "perplexity", "ppl", "time")
 
 
@@ -50,7 +51,8 @@ class TensorBoardLogger(Callback):
             last flush is ``EPOCH_FLUSH_SECS`` (5 s) old or more: a flush waits for the writer's thread.
     """
 
-    order = 1000  # last: on_fit_end closes the writer after every other callback has logged
+    order = 900  # after every callback that logs (lower orders), so on_fit_end closes the writer last;
+    # before ModelCheckpoint (1000), whose files must hold every other callback's state
 
     def __new__(cls, *args: Any, **kwargs: Any) -> TensorBoardLogger:
         # Gradients exist only in on_before_optimizer_step, and a callback that overrides that hook costs the
@@ -83,7 +85,7 @@ class TensorBoardLogger(Callback):
         self._dir: str | None = None
         self._step_values: dict[str, float] = {}  # the current step's values, not written yet
         self._step = 0
-        self._fitting = False
+        self._session_open = False  # fit wrote the HParams session start and not yet its end
         self._hparams: dict[str, Any] = {}
         self._modes: dict[str, str] = {}
         self._final: dict[str, float] = {}
@@ -143,7 +145,7 @@ class TensorBoardLogger(Callback):
                 f"TensorBoardLogger(log_graph=True) needs {type(task).__name__}.example_input_array.",
                 "set `self.example_input_array = torch.zeros(1, ...)` (one input batch, as forward takes it) in "
                 "your TaskModule's __init__, or pass log_graph=False.")
-        self._fitting = True
+        self._session_open = True
         self._final, self._best = {}, {}
         self._modes = {k: m for k, m in ((getattr(cb, "monitor", None), getattr(cb, "mode", None))
                                          for cb in trainer.callbacks) if isinstance(k, str) and m in ("min", "max")}
@@ -164,7 +166,7 @@ class TensorBoardLogger(Callback):
         if self.writer(trainer) is None:  # also opens one for a validate/test outside fit
             return
         self._collect(trainer.state.global_step, metrics)
-        if self._fitting:
+        if trainer.state.fn == "fit":
             for key, value in metrics.items():
                 if self._tracked(key):
                     self._final[key] = value
@@ -182,7 +184,7 @@ class TensorBoardLogger(Callback):
                 self._flushed = now
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:
-        if not self._fitting:  # a Trainer.validate on its own: its values are written, close the file
+        if trainer.state.fn == "validate":  # a Trainer.validate on its own: its values are written, close the file
             self._close()
 
     def on_test_end(self, trainer: Any, task: Any) -> None:
@@ -192,7 +194,7 @@ class TensorBoardLogger(Callback):
         self._end_session(trainer, task, "STATUS_SUCCESS")
 
     def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
-        if self._fitting:  # an error fails the run; Ctrl-C or a preemption exit may be resumed later
+        if self._session_open:  # an error fails the run; Ctrl-C or a preemption exit may be resumed later
             self._end_session(trainer, task, "STATUS_FAILURE" if isinstance(exception, Exception)
                               else "STATUS_UNKNOWN")
         self._close()
@@ -208,7 +210,7 @@ class TensorBoardLogger(Callback):
 
     def _end_session(self, trainer: Any, task: Any, status: str) -> None:
         """Write ``best/<key>``, the experiment (hparam and metric names) and the session end, then close."""
-        self._fitting = False
+        self._session_open = False
         writer = self.writer(trainer)
         if writer is None:
             return
@@ -230,7 +232,7 @@ class TensorBoardLogger(Callback):
 class _HistogramLogger(TensorBoardLogger):
     """TensorBoardLogger with ``histogram_every_n_steps``: adds the gradient hook (see ``__new__``)."""
 
-    def on_before_optimizer_step(self, trainer: Any, task: Any) -> None:
+    def on_before_optimizer_step(self, trainer: Any, task: Any, optimizer: Any) -> None:
         step = trainer.state.global_step  # steps done: parameters after `step` steps, gradients taken there
         if step % self.histogram_every_n_steps:
             return
@@ -258,8 +260,6 @@ def _loggable(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _defines(task: Any, method: str) -> bool:
-    from ..module import TaskModule
-
     return getattr(type(task), method, None) is not getattr(TaskModule, method)
 
 

@@ -44,7 +44,6 @@ class ThroughputMonitor(Callback):
         self.data_wait_warning, self.min_data_wait_s = float(data_wait_warning), float(min_data_wait_s)
         self.verbose, self.stream = verbose, stream
         self.summary: dict[str, float] = {}
-        self._fitting = False
 
     # ---- per fit ------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
@@ -70,7 +69,7 @@ class ThroughputMonitor(Callback):
         self._elapsed = self._wait = self._val = 0.0
         self._batches = self._short = 0
         self._total = [0.0, 0.0, 0.0, 0, 0]  # elapsed, data wait, validation inside the epoch, samples, batches
-        self._epochs, self._fitting, self._in_epoch, self.summary = 0, True, False, {}
+        self._epochs, self._in_epoch, self.summary = 0, False, {}
         self._mark(trainer)
         self._t_val = self._t_epoch = self._t_mark
 
@@ -96,16 +95,14 @@ class ThroughputMonitor(Callback):
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:
         # Validation inside the epoch (val_check_interval) is not training time.
-        if self._fitting and self._in_epoch and trainer.state.stage == "val":
+        if trainer.state.fn == "fit" and self._in_epoch:
             self._val += perf_counter() - self._t_val
 
-    def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
-        st = trainer.state
-        if self._fitting and "train/loss" in metrics and st.stage == "train":
-            self._take(trainer, st.batch_idx + 1)  # logged from inside the step of batch ``batch_idx``
-            values = self._rates(self._fold())
-            if values:
-                trainer.log_metrics(values)
+    def on_log_interval(self, trainer: Any, task: Any) -> None:
+        self._take(trainer, trainer.state.batch_idx + 1)  # called from inside the step of batch ``batch_idx``
+        values = self._rates(self._fold())
+        if values:
+            trainer.log_metrics(values)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         st = trainer.state
@@ -118,7 +115,6 @@ class ThroughputMonitor(Callback):
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         self._fold()
-        self._fitting = False
         values = self._rates(self._total)
         self.summary = {key.replace("perf/", ""): value for key, value in values.items()}
         self.summary.update(samples=self._total[3] * self._world, batches=self._total[4], epochs=self._epochs,
@@ -127,9 +123,6 @@ class ThroughputMonitor(Callback):
             trainer.log_metrics({key.replace("perf/", "perf/fit/"): value for key, value in values.items()})
         if self.verbose and trainer.is_main:
             print(self.report(), file=self.stream or sys.stdout, flush=True)
-
-    def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
-        self._fitting = False
 
     # ---- numbers ------------------------------------------------------------------------------------
     def _fold(self) -> list:

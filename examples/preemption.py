@@ -31,7 +31,7 @@ def job(root: str, epochs: int, heartbeat: bool = True) -> str:
     from taskfit.checkpoint import last_checkpoint
 
     class Heartbeat(Callback):  # lets the "scheduler" above see progress (and pick a moment to preempt)
-        def on_train_batch_end(self, trainer, task) -> None:
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
             print(f"step {trainer.state.global_step}", flush=True)
 
     seed_everything(0)

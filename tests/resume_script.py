@@ -105,11 +105,11 @@ class Signal(Callback):
             else:
                 os.kill(os.getpid(), self.signum)
 
-    def on_train_batch_start(self, trainer, task) -> None:
+    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
         if self.signum == signal.SIGKILL:
             self._maybe(trainer)
 
-    def on_train_batch_end(self, trainer, task) -> None:
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         if self.signum != signal.SIGKILL:
             self._maybe(trainer)
 

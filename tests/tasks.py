@@ -92,7 +92,7 @@ class RaiseAtStep(Callback):
     def __init__(self, step: int = 3, rank: int = 1) -> None:
         self.step, self.rank = step, rank
 
-    def on_train_batch_start(self, trainer, task) -> None:
+    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
         if trainer.strategy.rank == self.rank and trainer.state.global_step == self.step:
             raise ValueError(f"boom at step {self.step} on rank {self.rank}")
 
@@ -110,15 +110,15 @@ class RankProbe(Callback):
             self.allreduces += 1
             return allreduce_hook(state, bucket)
 
-        if isinstance(trainer._wrapped, torch.nn.parallel.DistributedDataParallel):
-            trainer._wrapped.register_comm_hook(None, counting_hook)
+        if isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel):
+            trainer.model.register_comm_hook(None, counting_hook)
 
     def on_fit_end(self, trainer, task) -> None:
         s = trainer.strategy
         torch.save({"rank": s.rank, "world_size": s.world_size, "is_main": trainer.is_main, "log_dir": trainer.log_dir,
                     "data_seed": trainer.data_seed, "allreduces": self.allreduces,
-                    "global_step": trainer.state.global_step, "saved": s.module_state_dict(trainer._wrapped),
-                    "wrapper": trainer._wrapped.state_dict()}, f"{self.out}/rank{s.rank}.pt")
+                    "global_step": trainer.state.global_step, "saved": s.module_state_dict(trainer.model),
+                    "wrapper": trainer.model.state_dict()}, f"{self.out}/rank{s.rank}.pt")
 
 
 class SignalAt(Callback):
@@ -127,7 +127,7 @@ class SignalAt(Callback):
     def __init__(self, step: int, pid: int, signum: int) -> None:
         self.step, self.pid, self.signum, self.sent = step, pid, signum, False
 
-    def on_train_batch_end(self, trainer, task) -> None:
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         if trainer.is_main and not self.sent and trainer.state.global_step == self.step:
             import os
 

@@ -282,7 +282,7 @@ BOTH_WAYS = pytest.mark.parametrize("in_memory_bytes", [8 * 2**20, 0], ids=["in 
 @BOTH_WAYS
 def test_files_are_finished_on_a_background_thread_and_in_place_when_fit_returns(tmp_path, monkeypatch,
                                                                                  in_memory_bytes):
-    monkeypatch.setattr("trainer.checkpoint.IN_MEMORY_BYTES", in_memory_bytes)
+    monkeypatch.setattr("taskfit.checkpoint.IN_MEMORY_BYTES", in_memory_bytes)
     threads = Threads()
     cb = ModelCheckpoint(save_top_k=-1, filename="{epoch}")
     _trainer(tmp_path, max_epochs=3, callbacks=[cb, threads]).fit(_task())
@@ -321,7 +321,7 @@ def test_checkpoint_writer_keeps_order_and_reraises_the_first_error():
 @BOTH_WAYS
 def test_a_failed_background_write_is_reported_and_the_previous_file_is_intact(tmp_path, monkeypatch,
                                                                               in_memory_bytes):
-    monkeypatch.setattr("trainer.checkpoint.IN_MEMORY_BYTES", in_memory_bytes)
+    monkeypatch.setattr("taskfit.checkpoint.IN_MEMORY_BYTES", in_memory_bytes)
     folder = tmp_path / "ckpts"
     (folder / "last.ckpt").mkdir(parents=True)  # something else sits at the name: the rename must fail
     cb = ModelCheckpoint(dirpath=folder, save_top_k=-1, every_n_train_steps=2, every_n_epochs=None, filename="{step}")

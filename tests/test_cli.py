@@ -21,7 +21,6 @@ TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     for key in ("TASKFIT_SEED", "HYDRA_FULL_ERROR", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(key, None)

@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from taskfit import callbacks as cbs
 from taskfit import Trainer
 from taskfit.cli import _config_path, build_callbacks, build_trainer, compose_config, find_last_checkpoint
+from taskfit.checks import check_task
 from taskfit.config import SCHEMAS, check_targets, explain, locate
 from taskfit.errors import CheckpointError, MisconfigurationError
 
@@ -58,7 +59,7 @@ def test_every_config_group_option_composes_and_instantiates(tmp_path, group, op
     if group in ("task", "experiment"):  # the data sets of the examples: build the task too
         task = instantiate(config["task"], _convert_="all")
         assert type(task).__name__ == config["task"]["_target_"].rsplit(".", 1)[1]
-        trainer._check_entry(task, "fit")
+        check_task(task, "fit")  # what fit checks before it starts
 
 
 def test_defaults_reach_the_trainer_and_callbacks(tmp_path):

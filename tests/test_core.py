@@ -116,7 +116,7 @@ class _GradNorms(Callback):
     def __init__(self):
         self.norms = []
 
-    def on_before_optimizer_step(self, trainer, task):
+    def on_before_optimizer_step(self, trainer, task, optimizer):
         self.norms.append(torch.norm(torch.stack([p.grad.norm() for p in task.parameters()])).item())
 
 
@@ -211,13 +211,14 @@ def test_dict_batches_and_custom_split(quiet):
     assert trainer.state.global_step == 8
 
 
-_RECORDED = ("on_fit_start", "on_fit_end", "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start",
-             "on_train_batch_end", "on_before_optimizer_step", "on_validation_start", "on_validation_end")
+_RECORDED = ("on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start",
+             "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
+             "on_log_interval", "on_validation_start", "on_validation_end")
 
 
 def _recorder(hook):
-    def record(self, trainer, task):
-        self.log.append((hook, trainer.state.stage))
+    def record(self, trainer, task, *args):
+        self.log.append((hook, trainer.state.stage, trainer.state.fn, args))
     return record
 
 
@@ -232,14 +233,26 @@ class _Order(Callback):
 
 def test_hook_order(quiet):
     log = []
-    Trainer(max_epochs=1, limit_train_batches=2, num_sanity_val_steps=1, callbacks=[_Order(log)],
-            **quiet).fit(RegressionTask(val_n=8))
-    names = [h for h, _ in log]
-    assert names == ["on_fit_start", "on_validation_start", "on_validation_end", "on_train_epoch_start",
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, num_sanity_val_steps=1, log_every_n_steps=2,
+                      callbacks=[_Order(log)], **quiet)
+    task = RegressionTask(val_n=8)
+    trainer.fit(task)
+    names = [entry[0] for entry in log]
+    assert names == ["on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start",
                      "on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end",
-                     "on_train_batch_start", "on_before_optimizer_step", "on_validation_start",
+                     "on_train_batch_start", "on_before_optimizer_step", "on_log_interval", "on_validation_start",
                      "on_validation_end", "on_train_batch_end", "on_train_epoch_end", "on_fit_end"]
-    assert log[1] == ("on_validation_start", "sanity") and log[9] == ("on_validation_start", "val")
+    assert log[1][:3] == ("on_sanity_check_start", "sanity", "fit") and log[10][:2] == ("on_validation_start", "val")
+    # Lightning's arguments: the batch and its index; after the step, its detached loss; the optimizer.
+    batch, batch_idx = log[4][3]
+    assert batch_idx == 0 and isinstance(batch, list) and batch[0].shape == (8, 4)
+    outputs, batch, batch_idx = log[6][3]
+    assert batch_idx == 0 and outputs.shape == () and not outputs.requires_grad and batch[0].shape == (8, 4)
+    assert log[5][3] == (trainer.optimizer,)
+    log.clear()
+    trainer.validate(task)  # a validation on its own: the same hooks, state.fn says which
+    assert [(entry[0], entry[2]) for entry in log] == [("on_validation_start", "validate"),
+                                                       ("on_validation_end", "validate")]
 
 
 def test_needs_batch_hooks_false_skips_only_the_per_batch_hooks(quiet, tmp_path):
@@ -250,7 +263,7 @@ def test_needs_batch_hooks_false_skips_only_the_per_batch_hooks(quiet, tmp_path)
     log = []
     Trainer(max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0, callbacks=[Idle(log)],
             **quiet).fit(RegressionTask())
-    assert [h for h, _ in log] == ["on_fit_start", "on_train_epoch_start", "on_before_optimizer_step",
+    assert [entry[0] for entry in log] == ["on_fit_start", "on_train_epoch_start", "on_before_optimizer_step",
                                    "on_before_optimizer_step", "on_train_epoch_end", "on_fit_end"]
     # The defaults ask for no per-step call where they would do nothing: a bar to a log file, a checkpoint
     # saved only at epoch ends. They do where they work (a terminal; step triggers).
@@ -269,7 +282,7 @@ def test_defaults_call_no_callback_per_batch_on_a_non_terminal(tmp_path, capsys)
     has work per batch, so the loop calls no hook between two batches (the data wait is timed by the loop)."""
     trainer = Trainer(max_epochs=1, log_every_n_steps=2, default_root_dir=tmp_path)
     trainer.fit(RegressionTask(n=32, val_n=8))
-    assert trainer._hooks["on_train_batch_start"] == [] and trainer._hooks["on_train_batch_end"] == []
+    assert trainer.hooks["on_train_batch_start"] == [] and trainer.hooks["on_train_batch_end"] == []
     assert 0 < trainer.state.data_wait_s < 60
     assert "perf/data_wait_pct" in trainer.state.metrics
     # The epoch's line shows the validation values too (taken from what was logged this epoch).
@@ -277,24 +290,27 @@ def test_defaults_call_no_callback_per_batch_on_a_non_terminal(tmp_path, capsys)
     assert "step=4" in line and "loss=" in line and "val/loss=" in line
 
 
-class _Noop(Callback):
-    def on_before_optimizer_step(self, trainer, task):  # a hook between backward and step: the full step runs
-        pass
+class _SeesTheOptimizer(Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_before_optimizer_step(self, trainer, task, optimizer):  # between backward and step
+        self.seen.append(optimizer is trainer.optimizer and all(p.grad is not None for p in task.parameters()))
 
 
-def test_the_plain_step_and_the_full_step_train_identically(quiet):
-    """fp32 without accumulation, clipping or gradient hooks runs the hand-written step; any of them runs the step
-    with every setting. Both give the same weights, bit for bit, and the same logged losses."""
-    runs = {}
-    for name, callbacks in (("plain", []), ("full", [_Noop()])):
+def test_a_hook_between_backward_and_step_changes_nothing(quiet):
+    """One step for every setting: a callback that only looks at the gradients leaves the weights, bit for bit,
+    and the logged losses as they are without it; it sees the optimizer with every gradient set."""
+    runs, hook = {}, _SeesTheOptimizer()
+    for name, callbacks in (("plain", []), ("hooked", [hook])):
         seed_everything(0)
         task = RegressionTask(shuffle=True, dropout=0.1)
         trainer = Trainer(max_epochs=2, log_every_n_steps=3, callbacks=callbacks, **quiet)
         trainer.fit(task)
-        assert trainer._plain_step is (name == "plain")
         runs[name] = (task.state_dict(), trainer.state.metrics)
-    assert all(torch.equal(a, b) for a, b in zip(runs["plain"][0].values(), runs["full"][0].values()))
-    assert runs["plain"][1] == runs["full"][1]
+    assert hook.seen == [True] * trainer.state.global_step
+    assert all(torch.equal(a, b) for a, b in zip(runs["plain"][0].values(), runs["hooked"][0].values()))
+    assert runs["plain"][1] == runs["hooked"][1]
 
 
 def test_callback_order_attribute_and_should_stop(quiet):
@@ -303,13 +319,13 @@ def test_callback_order_attribute_and_should_stop(quiet):
     class Late(Callback):
         order = 10
 
-        def on_train_batch_end(self, trainer, task):
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
             calls.append("late")
 
     class Early(Callback):
         order = -10
 
-        def on_train_batch_end(self, trainer, task):
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
             calls.append("early")
             if trainer.state.global_step == 3:
                 trainer.should_stop = True  # the documented switch (trainer.state.should_stop)
@@ -326,7 +342,7 @@ def test_limits_val_interval_and_sanity(quiet):
                       check_val_every_n_epoch=2, num_sanity_val_steps=0, callbacks=[_Order(log)], **quiet)
     trainer.fit(RegressionTask(val_n=16))
     assert trainer.state.global_step == 2 * 4
-    assert [s for h, s in log if h == "on_validation_start"] == ["val", "val"]  # epoch 1 only, twice
+    assert [entry[1] for entry in log if entry[0] == "on_validation_start"] == ["val", "val"]  # epoch 1 only, twice
 
 
 def test_fast_dev_run_and_overfit_batches(quiet):

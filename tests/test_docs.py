@@ -32,7 +32,6 @@ SOURCES = ("trainer", "callbacks")
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TASKFIT_QUICK="1", PYTHONUNBUFFERED="1")
     env.pop("TASKFIT_SEED", None)
     return env
@@ -80,9 +79,10 @@ _RUNNER = r"""
 import json, os, runpy, signal, sys, time, traceback
 import torch
 torch.set_num_threads(1)
-import torchmetrics, tqdm, trainer, callbacks
-for name in ("callbacks.tensorboard", "callbacks.checkpoint", "callbacks.throughput", "callbacks.progress",
-             "callbacks.summary", "callbacks.lr_monitor", "callbacks.early_stopping", "sklearn.datasets"):
+import torchmetrics, tqdm, taskfit, taskfit.callbacks
+for name in ("taskfit.callbacks.tensorboard", "taskfit.callbacks.checkpoint", "taskfit.callbacks.throughput",
+             "taskfit.callbacks.progress", "taskfit.callbacks.summary", "taskfit.callbacks.lr_monitor",
+             "taskfit.callbacks.early_stopping", "sklearn.datasets"):
     try:
         __import__(name)
     except Exception:

@@ -21,7 +21,6 @@ pytest.importorskip("sklearn", reason="the examples use scikit-learn's bundled d
 
 def run_example(script: str, tmp_path: Path, *args: str, timeout: float = 120) -> str:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("TASKFIT_SEED", None)
     env.pop("TASKFIT_QUICK", None)
@@ -67,7 +66,6 @@ def test_sequence_model_needs_memory(tmp_path):
 
 def test_recall_task_cannot_be_solved_without_memory():
     """The synthetic task really needs memory: the label is not a function of the token counts."""
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from taskfit.examples.sequence import MARKER, VOCAB, RecallDataset

@@ -56,7 +56,7 @@ class GuardOn(Callback):
     def __init__(self) -> None:
         self.guarded = 0
 
-    def on_train_batch_start(self, trainer, task) -> None:
+    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
         logs = (trainer.state.global_step + 1) % trainer.log_every_n_steps == 0
         if trainer.state.batch_idx >= 1 and not logs:
             torch.cuda.set_sync_debug_mode("error")
@@ -68,7 +68,7 @@ class GuardOff(Callback):
 
     order = 10**6
 
-    def on_train_batch_end(self, trainer, task) -> None:
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         torch.cuda.set_sync_debug_mode("default")
 
     def on_exception(self, trainer, task, exception) -> None:

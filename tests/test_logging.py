@@ -259,10 +259,10 @@ def test_bad_logger_arguments_are_explained(tmp_path):
 
 
 def test_importing_and_building_a_trainer_does_not_load_tensorboard():
-    code = ("import sys, trainer, callbacks\nfrom trainer import Trainer\nTrainer(max_epochs=1, "
+    code = ("import sys, taskfit, taskfit.callbacks\nfrom taskfit import Trainer\nTrainer(max_epochs=1, "
             "enable_checkpointing=False)\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorboard' or "
             "m.startswith('torch.utils.tensorboard')))")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -343,7 +343,7 @@ def test_tensorboard_serves_runs_tags_and_hparams(tmp_path):
 
 # ---- the gallery example: a user-written callback ------------------------------------------------------------
 def test_custom_callback_example_writes_images_and_text(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("TASKFIT_QUICK", None)
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_callback.py"), "--quick", "--root",
                           str(tmp_path / "runs")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

@@ -34,7 +34,7 @@ from tasks import checkpointing_trainer as _trainer, seeded_task as _task
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TASKFIT_SEED", None)
     proc = subprocess.run([sys.executable, os.path.join(HERE, "resume_script.py"), str(root)], env=env, cwd=root,
                           capture_output=True, text=True, timeout=300)
@@ -120,7 +120,7 @@ class Counter(Callback):
     def __init__(self) -> None:
         self.batches = 0
 
-    def on_train_batch_end(self, trainer, task) -> None:
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         self.batches += 1
 
     def state_dict(self):
@@ -202,7 +202,7 @@ class SendSignal(Callback):
     def __init__(self, signum: int, batch_idx: int) -> None:
         self.signum, self.batch_idx = signum, batch_idx
 
-    def on_train_batch_end(self, trainer, task) -> None:
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         if (trainer.state.epoch, trainer.state.batch_idx) == (0, self.batch_idx):
             os.kill(os.getpid(), self.signum)
 

@@ -98,7 +98,7 @@ def test_dp_on_cpu_trains_like_single_and_saves_plain_keys(tmp_path, quiet):
     for key, value in params(reference).items():  # DataParallel without CUDA calls the module as it is
         assert torch.equal(task.state_dict()[key], value), key
 
-    wrapped = trainer._wrapped
+    wrapped = trainer.model
     assert isinstance(wrapped, nn.DataParallel) and wrapped.device_ids == []  # the real wrapper, passthrough
     assert all(k.startswith("module.") for k in wrapped.state_dict())
     saved = trainer.strategy.module_state_dict(wrapped)
@@ -119,8 +119,8 @@ def test_dp_over_gpus_warns_once_handles_a_short_last_batch_and_saves_plain_keys
     assert len([w for w in record if "copies the module" in str(w.message)]) == 1
     trainer.fit(task)
     assert trainer.state.global_step == 2 * 3
-    assert isinstance(trainer._wrapped, nn.DataParallel) and trainer._wrapped.device_ids == [0, 1]
-    assert not any(k.startswith("module.") for k in trainer.strategy.module_state_dict(trainer._wrapped))
+    assert isinstance(trainer.model, nn.DataParallel) and trainer.model.device_ids == [0, 1]
+    assert not any(k.startswith("module.") for k in trainer.strategy.module_state_dict(trainer.model))
     assert trainer.strategy.device == torch.device("cuda", 0)
 
 

@@ -1,4 +1,4 @@
-"""taskfit: a PyTorch trainer. ``from trainer import Trainer, TaskModule, seed_everything``."""
+"""taskfit: a PyTorch trainer. ``from taskfit import Trainer, TaskModule, seed_everything``."""
 from __future__ import annotations
 
 from .errors import CheckpointError, MisconfigurationError, NonFiniteLossError, TaskfitError, TaskModuleError
@@ -7,8 +7,7 @@ from .seed import seed_everything
 from .state import TrainerState
 from .strategies import Strategy
 from .trainer import Trainer
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["Trainer", "TaskModule", "TrainerState", "Strategy", "seed_everything", "TaskfitError",
            "MisconfigurationError", "TaskModuleError", "NonFiniteLossError", "CheckpointError", "__version__"]

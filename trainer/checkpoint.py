@@ -7,30 +7,35 @@ File handling (atomic writes, safe reads, weight checks) is in trainer/serializa
 """
 from __future__ import annotations
 
-import array
+import inspect
 import os
-import random
 import re
-import signal
-import sys
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .data import ResumableSampler
 from .errors import CheckpointError
+from .rng import gather_rng_states, set_rng_state
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
 
-__all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "preempt", "resolve", "last_checkpoint",
-           "load_checkpoint", "atomic_copy", "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
+from .strategies import unwrap
+from .version import __version__
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "resolve", "last_checkpoint",
+           "next_version_dir", "training_state", "load_training_state", "load_checkpoint", "atomic_copy",
+           "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def save_checkpoint(trainer: Any, path: str | os.PathLike, background: bool = False) -> str:
+def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool = False) -> str:
     """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
 
     Returns the absolute path. Earlier background saves are finished first. ``background=True`` serialises now
@@ -46,106 +51,93 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike, background: bool = Fa
     path = os.path.abspath(os.fspath(path))
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
-    strategy = trainer.strategy
-    rng = _rng_state()
-    ranks = [rng] if strategy.world_size == 1 else \
-        [strategy.broadcast(rng if strategy.rank == r else None, src=r) for r in range(strategy.world_size)]
+    state = trainer.state_dict()  # on every rank: the RNG states are gathered
     if trainer.is_main:
-        checkpoint = _contents(trainer, ranks)
+        checkpoint = _contents(trainer, state)
         size = check_plain(checkpoint, "checkpoint")
         atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
-    strategy.barrier()
+    trainer.strategy.barrier()
     return path
 
 
-def _contents(trainer: Any, rng: list[dict[str, Any]]) -> dict[str, Any]:
-    from . import __version__
+def _contents(trainer: Trainer, state: dict[str, Any]) -> dict[str, Any]:
+    """The file: a format header, the run's state, and what describes the run (hparams, config, task class)."""
+    task = trainer.task
+    return {"format": FORMAT, "format_version": FORMAT_VERSION,
+            "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
+            "hparams": trainer.hparams, "config": trainer.config,
+            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": task.hparams}}
 
-    st, task = trainer.state, trainer.task
-    loader = trainer._train_loader
+
+# ---- what a fit's state is (Trainer.state_dict / load_state_dict) ----------------------------------------------
+def training_state(trainer: Trainer) -> dict[str, Any]:
+    """Each part of the run asked for its state: weights, optimizer, schedulers, precision, loop counters, the
+    logging buffer's partial epoch, every rank's RNG, the data position and the callbacks."""
+    st, loader = trainer.state, trainer.train_dataloader
     return {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "versions": {"taskfit": str(__version__), "torch": str(torch.__version__)},
-        "module": trainer.strategy.module_state_dict(trainer._wrapped),
+        "module": trainer.strategy.module_state_dict(trainer.model),
         "optimizer": trainer.optimizer.state_dict(),
         "schedulers": [config.scheduler.state_dict() for config in trainer.schedulers],
         "precision": trainer.precision.state_dict(),
-        "loop": {"state": st.state_dict(), "fold_mark": list(trainer._fold_mark)},
-        "logbook": _book_state(trainer),
-        "rng": rng,
+        "loop": {"state": st.state_dict(), "fold_mark": list(trainer.logs.fold_mark)},
+        # the values logged so far this epoch; none after a completed epoch (a resume starts the next one)
+        "logbook": None if st.epoch_done else trainer.logs.state_dict()["book"],
+        "rng": gather_rng_states(trainer.strategy),
         "data": {"seed": int(trainer.data_seed), "epoch": st.epoch, "batches_done": st.batches_done,
                  "batch_size": getattr(loader, "batch_size", None), "world_size": trainer.strategy.world_size,
                  "accumulate_grad_batches": trainer.accumulate_grad_batches,
                  "num_train_batches": _finite(trainer.num_train_batches)},
         "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
-        "hparams": trainer.hparams,
-        "config": trainer.config,
-        "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": task.hparams},
     }
 
 
-def _book_state(trainer: Any) -> dict[str, Any] | None:
-    """The values logged so far this epoch, exactly; None after a completed epoch (a resume starts the next)."""
-    if trainer.state.epoch_done:
-        return None
-    book = trainer._train_book.state_dict()
-    for series in book["series"].values():
-        pending = series["pending"]
-        alike = pending and all(isinstance(v, torch.Tensor) for v in pending) \
-            and len({(v.dtype, v.shape, v.device) for v in pending}) == 1
-        if alike:
-            # One tensor in the file instead of one per value (each costs the pickler ~20 objects); bits unchanged.
-            series["pending"] = torch.stack([v.detach() for v in pending])
-        else:  # logged tensors may be views of large tensors: save only their own values
-            series["pending"] = [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in pending]
-        if isinstance(series["total"], torch.Tensor):
-            series["total"] = series["total"].detach().clone()
-    return book
+def load_training_state(trainer: Trainer, state: Mapping[str, Any], source: str = "the checkpoint") -> None:
+    """Give each part of the run its state back; RNG last (nothing after it may draw random numbers).
+    ``source`` names where ``state`` came from in errors."""
+    unwrap(trainer.model).load_state_dict(state["module"])
+    try:
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"The optimizer state in {source} does not fit this optimizer ({exc}).",
+                              "resume with the optimizer of the original run (same parameter groups).") from None
+    for config, saved in zip(trainer.schedulers, state["schedulers"]):
+        config.scheduler.load_state_dict(saved)
+    trainer.precision.load_state_dict(state["precision"])
+    st = trainer.state
+    st.load_state_dict(state["loop"]["state"])
+    st.stage = "idle"
+    if st.epoch_done:  # written at the end of a completed epoch: continue with the next one
+        st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
+        trainer.logs.new_epoch(st.global_step)
+    else:
+        fold_mark = state["loop"].get("fold_mark", (st.global_step, st.batches_done))
+        trainer.logs.load_state_dict({"book": state["logbook"], "fold_mark": fold_mark})
+    trainer.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
+    for loader in (trainer.train_dataloader, trainer.val_loader):
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, ResumableSampler):
+            sampler.seed = trainer.data_seed
+    saved_callbacks = state.get("callbacks", {})
+    for cb in trainer.callbacks:
+        if cb.state_key in saved_callbacks:
+            cb.load_state_dict(saved_callbacks[cb.state_key])
+    rng, rank = state["rng"], trainer.strategy.rank
+    set_rng_state(rng[rank] if rank < len(rng) else rng[0])
 
 
 def _finite(n: float) -> int | None:
     return None if n == float("inf") else int(n)
 
 
-# ---- RNG states as tensors and lists ----------------------------------------------------------------------
-def _rng_state() -> dict[str, Any]:
-    version, state, gauss = random.getstate()
-    # array packs the 625 ints in C; torch.tensor(tuple) inspects each one (about twice as slow, every save).
-    out: dict[str, Any] = {"python": {"version": version,
-                                      "state": torch.frombuffer(array.array("q", state), dtype=torch.int64),
-                                      "gauss": gauss},
-                           "torch": torch.get_rng_state()}
-    np = sys.modules.get("numpy")
-    if np is not None:
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        out["numpy"] = {"name": str(name), "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                        "has_gauss": int(has_gauss), "gauss": float(cached)}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = [s.clone() for s in torch.cuda.get_rng_state_all()]
-    return out
+# ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
+def next_version_dir(default_root_dir: str | None) -> str:
+    """``<root>/version_<N+1>`` for the highest existing ``version_N`` (root: ``./taskfit_logs`` by default)."""
+    root = os.path.abspath(default_root_dir or os.path.join(os.getcwd(), "taskfit_logs"))
+    taken = [int(m.group(1)) for d in (os.listdir(root) if os.path.isdir(root) else [])
+             if (m := re.fullmatch(r"version_(\d+)", d))]
+    return os.path.join(root, f"version_{max(taken, default=-1) + 1}")
 
 
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
-    torch.set_rng_state(state["torch"])
-    saved_np = state.get("numpy")
-    if saved_np is not None:
-        import numpy as np
-
-        np.random.set_state((saved_np["name"], saved_np["keys"].numpy().astype(np.uint32), saved_np["pos"],
-                             saved_np["has_gauss"], saved_np["gauss"]))
-    cuda = state.get("cuda")
-    if cuda and torch.cuda.is_available():
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            warnings.warn(f"The checkpoint has CUDA RNG states of {len(cuda)} devices, this machine has "
-                          f"{torch.cuda.device_count()}: CUDA random numbers (dropout on the GPU) will differ from "
-                          "the original run. HINT: resume on as many GPUs for a bitwise-equal result.", stacklevel=3)
-
-
-# ---- resolving "last" / "best" ------------------------------------------------------------------------------
 def last_checkpoint(root: str | os.PathLike) -> str | None:
     """The newest ``last.ckpt`` under ``root``: of ``root`` itself, else of the highest ``version_N/checkpoints``."""
     root = os.fspath(root)
@@ -161,7 +153,7 @@ def last_checkpoint(root: str | os.PathLike) -> str | None:
     return None
 
 
-def resolve(trainer: Any, ckpt_path: Any) -> str:
+def resolve(trainer: Trainer, ckpt_path: Any) -> str:
     """A path for ``ckpt_path``: "last", "best" (see docs/checkpointing.md) or a file path."""
     if ckpt_path not in ("last", "best"):
         if not isinstance(ckpt_path, (str, os.PathLike)):
@@ -202,75 +194,27 @@ def resolve(trainer: Any, ckpt_path: Any) -> str:
 
 
 # ---- restoring a run ------------------------------------------------------------------------------------
-def restore(trainer: Any, ckpt_path: Any) -> None:
+def restore(trainer: Trainer, ckpt_path: Any) -> None:
     """Continue ``trainer`` exactly where the checkpoint left it (called by fit after setup, before on_fit_start)."""
-    from .strategies import unwrap
-
     path = resolve(trainer, ckpt_path)
-    ckpt = load_checkpoint(path)
-    module = unwrap(trainer._wrapped)
-    weights = module_state(ckpt, path)
-    weights = check_weights(module, weights, path)
+    ckpt = dict(load_checkpoint(path))
+    ckpt["module"] = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
     if len(ckpt["schedulers"]) != len(trainer.schedulers):
         raise CheckpointError(
             f"{path} has {len(ckpt['schedulers'])} learning-rate scheduler(s), configure_optimizers returned "
             f"{len(trainer.schedulers)}.",
             "resume with the optimizer and scheduler setup of the original run.")
     _warn_changes(trainer, ckpt, path)
-    module.load_state_dict(weights)
-    try:
-        trainer.optimizer.load_state_dict(ckpt["optimizer"])
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"The optimizer state in {path} does not fit this optimizer ({exc}).",
-                              "resume with the optimizer of the original run (same parameter groups).") from None
-    for config, state in zip(trainer.schedulers, ckpt["schedulers"]):
-        config.scheduler.load_state_dict(state)
-    trainer.precision.load_state_dict(ckpt["precision"])
-    _restore_loop(trainer, ckpt)
-    states = ckpt.get("callbacks", {})
-    for cb in trainer.callbacks:
-        if cb.state_key in states:
-            cb.load_state_dict(states[cb.state_key])
-    rng = ckpt["rng"]
-    rank = trainer.strategy.rank
-    _set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after this may draw random numbers
+    load_training_state(trainer, ckpt, path)  # what trainer.load_state_dict does, with the path in its errors
     if trainer.is_main:
         st = trainer.state
         print(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.",
               flush=True)
 
 
-def _restore_loop(trainer: Any, ckpt: Mapping[str, Any]) -> None:
-    st, data = trainer.state, ckpt["data"]
-    st.load_state_dict(ckpt["loop"]["state"])
-    st.stage = "idle"
-    book = trainer._train_book
-    if st.epoch_done:  # written at the end of a completed epoch: continue with the next one
-        st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
-        book.reset()
-        trainer._fold_mark = (st.global_step, 0)
-    else:
-        device = trainer.strategy.device
-        logbook = ckpt["logbook"]
-        for series in logbook["series"].values():  # logged tensors go back to the device they were logged on
-            pending = series["pending"]
-            series["pending"] = list(pending.to(device).unbind()) if isinstance(pending, torch.Tensor) else \
-                [v.to(device) if isinstance(v, torch.Tensor) else v for v in pending]
-            if isinstance(series["total"], torch.Tensor):
-                series["total"] = series["total"].to(device)
-        book.load_state_dict(logbook)
-        trainer._fold_mark = tuple(ckpt["loop"].get("fold_mark", (st.global_step, st.batches_done)))
-    trainer._track_loss()
-    trainer.data_seed = int(data["seed"])  # the run's data order, whatever this process was seeded with
-    for loader in (trainer._train_loader, trainer._val_loader):
-        sampler = getattr(loader, "sampler", None)
-        if hasattr(sampler, "seed"):
-            sampler.seed = trainer.data_seed
-
-
-def _warn_changes(trainer: Any, ckpt: Mapping[str, Any], path: str) -> None:
+def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
     data = ckpt["data"]
-    now = {"batch size": getattr(trainer._train_loader, "batch_size", None),
+    now = {"batch size": getattr(trainer.train_dataloader, "batch_size", None),
            "world size": trainer.strategy.world_size,
            "accumulate_grad_batches": trainer.accumulate_grad_batches,
            "batches per epoch": _finite(trainer.num_train_batches)}
@@ -283,7 +227,7 @@ def _warn_changes(trainer: Any, ckpt: Mapping[str, Any], path: str) -> None:
                 if old.get(k) != new.get(k) and k != "batch_size" and " at 0x" not in str(old.get(k))]
     state = ckpt["loop"]["state"]
     mid_epoch = data["batches_done"] and not state.get("epoch_done")
-    if mid_epoch and not isinstance(getattr(trainer._train_loader, "sampler", None), ResumableSampler):
+    if mid_epoch and not isinstance(getattr(trainer.train_dataloader, "sampler", None), ResumableSampler):
         warnings.warn(f"Resuming mid-epoch (batch {data['batches_done']}) from {path}, but the training data is not a "
                       "plain DataLoader over a map-style dataset (custom sampler, IterableDataset or DataLoader "
                       "subclass), so taskfit cannot fast-forward it: the rest of this epoch starts from the loader's "
@@ -297,12 +241,10 @@ def _warn_changes(trainer: Any, ckpt: Mapping[str, Any], path: str) -> None:
                       "continuation.", UserWarning, stacklevel=4)
 
 
-def load_weights(trainer: Any, ckpt_path: Any) -> str:
+def load_weights(trainer: Trainer, ckpt_path: Any) -> str:
     """Load only the module weights (validate/test/predict with ``ckpt_path``)."""
-    from .strategies import unwrap
-
     path = resolve(trainer, ckpt_path)
-    module = unwrap(trainer._wrapped)
+    module = unwrap(trainer.model)
     weights = module_state(load_file(path), path)
     weights = check_weights(module, weights, path)
     module.load_state_dict(weights)
@@ -311,8 +253,6 @@ def load_weights(trainer: Any, ckpt_path: Any) -> str:
 
 def load_module(cls: type, path: str | os.PathLike, map_location: Any = "cpu", **kwargs: Any) -> Any:
     """Build ``cls`` with the init arguments the checkpoint records (``kwargs`` win) and load its weights."""
-    import inspect
-
     path = os.path.abspath(os.fspath(path))
     ckpt = load_file(path)
     weights = module_state(ckpt, path)
@@ -332,22 +272,3 @@ def load_module(cls: type, path: str | os.PathLike, map_location: Any = "cpu", *
     weights = check_weights(module, weights, path)
     module.load_state_dict(weights)
     return module.to(map_location).eval()
-
-
-# ---- preemption -------------------------------------------------------------------------------------------
-def preempt(trainer: Any) -> None:
-    """A preemption signal was seen at a step boundary: save to the ``last`` checkpoint, report it, exit."""
-    signum = trainer._signal
-    cb = trainer.checkpoint_callback
-    if cb is not None:
-        path = cb.prepare_last(trainer)  # its bookkeeping names the file it is about to be saved in
-    else:
-        path = os.path.join(trainer.log_dir, "checkpoints", LAST)
-    save_checkpoint(trainer, path)
-    code = trainer.preempt_exit_code if trainer.preempt_exit_code is not None else 128 + signum
-    if trainer.is_main:
-        st, name = trainer.state, signal.Signals(signum).name
-        print(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
-              f"step {st.global_step} to {path}. Exiting with status {code}. Resume with "
-              f"trainer.fit(task, ckpt_path=\"last\") (or ckpt_path=\"{path}\").", file=sys.stderr, flush=True)
-    raise SystemExit(code)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 from .errors import MisconfigurationError, TaskModuleError
+from .module import TaskModule
 
 
 def _fail(name: str, value: Any, expected: str) -> MisconfigurationError:
@@ -33,24 +35,30 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
         raise _fail(name, value, "one of " + ", ".join(repr(c) for c in choices))
 
 
-def limit_batches(total: float, limit: int | float) -> float:
-    """Apply a ``limit_*_batches`` value to a loader of ``total`` batches (inf when it has no length)."""
-    if isinstance(limit, float):
-        if limit == 1.0 or total == float("inf"):
-            return total
-        return max(1, int(total * limit)) if limit > 0 and total > 0 else 0
-    return min(total, limit)
-
-
 def _signature(method: str) -> str:
     return {"forward": "def forward(self, inputs):", "loss": "def loss(self, outputs, targets) -> torch.Tensor:",
             "train_dataloader": "def train_dataloader(self) -> torch.utils.data.DataLoader:"}[method]
 
 
+def check_arguments(args: dict[str, Any]) -> None:
+    """The Trainer's arguments (``args``: its keyword arguments by name), before anything is built."""
+    for name, minimum in (("max_epochs", 0), ("max_steps", 0), ("accumulate_grad_batches", 1),
+                          ("check_val_every_n_epoch", 1), ("num_sanity_val_steps", 0), ("log_every_n_steps", 1),
+                          ("seed", 0)):
+        check_count(name, args[name], minimum, allow_none=name in ("max_epochs", "max_steps", "seed"))
+    for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+                 "overfit_batches", "val_check_interval"):
+        check_limit(name, args[name])
+    check_choice("gradient_clip_algorithm", args["gradient_clip_algorithm"], ("norm", "value"))
+    check_choice("nonfinite_loss", args["nonfinite_loss"], ("raise", "skip"))
+    clip = args["gradient_clip_val"]
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
+        raise MisconfigurationError(f"Trainer(gradient_clip_val={clip!r}) is not valid.",
+                                    "pass a positive number (e.g. 1.0), or None to turn clipping off.")
+
+
 def check_task(task: Any, stage: str) -> None:
     """The TaskModule defines what ``stage`` needs."""
-    from .module import TaskModule
-
     if not isinstance(task, TaskModule):
         raise TaskModuleError(f"Trainer.{stage} expects a TaskModule, got {type(task).__name__}.",
                               "subclass `taskfit.TaskModule` (it is a torch.nn.Module) and pass an instance.")
@@ -73,8 +81,6 @@ def check_task(task: Any, stage: str) -> None:
 
 def check_loss(loss: Any, task: Any, training: bool = True) -> None:
     """``loss`` returned a scalar tensor (checked on the first step/batch only: isinstance costs per step)."""
-    import torch
-
     if not isinstance(loss, torch.Tensor):
         raise TaskModuleError(f"{type(task).__name__}.loss returned {type(loss).__name__}, not a tensor.",
                               "return a scalar torch.Tensor (e.g. `F.cross_entropy(outputs, targets)`); do not "

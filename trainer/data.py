@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
+from .errors import MisconfigurationError, TaskModuleError
 from .seed import worker_init_fn
 
 
@@ -141,3 +142,59 @@ def batch_size_of(batch: Any) -> int:
             if size:
                 return size
     return 1
+
+
+def limit_batches(total: float, limit: int | float) -> float:
+    """Apply a ``limit_*_batches`` value to a loader of ``total`` batches (inf when it has no length)."""
+    if isinstance(limit, float):
+        if limit == 1.0 or total == float("inf"):
+            return total
+        return max(1, int(total * limit)) if limit > 0 and total > 0 else 0
+    return min(total, limit)
+
+
+def length(loader: Any) -> float:
+    """``len(loader)``, or inf for a loader without a length (an IterableDataset, a generator)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return float("inf")
+
+
+def empty_train_loader(loader: Any) -> MisconfigurationError:
+    """The error for a training loader that yields no batches."""
+    dataset = getattr(loader, "dataset", None)
+    size = len(dataset) if hasattr(dataset, "__len__") else "?"
+    return MisconfigurationError(
+        f"train_dataloader() yields no batches (dataset of {size} samples, batch_size="
+        f"{getattr(loader, 'batch_size', '?')}, drop_last={getattr(loader, 'drop_last', '?')}).",
+        "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
+
+
+
+def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int,
+                strategy: Any) -> tuple[Any, float, Any, float]:
+    """``(train loader, its batches per epoch, val loader or None, its batches)`` for fit, after ``limit_*_batches``.
+
+    With ``overfit_batches`` the training batches, unshuffled, are also the validation batches."""
+    args = dict(seed=seed, rank=strategy.rank, world_size=strategy.world_size,
+                pin_memory=strategy.device.type == "cuda")
+    train = prepare_loader(task.train_dataloader(), train=True, shuffle=False if overfit else None, **args)
+    total = length(train)
+    if total == 0:
+        raise empty_train_loader(train)
+    val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args) if overfit else \
+        prepare_loader(task.val_dataloader(), train=False, **args)
+    num_val = 0 if val is None else limit_batches(length(val), limits["val"])
+    return train, limit_batches(total, limits["train"]), val if num_val else None, num_val
+
+
+def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
+    """The loader of a ``validate``/``test``/``predict`` call, sharded over the ranks without duplicates."""
+    method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[fn]
+    loader = getattr(task, method)()
+    if loader is None:
+        raise TaskModuleError(f"Trainer.{fn} needs data, but {type(task).__name__}.{method}() returned None.",
+                              f"define `def {method}(self): return DataLoader(...)`.")
+    return prepare_loader(loader, train=False, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
+                          pin_memory=strategy.device.type == "cuda")

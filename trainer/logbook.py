@@ -1,14 +1,23 @@
-"""LogBook: where ``self.log`` and the Trainer's own losses go, without a host-device sync per call.
+"""The logging buffer: where ``self.log`` and the loop's losses go, without a host-device sync per call.
 
-Values are kept as tensors in a pending list and folded into a running (weighted) total only at the
-logging interval and at epoch end; conversion to Python floats happens once per interval, in one
-``tolist()`` (the single CPU-GPU sync point of logging).
+``LogBook`` keeps one stage's values as tensors in a pending list, folded into a running (weighted) total only
+at the logging interval and at epoch end. ``LogBuffer`` is what the Trainer holds: the training book of the
+current epoch (the loop appends each step's loss to :attr:`LogBuffer.losses`), the book ``self.log`` writes to
+now, and the conversion to Python floats, once per interval, in one ``tolist()`` (the CPU-GPU sync point).
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from .errors import MisconfigurationError, NonFiniteLossError
+
+if TYPE_CHECKING:
+    from .state import TrainerState
+    from .strategies import Strategy
 
 
 def stack_scalars(values: list[Any], device: torch.device) -> torch.Tensor:
@@ -59,7 +68,7 @@ class _Series:
             return
         self.total, self.weight = self.peek()
         self._last = self.pending[-1]
-        self.pending.clear()  # the same list: the Trainer holds it
+        self.pending.clear()  # the same list: LogBuffer.losses points at it
         self.weights = None
 
     def peek(self) -> tuple[Any, float]:
@@ -98,15 +107,11 @@ class LogBook:
     def log(self, name: str, value: Any, prog_bar: bool = False) -> None:
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
-                from .errors import MisconfigurationError
-
                 raise MisconfigurationError(
                     f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; only scalars can be logged.",
                     "log a reduced value, e.g. `self.log(name, value.mean())`.")
             value = value.detach().reshape(())
         elif not isinstance(value, (int, float)):
-            from .errors import MisconfigurationError
-
             raise MisconfigurationError(
                 f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor or a number.",
                 "log `float(x)` or a 0-d tensor.")
@@ -158,3 +163,115 @@ class LogBook:
             s.pending = list(saved["pending"])
             s.weights = None if all(w == 1.0 for w in saved["weights"]) else list(saved["weights"])
             s.total, s.weight = saved["total"], saved["weight"]
+
+
+class LogBuffer:
+    """The Trainer's logging buffer for one run: the training book, the book ``self.log`` writes to, and the
+    conversions (reduced over ddp ranks, turned into floats) at the log interval, validation and epoch end.
+
+    ``fold_mark`` is the (global step, batch index) of the first loss not yet folded: it names the step of a
+    NaN/Inf loss found at the next check. Everything a resume needs is in :meth:`state_dict`.
+    """
+
+    def __init__(self, strategy: Strategy, raise_nonfinite: bool, accumulate_grad_batches: int) -> None:
+        self.strategy, self.raise_nonfinite, self.accumulate = strategy, raise_nonfinite, accumulate_grad_batches
+        self.train = LogBook("train")
+        self.current = self.train
+        self.new_epoch(0)
+
+    def new_epoch(self, global_step: int) -> None:
+        """An empty training book; :attr:`losses` is its loss series' pending list (the loop appends to it)."""
+        self.train.reset()
+        self._loss = self.train.series_for("train/loss")
+        self.losses: list[Any] = self._loss.pending
+        self.fold_mark = (global_step, 0)
+
+    def enter(self, stage: str) -> LogBook:
+        """Make ``stage``'s book the one ``self.log`` writes to: the training book, or a new one per evaluation."""
+        self.current = self.train if stage == "train" else LogBook(stage)
+        return self.current
+
+    # ---- training: the log interval and the epoch's end ---------------------------------------------------
+    def interval(self, state: TrainerState) -> dict[str, float]:
+        """The latest value of every training key, as floats; raises if a loss since the last check is NaN/Inf."""
+        pending = list(self.losses)  # fold empties it; kept to name a bad step
+        self.train.fold()  # one stack and sum per logged key: the loss total now includes every pending loss...
+        last = self.train.last_values()
+        floats = stack_scalars([*last.values(), self._loss.total], self._loss.last.device).tolist()  # the sync
+        if self.raise_nonfinite and not math.isfinite(floats[-1]):  # ...so it is finite iff each loss is
+            self._raise_nonfinite(pending, state.epoch)
+        self.fold_mark = (state.global_step, state.batch_idx + 1)  # where the next pending loss is from
+        return dict(zip(last, floats))
+
+    def check_pending(self, epoch: int) -> None:
+        """Raise if a loss since the last log is NaN/Inf (a sync: once per epoch, and before a checkpoint)."""
+        if self.raise_nonfinite and self.losses and not torch.isfinite(torch.stack(self.losses)).all():
+            self._raise_nonfinite(self.losses, epoch)
+
+    def epoch_means(self) -> dict[str, float]:
+        """The means of this epoch's training values, as ``<key>_epoch``, over all ranks."""
+        return self.to_floats(self.reduce(self.train, suffix="_epoch"))
+
+    def _raise_nonfinite(self, pending: list, epoch: int) -> None:
+        bad_steps = (~torch.isfinite(torch.stack(pending))).nonzero()
+        if not len(bad_steps):  # finite losses whose sum overflowed: nothing to report
+            return
+        bad = int(bad_steps[0])
+        step, batches = self.fold_mark
+        raise NonFiniteLossError(
+            f"The training loss is {float(pending[bad])} at epoch {epoch}, batch {batches + bad} "
+            f"(global step {step + bad // self.accumulate}).",
+            "lower the learning rate, clip gradients (gradient_clip_val=1.0), check the data for NaN/Inf, "
+            "or pass nonfinite_loss='skip' to skip such steps (costs a sync per step). Losses are checked at "
+            "every log_every_n_steps, so the run may have gone on a few steps past the bad one.")
+
+    # ---- conversions ------------------------------------------------------------------------------------
+    def reduce(self, book: LogBook, suffix: str = "") -> dict[str, Any]:
+        """Sample-weighted means of everything in ``book`` over all ranks (one all-reduce, no host sync)."""
+        keys, flat = book.totals()
+        if not keys:
+            return {}
+        packed = self.strategy.all_reduce(stack_scalars(flat, self.strategy.device), op="sum")
+        means = packed[0::2] / packed[1::2].clamp_min(1e-12)
+        return {key + suffix: means[i] for i, key in enumerate(keys)}
+
+    @staticmethod
+    def to_floats(values: Mapping[str, Any]) -> dict[str, float]:
+        """``values`` as Python floats: every tensor converted in one ``tolist()`` (a CPU-GPU sync)."""
+        tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return {k: float(v) for k, v in values.items()}
+        converted = iter(stack_scalars([t.detach() for t in tensors], tensors[0].device).tolist())
+        return {k: next(converted) if isinstance(v, torch.Tensor) else float(v) for k, v in values.items()}
+
+    # ---- resume -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The training values logged so far this epoch, exactly (tensors stay tensors), and the fold mark."""
+        book = self.train.state_dict()
+        for series in book["series"].values():
+            pending = series["pending"]
+            alike = pending and all(isinstance(v, torch.Tensor) for v in pending) \
+                and len({(v.dtype, v.shape, v.device) for v in pending}) == 1
+            if alike:
+                # One tensor in the file instead of one per value (each costs the pickler ~20 objects); bits unchanged.
+                series["pending"] = torch.stack([v.detach() for v in pending])
+            else:  # logged tensors may be views of large tensors: save only their own values
+                series["pending"] = [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in pending]
+            if isinstance(series["total"], torch.Tensor):
+                series["total"] = series["total"].detach().clone()
+        return {"book": book, "fold_mark": list(self.fold_mark)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue a partial epoch: its values go back to the device they were logged on."""
+        device = self.strategy.device
+        book = state["book"]
+        for series in book["series"].values():
+            pending = series["pending"]
+            series["pending"] = list(pending.to(device).unbind()) if isinstance(pending, torch.Tensor) else \
+                [v.to(device) if isinstance(v, torch.Tensor) else v for v in pending]
+            if isinstance(series["total"], torch.Tensor):
+                series["total"] = series["total"].to(device)
+        self.train.load_state_dict(book)
+        self._loss = self.train.series_for("train/loss")
+        self.losses = self._loss.pending
+        self.fold_mark = tuple(state["fold_mark"])

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
+from .checkpoint import load_module
 from .errors import MisconfigurationError, TaskModuleError
 
 if TYPE_CHECKING:
-    from .logbook import LogBook
+    from .trainer import Trainer
 
 _PRIMITIVES = (int, float, str, bool, type(None))
 
@@ -59,6 +60,8 @@ class TaskModule(nn.Module):
             init_args = {}
         object.__setattr__(self, "_init_args", init_args)
         return self
+
+    trainer: Trainer | None = None  # the Trainer running this module (set for the length of fit/validate/...)
 
     def __init__(self, optimizer: Callable[..., torch.optim.Optimizer] | None = None,
                  scheduler: Callable[..., Any] | None = None) -> None:
@@ -140,8 +143,6 @@ class TaskModule(nn.Module):
         its weights are loaded (safely: ``torch.load(weights_only=True)``), it is moved to ``map_location``
         and put in eval mode. Also reads plain state dicts (then the module is built from ``kwargs`` alone).
         """
-        from .checkpoint import load_module
-
         return load_module(cls, checkpoint_path, map_location=map_location, **kwargs)
 
     # ---- what the Trainer provides ---------------------------------------------------------
@@ -153,8 +154,8 @@ class TaskModule(nn.Module):
     @property
     def stage(self) -> str | None:
         """The running stage ("train", "val", "test", "predict"), or None outside a Trainer."""
-        book = self.__dict__.get("_logbook")
-        return None if book is None else book.stage
+        stage = None if self.trainer is None else self.trainer.state.stage
+        return {"sanity": "val", "idle": None}.get(stage, stage)  # type: ignore[arg-type]
 
     def log(self, name: str, value: torch.Tensor | float, prog_bar: bool = False) -> None:
         """Record ``value`` under ``name``; averaged over the epoch (and across ddp ranks).
@@ -162,9 +163,32 @@ class TaskModule(nn.Module):
         A name without a ``/`` gets the stage as prefix: ``self.log("acc", a)`` during validation is ``val/acc``.
         Tensors stay on the device: logging costs no host-device sync.
         """
-        book: LogBook | None = self.__dict__.get("_logbook")
-        if book is None:
+        if self.trainer is None:
             raise MisconfigurationError(
                 f"self.log({name!r}, ...) was called outside a Trainer run.",
                 "call self.log only from methods the Trainer calls (forward, loss, split_batch...).")
-        book.log(name, value, prog_bar)
+        self.trainer.logs.current.log(name, value, prog_bar)
+
+
+def predict_inputs(task: TaskModule, batch: Any) -> Any:
+    """The inputs of a predict batch: ``split_batch``'s first item if the task overrides it, else the batch's
+    ``inputs`` key, its first item (of ``(inputs,)`` or ``(inputs, targets)``), or the batch itself."""
+    if type(task).split_batch is not TaskModule.split_batch:
+        return task.split_batch(batch)[0]
+    if isinstance(batch, Mapping) and "inputs" in batch:
+        return batch["inputs"]
+    if isinstance(batch, (list, tuple)) and len(batch) in (1, 2):
+        return batch[0]
+    return batch
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b": value}`` with loggable values (anything else as its ``str``)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return out

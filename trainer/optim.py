@@ -1,9 +1,11 @@
-"""Turn whatever ``configure_optimizers`` returns into one optimizer and a list of scheduler configs."""
+"""Optimization pieces: whatever ``configure_optimizers`` returns as one optimizer and scheduler configs, how a
+scheduler steps, and gradient clipping."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -71,3 +73,27 @@ def parse_optimizers(result: Any) -> tuple[torch.optim.Optimizer, list[Scheduler
         raise TaskModuleError(f"configure_optimizers returned {type(result).__name__} ({result!r:.80}).",
                               f"return {_ACCEPTED}.")
     return optimizer, schedulers
+
+
+def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float]) -> None:
+    """Step one scheduler; ReduceLROnPlateau gets its monitored value from ``metrics``."""
+    if not config.on_plateau:
+        config.scheduler.step()
+        return
+    value = metrics.get(config.monitor)
+    if value is None:
+        raise MisconfigurationError(
+            f"ReduceLROnPlateau monitors {config.monitor!r}, which has not been logged.",
+            f"set 'monitor' to one of {sorted(metrics) or 'the logged keys'} in configure_optimizers.")
+    config.scheduler.step(value)
+
+
+def gradient_clipper(optimizer: torch.optim.Optimizer, value: float | None,
+                     algorithm: str) -> Callable[[], Any] | None:
+    """A call that clips the optimizer's gradients in place (``"norm"``: their global norm; ``"value"``: each
+    element), or None without clipping. Built once per fit: the parameter list is not rebuilt per step."""
+    if value is None:
+        return None
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    clip = torch.nn.utils.clip_grad_norm_ if algorithm == "norm" else torch.nn.utils.clip_grad_value_
+    return functools.partial(clip, params, value)

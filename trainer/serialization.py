@@ -127,6 +127,13 @@ class CheckpointWriter:
                 self._pool.shutdown()
                 self._pool = None
 
+    def close_quietly(self) -> None:
+        """:meth:`close` while an error is already on its way: its own errors become a warning."""
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - the exception already propagating is the one to report
+            warnings.warn(f"A background checkpoint write failed too: {exc!r}.", stacklevel=3)
+
     def __getstate__(self) -> dict[str, Any]:  # a Trainer sent to ddp workers carries no thread
         return {"_pool": None, "_pending": []}
 

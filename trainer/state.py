@@ -4,12 +4,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# Fields that describe this process's call, not the training run: never written into a checkpoint.
+_NOT_SAVED = ("fn", "resumed", "data_wait_s")
+
 
 @dataclass
 class TrainerState:
-    """Where the run is. ``global_step`` counts optimizer steps; ``batch_idx`` is the batch within the epoch."""
+    """Where the run is. ``global_step`` counts optimizer steps; ``batch_idx`` is the batch within the epoch.
 
-    stage: str = "idle"  # "sanity", "train", "val", "test", "predict"
+    ``Trainer.state_dict()`` holds everything else a resume needs (weights, optimizer, the logging buffer's
+    partial-epoch values, RNG and data positions, callback states); this object holds the counters.
+    """
+
+    fn: str = ""  # the entry point running: "fit", "validate", "test" or "predict" ("" before the first)
+    stage: str = "idle"  # "sanity", "train", "val", "test", "predict" or "idle"
     epoch: int = 0
     global_step: int = 0
     batch_idx: int = 0  # index of the batch being (or last) trained in this epoch
@@ -17,17 +25,18 @@ class TrainerState:
     epoch_done: bool = False  # every batch of this epoch is trained (set before on_train_epoch_end)
     should_stop: bool = False
     stop_reason: str = ""
-    data_wait_s: float = 0.0  # seconds this fit's loop has waited for training batches (not in checkpoints)
+    resumed: bool = False  # this fit continued from a checkpoint (restored before on_fit_start)
+    data_wait_s: float = 0.0  # seconds this fit's loop has waited for training batches
     skipped_steps: int = 0  # steps skipped for a non-finite loss (nonfinite_loss="skip")
     metrics: dict[str, float] = field(default_factory=dict)  # latest logged value of every key
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the run is, for a checkpoint: every field but ``data_wait_s`` (a timing, not training state)."""
+        """The counters for a checkpoint: every field but ``fn``, ``resumed`` and ``data_wait_s`` (a timing)."""
         # Numbers, strings and (metrics) a dict of floats: no deep copy (asdict) needed.
         return {f.name: dict(self.metrics) if f.name == "metrics" else getattr(self, f.name) for f in fields(self)
-                if f.name != "data_wait_s"}
+                if f.name not in _NOT_SAVED}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
-            if hasattr(self, key):
+            if hasattr(self, key) and key not in _NOT_SAVED:
                 setattr(self, key, dict(value) if key == "metrics" else value)

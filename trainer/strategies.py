@@ -1,7 +1,7 @@
 """Device strategies: where the module and the data live. The loop only talks to this small interface.
 
 ``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here) and ``DDPStrategy``
-(``trainer/ddp.py``) subclass it. The interface, in the spirit of Lightning Fabric: ``launch``,
+(``ddp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit of Lightning Fabric: ``launch``,
 ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``, ``module_state_dict``, ``no_sync``,
 ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``. See docs/strategies.md.
 """
@@ -21,7 +21,6 @@ from .data import batch_to_device
 from .errors import MisconfigurationError
 
 _ACCELERATORS = ("auto", "cpu", "cuda", "mps")
-_STRATEGIES = ("auto", "single", "dp", "ddp")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
 
 
@@ -233,32 +232,3 @@ class DataParallelStrategy(Strategy):
         if not torch.cuda.is_available():  # DataParallel without CUDA is a passthrough: same code path, one device
             return nn.DataParallel(module)
         return module  # accelerator="cpu" on a CUDA machine: DataParallel would claim the GPUs
-
-
-def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
-    """Build the strategy named by ``strategy`` ("auto", "single", "dp", "ddp") or take a Strategy instance.
-
-    "auto" is ddp under torchrun (WORLD_SIZE > 1) or when ``devices`` asks for more than one device, else single.
-    """
-    if isinstance(strategy, Strategy):
-        return strategy
-    if not isinstance(strategy, str) or strategy not in _STRATEGIES:
-        raise MisconfigurationError(f"Unknown strategy {strategy!r}.",
-                                    'use "auto", "single", "dp" or "ddp" (or pass a Strategy instance).')
-    distributed = launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1
-    if strategy == "auto":
-        parsed = parse_devices(devices)
-        several = (len(parsed) if isinstance(parsed, list) else parsed or 1) > 1
-        strategy = "ddp" if distributed or several else "single"
-    if strategy == "ddp":
-        from .ddp import DDPStrategy
-
-        return DDPStrategy(accelerator, devices)
-    if distributed:
-        raise MisconfigurationError(
-            f"This process was started by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}, but "
-            f"strategy={strategy!r} would train a separate copy of the model in every process.",
-            'use strategy="ddp" (or "auto") under torchrun, or run the script with plain `python`.')
-    if strategy == "dp":
-        return DataParallelStrategy(accelerator, devices)
-    return Strategy(accelerator, devices)

@@ -1,290 +1,419 @@
-"""Trainer: the loop, top to bottom. Setup and argument checks live beside it (``setup.py``, ``checks.py``).
+"""Trainer: the loop, top to bottom, in this one file. docs/concepts.md maps the modules it delegates to.
 
-Per training step the Trainer does exactly: time the DataLoader's ``next`` (two ``perf_counter`` calls), move
-the batch (skipped on CPU), ``split_batch``, forward and loss under the precision's autocast, backward, and
-every ``accumulate_grad_batches`` micro-batches an optimizer step. In fp32 with a step per batch and nothing
-between backward and step, that is the hand-written step itself (``_plain_step``); every other setting goes
-through ``_full_step``. Nothing in a step reads a device value on the host; the loss stays a tensor and is
-converted once per ``log_every_n_steps`` (the one CPU-GPU sync point of training).
+One training batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` (epochs and batches) -> ``_train_step`` ->
+``precision.step`` -> ``optimizer.step``. The step is the one written by hand: forward and loss under autocast,
+backward, and once per ``accumulate_grad_batches`` batches unscale -> ``on_before_optimizer_step`` -> clip ->
+step -> zero_grad. The loop around it times the DataLoader's ``next`` (two ``perf_counter`` calls) and moves
+the batch to the device (not on the CPU). Nothing per step reads a device value on the host: the loss stays a
+tensor, converted once per ``log_every_n_steps`` (``LogBuffer.interval``: the one CPU-GPU sync of training).
 """
 from __future__ import annotations
 
-import math
+import contextlib
+import os
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from .checks import check_loss, limit_batches
-from .data import batch_size_of
-from .errors import NonFiniteLossError
-from .logbook import stack_scalars
-from .module import TaskModule
-from .setup import TrainerSetup, _length
+from .callbacks import Callback, hook_table, with_defaults
+from .checkpoint import load_training_state, load_weights, next_version_dir, restore, save_checkpoint, training_state
+from .checks import check_arguments, check_loss, check_task
+from .data import empty_train_loader, eval_loader, fit_loaders, length, limit_batches, set_epoch
+from .evaluation import evaluate, predict
+from .errors import MisconfigurationError
+from .logbook import LogBuffer
+from .metrics import build_metrics
+from .module import TaskModule, flatten
+from .optim import gradient_clipper, parse_optimizers, step_scheduler
+from .precision import Precision, normalize_precision
+from .preemption import Preemption, preempt
+from .schedule import ValidationSchedule, accumulation_group
+from .seed import current_seed, seed_everything
+from .serialization import CheckpointWriter
+from .state import TrainerState
+from .strategies import Strategy
+from .strategy_registry import select_strategy
+
+_NO_SYNC_NEEDED = contextlib.nullcontext()  # reusable: the step enters it instead of ddp's no_sync
 
 
-class Trainer(TrainerSetup):
+class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
 
-    # ---- entry points -------------------------------------------------------------------------
+    def __init__(
+        self, *, max_epochs: int | None = None, max_steps: int | None = None, accelerator: str = "auto",
+        devices: int | str | Sequence[int] = "auto", strategy: Any = "auto", precision: str | int = "32",
+        accumulate_grad_batches: int = 1, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm", limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0, limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0, val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int = 1, num_sanity_val_steps: int = 2, log_every_n_steps: int = 50,
+        fast_dev_run: bool | int = False, overfit_batches: int | float = 0, deterministic: bool = False,
+        callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
+        enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
+        logger: bool = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
+        channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
+        preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None,
+    ) -> None:
+        check_arguments(locals())
+        self.precision_name = normalize_precision(precision)
+        self.strategy = select_strategy(strategy, accelerator, devices)
+        self.max_epochs, self.max_steps = max_epochs, max_steps
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
+        self.limits = {"train": limit_train_batches, "val": limit_val_batches, "test": limit_test_batches,
+                       "predict": limit_predict_batches}  # limit_*_batches by stage
+        self.val_check_interval, self.check_val_every_n_epoch = val_check_interval, check_val_every_n_epoch
+        self.num_sanity_val_steps, self.log_every_n_steps = num_sanity_val_steps, log_every_n_steps
+        self.overfit_batches, self.deterministic, self.seed = overfit_batches, deterministic, seed
+        self.default_root_dir, self.nonfinite_loss = default_root_dir, nonfinite_loss
+        self.compile, self.channels_last = compile, channels_last
+        self.preempt_signals, self.preempt_exit_code = tuple(preempt_signals), preempt_exit_code
+        self.config = dict(config) if config is not None else None
+        self.fast_dev_run = int(fast_dev_run)
+        if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
+            self.limits = dict.fromkeys(self.limits, self.fast_dev_run)
+            self.max_epochs, self.max_steps, self.num_sanity_val_steps = 1, None, 0
+            self.val_check_interval, self.log_every_n_steps = 1.0, 1
+            enable_checkpointing = logger = False
+        if overfit_batches:
+            self.limits["train"] = self.limits["val"] = overfit_batches
+        self.callbacks = with_defaults(callbacks, progress=enable_progress_bar, summary=enable_model_summary,
+                                       checkpointing=enable_checkpointing, logger=logger)
+        self.state = TrainerState()
+        self.log_dir: str | None = None
+        self.task: TaskModule | None = None
+        # Finishes checkpoint files (fsync, rename) off the training thread; joined before each save and fit's end.
+        self.checkpoint_writer = CheckpointWriter()
+
+    # ---- entry points -------------------------------------------------------------------------------
     def fit(self, task: TaskModule, ckpt_path: str | None = None) -> dict[str, float]:
         """Train ``task``; resume from ``ckpt_path`` ("last", "best" or a path). Returns the final metrics."""
-        self._check_entry(task, "fit")
-        return self.strategy.launch(self._run, "fit", task, ckpt_path)
+        check_task(task, "fit")
+        if self.max_epochs is None and self.max_steps is None:
+            raise MisconfigurationError("Neither max_epochs nor max_steps is set, so fit would never end.",
+                                        "pass Trainer(max_epochs=N) or Trainer(max_steps=N).")
+        return self.strategy.launch(self._fit, task, ckpt_path)
 
     def validate(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
         """Run one validation pass; returns ``[metrics]``."""
-        self._check_entry(task, "validate")
-        return self.strategy.launch(self._run, "validate", task, ckpt_path)
+        check_task(task, "validate")
+        return self.strategy.launch(self._run_eval, "validate", task, ckpt_path)
 
     def test(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
         """Run one pass over ``task.test_dataloader()``; returns ``[metrics]``."""
-        self._check_entry(task, "test")
-        return self.strategy.launch(self._run, "test", task, ckpt_path)
+        check_task(task, "test")
+        return self.strategy.launch(self._run_eval, "test", task, ckpt_path)
 
     def predict(self, task: TaskModule, ckpt_path: str | None = None) -> list[Any]:
         """Return ``task(inputs)`` for every batch of ``task.predict_dataloader()``."""
-        self._check_entry(task, "predict")
-        return self.strategy.launch(self._run, "predict", task, ckpt_path)
+        check_task(task, "predict")
+        return self.strategy.launch(self._predict, task, ckpt_path)
 
-    # ---- fit ----------------------------------------------------------------------------------
-    def _fit(self, ckpt_path: str | None) -> dict[str, float]:
-        self._setup_fit(ckpt_path)
-        self._call("on_fit_start")
-        for name in ("on_train_batch_start", "on_train_batch_end"):  # a per-step call only where it does something
-            self._hooks[name] = [fn for fn in self._hooks[name] if fn.__self__.needs_batch_hooks(self)]
-        if self.num_sanity_val_steps and self._val_loader is not None and not self._resumed:
-            self._validate(sanity=True)
-        while True:
-            finished = self._finished()  # under ddp this also agrees on stop flags and signals across ranks
-            if self._preempt_requested():
-                self._preempt()  # saves a checkpoint and exits the process
-            if finished:
-                break
-            self._train_epoch()
-        self.state.stage = "idle"
-        self._call("on_fit_end")
-        return dict(self.state.metrics)
+    # ---- fit: epochs and batches ----------------------------------------------------------------------
+    def _fit(self, task: TaskModule, ckpt_path: str | None) -> dict[str, float]:
+        with self._running(task, "fit"):
+            self._setup_fit(ckpt_path)
+            st = self.state
+            self._call("on_fit_start")
+            for name in ("on_train_batch_start", "on_train_batch_end"):  # a per-batch call only where it does work
+                self.hooks[name] = [fn for fn in self.hooks[name] if fn.__self__.needs_batch_hooks(self)]
+            on_start, on_end = self.hooks["on_train_batch_start"], self.hooks["on_train_batch_end"]
+            if self.num_sanity_val_steps and self.val_loader is not None and not st.resumed:
+                self._sanity_check()
+            while True:
+                finished = self._finished()  # under ddp this also agrees on stop flags and signals across ranks
+                if self.preemption.requested:
+                    preempt(self)  # saves a checkpoint and exits the process
+                if finished:
+                    break
+                self._start_epoch()
+                n, loader = self.num_train_batches, self.train_dataloader
+                validating = self.val_schedule.in_epoch(st.epoch)
+                completed, clock = True, time.perf_counter
+                waited = clock()  # creating the DataLoader iterator counts as waiting for data
+                for batch_idx, batch in enumerate(loader, st.batches_done):
+                    st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor)
+                    if batch_idx >= n:
+                        break
+                    st.batch_idx = batch_idx
+                    for fn in on_start:
+                        fn(self, task, batch, batch_idx)
+                    step = st.global_step
+                    loss = self._train_step(batch, batch_idx)
+                    st.batches_done = batch_idx + 1
+                    if validating and self.val_schedule.due(batch_idx):
+                        self._validate()
+                    for fn in on_end:
+                        fn(self, task, loss, batch, batch_idx)
+                    if st.global_step != step and (self.preemption.should_break(st) or self._max_steps_reached()):
+                        completed = st.batches_done >= n
+                        break
+                    waited = clock()
+                else:
+                    if n == float("inf") and st.batches_done and validating:
+                        self._validate()  # a loader without len(): validate when it is exhausted
+                if st.batches_done == 0 and n:
+                    raise empty_train_loader(loader)  # a loader without len() that yielded nothing
+                self._end_epoch(completed=completed and (st.batches_done >= n or n == float("inf")))
+            st.stage = "idle"
+            self._call("on_fit_end")
+            self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
+            return dict(st.metrics)
 
-    def _finished(self) -> bool:
-        self._agree_stop()  # ddp: a stop set on one rank only is agreed here, once per epoch
-        st = self.state
-        return (st.should_stop or (self.max_steps is not None and st.global_step >= self.max_steps)
-                or (self.max_epochs is not None and st.epoch >= self.max_epochs))
+    def _train_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """Forward, loss, backward; an optimizer step when the accumulation group is complete.
 
-    def _train_epoch(self) -> None:
-        st, task, loader = self.state, self.task, self._train_loader
-        self._set_epoch(loader, st.epoch, st.batches_done)
-        st.stage = "train"
-        self._call("on_train_epoch_start")
-        self._wrapped.train()  # once per epoch (and after each validation), not per step
-        n = self.num_train_batches
-        on_start, on_end = self._hooks["on_train_batch_start"], self._hooks["on_train_batch_end"]
-        validating = self._val_enabled_this_epoch()
-        exhausted = True
-        clock = time.perf_counter
-        waited = clock()  # creating the DataLoader iterator counts as waiting for data
-        for batch_idx, batch in enumerate(loader, st.batches_done):
-            st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor reports it)
-            if batch_idx >= n:
-                break
-            st.batch_idx = batch_idx
-            for fn in on_start:
-                fn(self, task)
-            stepped = self._train_step(batch, batch_idx)
-            st.batches_done = batch_idx + 1
-            if validating and self._val_due(batch_idx):
-                self._validate()
-                self._wrapped.train()
-            for fn in on_end:
-                fn(self, task)
-            if stepped and self._should_break():
-                exhausted = st.batches_done >= n
-                break
-            waited = clock()
-        else:
-            if n == float("inf") and st.batches_done and validating:
-                self._validate()  # a loader without len(): validate when it is exhausted
-        if st.batches_done == 0 and n:
-            self._empty_train_loader()  # a loader without len() that yielded nothing
-        self._epoch_end(completed=exhausted and (st.batches_done >= n or n == float("inf")))
-
-    def _train_step(self, batch, batch_idx: int) -> bool:
-        """Forward, loss, backward; an optimizer step when the accumulation group is complete. True if it stepped."""
-        if self._move_batches:  # on the CPU a batch stays where it is, without even a call
+        Returns the detached loss (``outputs`` of ``on_train_batch_end``)."""
+        task, model, optimizer, precision, st = self.task, self.model, self.optimizer, self.precision, self.state
+        if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
             batch = self.strategy.batch_to_device(batch)
-        inputs, targets = self.task.split_batch(batch)
-        opt = self.optimizer
-        if self._plain_step:  # fp32, a step per batch, nothing between backward and step: the hand-written step
-            loss = self.task.loss(self._wrapped(inputs), targets)
-            self._losses.append(loss.detach())  # the losses since the last log: converted there, not here (no sync)
-            loss.backward()
-            opt.step()
-            stepped = True
-        else:
-            stepped = self._full_step(inputs, targets, batch_idx)
-            if stepped is None:
-                return False
-        opt.zero_grad(set_to_none=True)
-        st = self.state
+        inputs, targets = task.split_batch(batch)
+        k = self.accumulate_grad_batches
+        group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
+        with _NO_SYNC_NEEDED if steps else self.strategy.no_sync(model):  # ddp: no all-reduce for a waiting batch
+            with precision.autocast:  # the forward and the loss only, as torch.autocast asks
+                loss = task.loss(model(inputs), targets)
+            if not self._loss_checked:
+                check_loss(loss, task)  # once per fit: a scalar tensor that requires grad
+                self._loss_checked = True
+            detached = loss.detach()
+            self.logs.losses.append(detached)  # converted at the log interval, not here (no sync)
+            if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync per step, opted into
+                st.skipped_steps += 1
+                optimizer.zero_grad(set_to_none=True)
+                return detached
+            precision.backward(loss if group == 1 else loss / group)
+        if not steps:
+            return detached
+        precision.unscale(optimizer)  # true gradients for the hooks and clipping (a no-op without a GradScaler)
+        for fn in self.hooks["on_before_optimizer_step"]:
+            fn(self, task, optimizer)
+        if self.clip_gradients is not None:
+            self.clip_gradients()
+        stepped = precision.step(optimizer)  # False: the GradScaler skipped a step whose gradients overflowed
+        optimizer.zero_grad(set_to_none=True)
         st.global_step += 1
         if stepped:
-            for config in self._step_schedulers:
+            for config in self.step_schedulers:
                 if st.global_step % config.frequency == 0:
-                    self._scheduler_step(config)
+                    step_scheduler(config, st.metrics)
         if st.global_step % self.log_every_n_steps == 0:
-            self._log_train_step()
-        return True
+            self._publish(self.logs.interval(st))  # the log interval: one tolist(), the sync point
+            self.preemption.agree(st)
+            self._call("on_log_interval")
+        return detached
 
-    def _full_step(self, inputs: Any, targets: Any, batch_idx: int) -> bool | None:
-        """The step with every setting: accumulation (ddp ``no_sync``), autocast, GradScaler, clipping, the
-        ``on_before_optimizer_step`` hook. None: no optimizer step (a micro-batch that waits for its group, or a
-        skipped non-finite loss); False: the GradScaler skipped the step (the gradients overflowed)."""
-        step, divide = (True, 1) if self.accumulate_grad_batches == 1 else self._accumulation(batch_idx)
-        if step:
-            ran = self._forward_backward(inputs, targets, divide)
-        else:
-            with self.strategy.no_sync(self._wrapped):  # ddp: no gradient all-reduce for a micro-batch that waits
-                ran = self._forward_backward(inputs, targets, divide)
-        if not (ran and step):
-            return None
-        opt = self.optimizer
-        if self.gradient_clip_val is not None or self._before_step_hooks:
-            self.precision.unscale(opt)
-            for fn in self._before_step_hooks:
-                fn(self, self.task)
-            if self.gradient_clip_val is not None:
-                self._clip(opt)
-        return self.precision.step(opt)
+    def _finished(self) -> bool:
+        self.preemption.agree(self.state)  # ddp: a stop set on one rank only is agreed here, once per epoch
+        st = self.state
+        return st.should_stop or self._max_steps_reached() or (
+            self.max_epochs is not None and st.epoch >= self.max_epochs)
 
-    def _forward_backward(self, inputs: Any, targets: Any, divide: int) -> bool:
-        """Loss and backward of one micro-batch; False when a non-finite loss is skipped (``nonfinite_loss="skip"``)."""
-        task = self.task
-        with self.precision.autocast:  # the forward and the loss only, as torch.autocast asks
-            loss = task.loss(self._wrapped(inputs), targets)
-        if self._first_step:
-            check_loss(loss, task)
-            self._first_step = False
-            self._plain_step = self._plain_step_possible  # from now on, where the settings allow it
-        detached = loss.detach()
-        self._losses.append(detached)
-        if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync, opted into
-            self.state.skipped_steps += 1
-            self.optimizer.zero_grad(set_to_none=True)
-            return False
-        self.precision.backward(loss if divide == 1 else loss / divide)
-        return True
+    def _max_steps_reached(self) -> bool:
+        return self.max_steps is not None and self.state.global_step >= self.max_steps
 
-    def _epoch_end(self, completed: bool) -> None:
+    def _start_epoch(self) -> None:
+        st = self.state
+        set_epoch(self.train_dataloader, st.epoch, self.data_seed, st.batches_done)
+        st.stage = "train"
+        self._call("on_train_epoch_start")
+        self.model.train()  # once per epoch (and after each validation), not per step
+
+    def _end_epoch(self, completed: bool) -> None:
         st = self.state
         st.epoch_done = completed
-        pending = self._losses
-        if self._raise_nonfinite_loss and pending and not torch.isfinite(torch.stack(pending)).all():
-            self._raise_nonfinite(pending)  # the losses since the last log (a sync, once per epoch)
-        self._publish(self._to_floats(self._reduce_book(self._train_book, suffix="_epoch")))
+        self.logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
+        self._publish(self.logs.epoch_means())
         if completed:
-            for config in self._epoch_schedulers:
+            for config in self.epoch_schedulers:
                 if (st.epoch + 1) % config.frequency == 0:
-                    self._scheduler_step(config)
+                    step_scheduler(config, st.metrics)
         self._call("on_train_epoch_end")
         if completed:
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
-            self._train_book.reset()
-            self._track_loss()
-            self._fold_mark = (st.global_step, 0)
+            self.logs.new_epoch(st.global_step)
 
-    # ---- validation / test / predict ------------------------------------------------------------
-    def _validate(self, sanity: bool = False) -> dict[str, float]:
+    # ---- validation, test, predict ------------------------------------------------------------------------
+    def _sanity_check(self) -> None:
+        """A few validation batches before training, to fail fast; nothing is logged, no validation hook fires."""
+        self.state.stage = "sanity"
+        self._call("on_sanity_check_start")
+        self._evaluate("val", self.val_loader, min(self.num_sanity_val_steps, self.num_val_batches))
+        self._call("on_sanity_check_end")
+        self.state.stage = "idle"
+
+    def _validate(self) -> None:
         st = self.state
-        previous, st.stage = st.stage, "sanity" if sanity else "val"
+        previous, st.stage = st.stage, "val"
         self._call("on_validation_start")
-        limit = min(self.num_sanity_val_steps, self.num_val_batches) if sanity else self.num_val_batches
-        metrics = self._evaluate("val", self._val_loader, limit)
-        if not sanity:
-            self._publish(metrics)
-            self._agree_stop()
+        self._publish(self._evaluate("val", self.val_loader, self.num_val_batches))
+        self.preemption.agree(st)
         self._call("on_validation_end")
         st.stage = previous
-        return metrics
+        self.model.train()
 
-    def _evaluate(self, prefix: str, loader, limit: float) -> dict[str, float]:
-        """One pass without gradients; loss and ``self.log`` values are sample-weighted means over all ranks."""
-        task, module = self.task, self.strategy.eval_module(self._wrapped)
-        module.eval()
-        book = self._enter_book(prefix)
-        metrics = self._metrics.get(prefix, {})
-        self._set_epoch(loader, 0, 0)
-        with torch.no_grad():
-            for i, batch in enumerate(loader):
-                if i >= limit:
-                    break
-                inputs, targets = task.split_batch(self.strategy.batch_to_device(batch))
-                book.weight = batch_size_of(targets)
-                with self.precision.autocast:
-                    outputs = module(inputs)
-                    loss = task.loss(outputs, targets)
-                if i == 0:  # the sanity check may run before any training step: check the loss here too
-                    check_loss(loss, task, training=False)
-                book.add(f"{prefix}/loss", loss.detach())
-                for metric in metrics.values():
-                    metric.update(outputs, targets)
-        values = self._reduce_book(book)
-        for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
-            values.update(self._metric_values(f"{prefix}/{name}", metric.compute()))
-            metric.reset()
-        self._enter_book(self._train_book.stage)
-        return self._to_floats(values)
+    def _evaluate(self, prefix: str, loader: Any, limit: float) -> dict[str, float]:
+        return evaluate(self.task, self.strategy.eval_module(self.model), loader, limit, prefix=prefix,
+                        strategy=self.strategy, precision=self.precision, logs=self.logs,
+                        metrics=self.metrics.get(prefix, {}), data_seed=self.data_seed)
 
-    def _run_eval_stage(self, stage: str) -> list[dict[str, float]]:
-        prefix = "val" if stage == "validate" else "test"
-        loader = self._setup_eval(stage)
-        self.state.stage = prefix
-        self._call("on_validation_start" if prefix == "val" else "on_test_start")
-        metrics = self._evaluate(prefix, loader, limit_batches(_length(loader), self._limits[prefix]))
-        self._publish(metrics)
-        self._call("on_validation_end" if prefix == "val" else "on_test_end")
-        self.state.stage = "idle"
-        return [metrics]
+    def _run_eval(self, fn: str, task: TaskModule, ckpt_path: str | None) -> list[dict[str, float]]:
+        with self._running(task, fn):
+            loader = self._eval_loader(fn, ckpt_path)
+            prefix, hook = ("val", "validation") if fn == "validate" else ("test", "test")
+            self.state.stage = prefix
+            self._call(f"on_{hook}_start")
+            metrics = self._evaluate(prefix, loader, limit_batches(length(loader), self.limits[prefix]))
+            self._publish(metrics)
+            self._call(f"on_{hook}_end")
+            self.state.stage = "idle"
+            return [metrics]
 
-    def _predict(self) -> list:
-        loader = self._setup_eval("predict")
-        module = self.strategy.eval_module(self._wrapped)
-        module.eval()
-        self.state.stage = "predict"
-        predictions, limit = [], limit_batches(_length(loader), self._limits["predict"])
-        with torch.no_grad():
-            for i, batch in enumerate(loader):
-                if i >= limit:
-                    break
-                with self.precision.autocast:
-                    predictions.append(module(self._predict_inputs(self.strategy.batch_to_device(batch))))
-        self.state.stage = "idle"
-        return predictions
+    def _predict(self, task: TaskModule, ckpt_path: str | None) -> list[Any]:
+        with self._running(task, "predict"):
+            loader = self._eval_loader("predict", ckpt_path)
+            self.state.stage = "predict"
+            predictions = predict(task, self.strategy.eval_module(self.model), loader,
+                                  limit_batches(length(loader), self.limits["predict"]), strategy=self.strategy,
+                                  precision=self.precision)
+            self.state.stage = "idle"
+            return predictions
 
-    # ---- logging: the one sync point per interval -------------------------------------------------
-    def _log_train_step(self) -> None:
-        """Convert the latest logged values (one ``tolist()``), check the losses since the last log for NaN/Inf."""
-        book, series = self._train_book, self._loss_series
-        pending = list(series.pending)  # fold empties it; kept to name a bad step
-        book.fold()  # one stack and sum per logged key: the loss total now includes every pending loss...
-        last = book.last_values()
-        floats = stack_scalars([*last.values(), series.total], series.last.device).tolist()  # CPU-GPU sync point
-        if self._raise_nonfinite_loss and not math.isfinite(floats[-1]):  # ...so it is finite iff each loss is
-            self._raise_nonfinite(pending)
-        self._fold_mark = (self.state.global_step, self.state.batch_idx + 1)  # where the next pending loss is from
-        self._publish(dict(zip(last, floats)))
-        self._agree_stop()
+    def _eval_loader(self, fn: str, ckpt_path: str | None) -> Any:
+        """Load ``ckpt_path``'s weights (if given) and build the loader of a validate/test/predict call."""
+        if ckpt_path is not None:
+            load_weights(self, ckpt_path)
+        return eval_loader(self.task, fn, self.data_seed, self.strategy)
 
-    def _raise_nonfinite(self, pending: list) -> None:
-        bad_steps = (~torch.isfinite(torch.stack(pending))).nonzero()
-        if not len(bad_steps):  # finite losses whose sum overflowed: nothing to report
-            return
-        bad = int(bad_steps[0])
-        step, batches = self._fold_mark
-        batch_idx = batches + bad
-        raise NonFiniteLossError(
-            f"The training loss is {float(pending[bad])} at epoch {self.state.epoch}, batch {batch_idx} "
-            f"(global step {step + bad // self.accumulate_grad_batches}).",
-            "lower the learning rate, clip gradients (gradient_clip_val=1.0), check the data for NaN/Inf, "
-            "or pass nonfinite_loss='skip' to skip such steps (costs a sync per step). Losses are checked at "
-            "every log_every_n_steps, so the run may have gone on a few steps past the bad one.")
+    # ---- one run: what fit/validate/test/predict set up and tear down ---------------------------------------
+    @contextlib.contextmanager
+    def _running(self, task: TaskModule, fn: str) -> Iterator[None]:
+        """Inside a launched process: seed, attach ``task`` (device, wrapper, precision, logging buffer), and on
+        the way out restore what was changed; ``on_exception`` for an entry point that raises."""
+        self.strategy.setup_environment()
+        if self.seed is not None:
+            seed_everything(self.seed)
+        was_deterministic = torch.are_deterministic_algorithms_enabled()
+        if self.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self._attach(task, fn)
+        try:
+            yield
+        except BaseException as exc:
+            self.checkpoint_writer.close_quietly()  # finish the background files before reporting
+            self._call("on_exception", exc)
+            raise
+        finally:
+            self.preemption.uninstall()
+            task.trainer = None
+            torch.use_deterministic_algorithms(was_deterministic)  # the process's setting, as it was
+
+    def _attach(self, task: TaskModule, fn: str) -> None:
+        self.task = task
+        if fn == "fit":
+            self.state, self.log_dir = TrainerState(), None
+        self.state.fn = fn
+        if self.log_dir is None:
+            self.log_dir = self.strategy.broadcast(next_version_dir(self.default_root_dir) if self.is_main else None)
+        self.hooks = hook_table(self.callbacks)
+        # On the CPU the loop skips batch_to_device, unless a custom strategy overrides it (it may do more).
+        self.moves_batches = self.strategy.moves_batches or \
+            type(self.strategy).batch_to_device is not Strategy.batch_to_device
+        if self.channels_last:
+            task.to(memory_format=torch.channels_last)
+        wrapped = self.strategy.setup_module(task)
+        self.model = torch.compile(wrapped) if self.compile else wrapped  # what the loop calls
+        self.precision = Precision(self.precision_name, self.strategy.device)
+        self.metrics = build_metrics(task, self.strategy.device)
+        # With 16-mixed the GradScaler already skips steps whose gradients overflow: that is not an error.
+        raise_nonfinite = self.nonfinite_loss == "raise" and self.precision.scaler is None
+        self.logs = LogBuffer(self.strategy, raise_nonfinite, self.accumulate_grad_batches)
+        seed = current_seed() if current_seed() is not None else torch.initial_seed() % 2**31
+        self.data_seed = int(self.strategy.broadcast(seed))
+        self.preemption = Preemption(self.preempt_signals, self.strategy, install=fn == "fit")
+        task.trainer = self
+
+    def _setup_fit(self, ckpt_path: str | None) -> None:
+        task, strategy = self.task, self.strategy
+        self.optimizer, self.schedulers = parse_optimizers(task.configure_optimizers())
+        self.step_schedulers = [c for c in self.schedulers if c.interval == "step"]
+        self.epoch_schedulers = [c for c in self.schedulers if c.interval == "epoch"]
+        self.clip_gradients = gradient_clipper(self.optimizer, self.gradient_clip_val, self.gradient_clip_algorithm)
+        self.train_dataloader, self.num_train_batches, self.val_loader, self.num_val_batches = fit_loaders(
+            task, self.limits, bool(self.overfit_batches), self.data_seed, strategy)
+        self.val_schedule = ValidationSchedule(self.val_check_interval, self.check_val_every_n_epoch,
+                                               self.num_train_batches, self.val_loader is not None)
+        self._loss_checked = False
+        if ckpt_path is not None:
+            restore(self, ckpt_path)
+            self.state.resumed = True
+
+    def _call(self, hook: str, *args: Any) -> None:
+        for fn in self.hooks[hook]:
+            fn(self, self.task, *args)
+
+    def _publish(self, metrics: dict[str, float]) -> None:
+        """Hand Python floats to ``state.metrics`` and every callback's ``on_log``."""
+        if metrics:
+            self.state.metrics.update(metrics)
+            self._call("on_log", metrics)
+
+    # ---- what callbacks read and call -------------------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """Publish values from a callback at the current global step: into ``state.metrics`` and every ``on_log``."""
+        self._publish(LogBuffer.to_floats(metrics))
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that logs, draws progress and writes files (rank 0)."""
+        return self.strategy.is_main
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The run's hyperparameters: the flattened resolved config (CLI) or the TaskModule's init arguments."""
+        if self.config is not None:
+            return flatten(self.config)
+        return flatten(self.task.hparams) if self.task is not None else {}
+
+    @property
+    def prog_bar_keys(self) -> set[str]:
+        """The keys the progress bar shows: the losses, ``prog_bar=True`` values and validation metrics."""
+        return {"train/loss", "val/loss"} | self.logs.train.prog_bar | {f"val/{n}" for n in self.metrics.get("val", {})}
+
+    @property
+    def should_stop(self) -> bool:
+        """Set to True (from a callback) to end training cleanly at the next batch boundary."""
+        return self.state.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.state.should_stop = bool(value)
+
+    @property
+    def checkpoint_callback(self) -> Any:
+        """The first ModelCheckpoint among the callbacks, or None."""
+        from .callbacks import ModelCheckpoint
+
+        return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+    # ---- the run's state, as checkpoints hold it ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this fit exactly (what a checkpoint holds: docs/checkpointing.md).
+        Every rank must call it: RNG states are gathered from all ranks."""
+        return training_state(self)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue where :meth:`state_dict` left off (fit calls it after setup, before ``on_fit_start``)."""
+        load_training_state(self, state)
+
+    def save_checkpoint(self, path: str, background: bool = False) -> None:
+        """Write everything needed to continue this run exactly, atomically, on rank 0 (every rank calls it).
+
+        ``background=True``: serialise now, fsync and rename on :attr:`checkpoint_writer`'s thread (the file is
+        in place when the next save starts, when fit returns, or after ``trainer.checkpoint_writer.wait()``).
+        """
+        save_checkpoint(self, path, background)

@@ -1,0 +1,246 @@
+"""ddp's self-launch: ``python script.py`` with ``Trainer(strategy="ddp", devices=N)`` starts N worker processes
+here, runs the entry point in each, forwards preemption signals to them, and brings rank 0's result (and the
+first error, with the rank that raised it) back to the parent. Under torchrun none of this runs."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import multiprocessing
+import multiprocessing.reduction
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.multiprocessing.spawn import ProcessException
+
+from .errors import MisconfigurationError
+from .seed import current_seed, seed_everything
+from .strategies import unwrap
+
+if TYPE_CHECKING:
+    from .ddp import DDPStrategy
+
+_RESULT = "rank0.pt"
+# What the forkserver imports once, so that workers start without importing torch (DDP also imports torch._dynamo).
+_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchmetrics", "taskfit")
+
+
+def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], port: int) -> Any:
+    """Run ``fn(*args)`` in ``strategy.world_size`` new processes; return rank 0's result, re-raise the first error."""
+    # Serialise by value, once: torch.multiprocessing would otherwise put the task's tensors in shared
+    # memory, and every rank's optimizer would then step the same weights (the parent's included).
+    buffer = io.BytesIO()
+    try:
+        torch.save((strategy, fn, args), buffer)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise MisconfigurationError(
+            f"strategy='ddp' sends the Trainer and the task to {strategy.world_size} new processes, but they "
+            f"cannot be pickled ({exc}).",
+            "define the TaskModule, its data and any callbacks at the top level of a module or script (not "
+            "inside a function or a notebook cell), guard the script with `if __name__ == '__main__':`, "
+            "or start the processes with `torchrun --nproc-per-node=N script.py`.") from exc
+    out = tempfile.mkdtemp(prefix="taskfit-ddp-")
+    try:
+        if strategy.start_method == "forkserver":  # imported once by the server, not by every worker of every launch
+            multiprocessing.get_context("forkserver").set_forkserver_preload(list(_PRELOAD))
+        # The parent's environment and stdout/stderr as they are now (a forkserver child has the server's).
+        parent = (dict(os.environ), _ParentFd(1), _ParentFd(2))
+        context = mp.start_processes(_worker, args=(buffer.getvalue(), parent, out, port),
+                                     nprocs=strategy.world_size, join=False, start_method=strategy.start_method)
+        signals = getattr(getattr(fn, "__self__", None), "preempt_signals", ("SIGTERM", "SIGUSR1"))
+        try:
+            with _forwarding(signals, context.processes):
+                # On a failure, join() gives the other workers `grace_period` s to stop on their own (they do
+                # at once: their collectives fail when the peer's sockets close), then SIGTERM, then SIGKILL.
+                while not context.join(grace_period=5.0):
+                    pass
+        except ProcessException as exc:
+            _reraise_worker_error(out, exc, strategy.world_size)
+        finally:  # KeyboardInterrupt in the parent: do not leave workers behind
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+        payload = torch.load(os.path.join(out, _RESULT), map_location="cpu", weights_only=False)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    _restore(fn, args, payload["snapshot"])
+    return payload["result"]
+
+
+def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, port: int) -> None:
+    """Entry point of spawned worker ``local_rank``: become that rank, run ``fn``, report to the parent."""
+    env, *streams = parent
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, target in zip(streams, (1, 2)):
+        if fd is not None and fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    strategy, fn, args = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    strategy.rank = strategy.local_rank = local_rank
+    strategy.place(local_rank)
+    world = str(strategy.world_size)
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=world, LOCAL_WORLD_SIZE=world,
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: N processes must not each use every core
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // strategy.world_size))
+    if current_seed() is not None:  # a fresh interpreter: seed it as the parent was seeded (same seed on every rank)
+        seed_everything(current_seed())
+    try:
+        result = fn(*args)
+        if local_rank == 0:
+            torch.save({"result": result, "snapshot": _snapshot(fn, args)}, os.path.join(out, _RESULT))
+    except BaseException as exc:  # report, then leave at once: the peers may be gone, so wait for nothing
+        _write_error(out, local_rank, exc)
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    # Free DDP while the process group is still registered: if DDP held the group's last reference, the group's
+    # destructor would join gloo's threads while holding the GIL, and a thread that needs the GIL to free a
+    # finished collective's tensors would deadlock with it.
+    del fn, args, result
+    gc.collect()
+    strategy.teardown()
+
+
+class _ParentFd:
+    """The parent's file descriptor ``fd``, duplicated into the worker when the worker is started."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        try:
+            os.fstat(self.fd)
+        except OSError:  # closed in the parent: the worker keeps its own
+            return (_no_fd, ())
+        return (_detach_fd, (multiprocessing.reduction.DupFd(self.fd),))
+
+
+def _detach_fd(duplicate: Any) -> int:
+    return duplicate.detach()
+
+
+def _no_fd() -> None:
+    return None
+
+
+def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
+    """What the parent should see of rank 0's run: the Trainer's state and, after fit, the task's weights."""
+    trainer = getattr(fn, "__self__", None)
+    task = next((a for a in args if isinstance(a, nn.Module)), None)
+    snapshot: dict[str, Any] = {}
+    if task is not None and getattr(getattr(trainer, "state", None), "fn", None) == "fit":
+        snapshot["weights"] = {k: v.detach().cpu() for k, v in unwrap(task).state_dict().items()}
+    if trainer is not None and hasattr(trainer, "state") and hasattr(trainer, "callbacks"):
+        snapshot["state"] = trainer.state.state_dict()
+        snapshot["log_dir"] = trainer.log_dir
+        snapshot["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
+    return snapshot
+
+
+def _restore(fn: Callable[..., Any], args: tuple[Any, ...], snapshot: dict[str, Any]) -> None:
+    trainer = getattr(fn, "__self__", None)
+    task = next((a for a in args if isinstance(a, nn.Module)), None)
+    if task is not None and "weights" in snapshot:
+        task.load_state_dict(snapshot["weights"])
+    if trainer is not None and "state" in snapshot:
+        trainer.state.load_state_dict(snapshot["state"])
+        trainer.log_dir = snapshot["log_dir"]
+        trainer.task = task
+        for cb in trainer.callbacks:
+            if cb.state_key in snapshot["callbacks"]:
+                cb.load_state_dict(snapshot["callbacks"][cb.state_key])
+
+
+def _write_error(out: str, rank: int, exc: BaseException) -> None:
+    """Leave the exception for the parent, with the time it was raised: the earliest one is the cause, the
+    others are usually ranks whose collectives failed because that rank stopped."""
+    try:
+        blob = pickle.dumps(exc)
+    except Exception:  # an exception that cannot be pickled: the parent shows its text instead
+        blob = None
+    record = {"time": time.time(), "rank": rank, "exception": blob, "type": type(exc).__name__,
+              "message": str(exc), "traceback": traceback.format_exc()}
+    with open(os.path.join(out, f"error_rank{rank}.pkl"), "wb") as fh:
+        pickle.dump(record, fh)
+
+
+class _RemoteTraceback(Exception):
+    """Carries a worker's traceback text as the cause of the re-raised error (as concurrent.futures does)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _reraise_worker_error(out: str, exc: ProcessException, world_size: int) -> None:
+    records = []
+    for name in os.listdir(out):
+        if name.startswith("error_rank"):
+            with open(os.path.join(out, name), "rb") as fh:
+                records.append(pickle.load(fh))
+    if not records:  # killed by a signal (e.g. out of memory) or os._exit: torch's message says which
+        raise exc
+    first = min(records, key=lambda r: r["time"])
+    try:  # the same exception class, unless it cannot be rebuilt here (e.g. defined in the workers' __mp_main__)
+        error = pickle.loads(first["exception"])
+    except Exception:
+        error = RuntimeError(f"{first['type']}: {first['message']}")
+    if first["type"] == "SystemExit":  # a preempted run exits with its exit code, in the parent too
+        raise SystemExit(error.code if isinstance(error, SystemExit) else 1)
+    if hasattr(error, "add_note"):
+        error.add_note(f"(raised on ddp rank {first['rank']} of {world_size}; the other ranks were stopped)")
+    raise error from _RemoteTraceback(f'\n"""\n{first["traceback"]}"""')
+
+
+
+
+
+
+@contextlib.contextmanager
+def _forwarding(names: Sequence[str], processes: list[Any]) -> Iterator[None]:
+    """While the parent waits, pass preemption signals on to the workers: a scheduler may signal only the
+    process it started, and the workers are the ones that save and exit (the parent then exits with their code)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = {}
+    for name in names:
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            previous[signum] = signal.signal(signum, forward)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,89 @@
+"""Preemption: a signal (SIGTERM, SIGUSR1...) becomes a flag; the loop saves at the next step boundary and exits.
+
+The handler only records the signal. The loop asks :attr:`Preemption.requested` between epochs and
+:meth:`Preemption.should_break` after each optimizer step; under ddp every rank must stop at the same step, so
+the flags are agreed with one tiny all-reduce per log interval, validation and epoch (:meth:`Preemption.agree`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .checkpoint import save_checkpoint
+from .serialization import LAST
+
+if TYPE_CHECKING:
+    from .state import TrainerState
+    from .strategies import Strategy
+    from .trainer import Trainer
+
+
+class Preemption:
+    """The preemption signals of one run: handlers installed for fit, restored by :meth:`uninstall`."""
+
+    def __init__(self, names: Sequence[str], strategy: Strategy, install: bool) -> None:
+        self.strategy = strategy
+        self.signum: int | None = None  # the signal received on this rank (or, under ddp, agreed from another)
+        self.agreed = False  # ddp: every rank knows of a signal, so all of them save together
+        self.stop_agreed = False  # ddp: every rank knows of a stop (should_stop or a signal)
+        self._previous: dict[int, Any] = {}
+        if install and threading.current_thread() is threading.main_thread():
+            for name in names:
+                signum = getattr(signal, name, None)
+                if signum is not None:
+                    self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signum = signum  # only a flag: the loop saves and exits at the next step boundary
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    @property
+    def requested(self) -> bool:
+        """A signal arrived (under ddp: one that every rank has agreed on)."""
+        return self.agreed if self.strategy.world_size > 1 else self.signum is not None
+
+    def should_break(self, state: TrainerState) -> bool:
+        """Leave the epoch after this optimizer step: a stop or a signal (under ddp: agreed by every rank)."""
+        if self.strategy.world_size > 1:
+            return self.stop_agreed
+        return state.should_stop or self.signum is not None
+
+    def agree(self, state: TrainerState) -> None:
+        """Under ddp, make every rank agree on ``should_stop`` and a signal: one tiny all-reduce."""
+        if self.strategy.world_size == 1:
+            return
+        flags = torch.tensor([float(state.should_stop), float(self.signum is not None)], device=self.strategy.device)
+        stop, signalled = self.strategy.all_reduce(flags, op="max").tolist()
+        state.should_stop = state.should_stop or bool(stop)
+        if signalled and self.signum is None:
+            self.signum = signal.SIGTERM
+        self.agreed = bool(signalled)
+        self.stop_agreed = bool(stop or signalled)
+
+
+def preempt(trainer: Trainer) -> None:
+    """A preemption signal was seen at a step boundary: save to the ``last`` checkpoint, report it, exit."""
+    signum = trainer.preemption.signum
+    cb = trainer.checkpoint_callback
+    if cb is not None:
+        path = cb.prepare_last(trainer)  # its bookkeeping names the file it is about to be saved in
+    else:
+        path = os.path.join(trainer.log_dir, "checkpoints", LAST)
+    save_checkpoint(trainer, path)
+    code = trainer.preempt_exit_code if trainer.preempt_exit_code is not None else 128 + signum
+    if trainer.is_main:
+        st, name = trainer.state, signal.Signals(signum).name
+        print(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
+              f"step {st.global_step} to {path}. Exiting with status {code}. Resume with "
+              f"trainer.fit(task, ckpt_path=\"last\") (or ckpt_path=\"{path}\").", file=sys.stderr, flush=True)
+    raise SystemExit(code)

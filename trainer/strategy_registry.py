@@ -1,0 +1,42 @@
+"""The strategies by name: ``Trainer(strategy="ddp")`` is built here. strategies.py and ddp.py import nothing
+from this module; ddp.py (torch.distributed, DDP and torch._dynamo: about a second) loads only when asked for."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from .errors import MisconfigurationError
+from .strategies import DataParallelStrategy, Strategy, launched_by_torchrun, parse_devices
+
+
+
+def _ddp(accelerator: str, devices: Any) -> Strategy:
+    from .ddp import DDPStrategy  # lazy: see the module docstring
+
+    return DDPStrategy(accelerator, devices)
+
+
+STRATEGIES: dict[str, Callable[[str, Any], Strategy]] = {"single": Strategy, "dp": DataParallelStrategy, "ddp": _ddp}
+
+
+def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
+    """Build the strategy named by ``strategy`` ("auto", "single", "dp", "ddp") or take a Strategy instance.
+
+    "auto" is ddp under torchrun (WORLD_SIZE > 1) or when ``devices`` asks for more than one device, else single.
+    """
+    if isinstance(strategy, Strategy):
+        return strategy
+    if not isinstance(strategy, str) or strategy not in ("auto", *STRATEGIES):
+        raise MisconfigurationError(f"Unknown strategy {strategy!r}.",
+                                    'use "auto", "single", "dp" or "ddp" (or pass a Strategy instance).')
+    distributed = launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1
+    if strategy == "auto":
+        parsed = parse_devices(devices)
+        several = (len(parsed) if isinstance(parsed, list) else parsed or 1) > 1
+        strategy = "ddp" if distributed or several else "single"
+    if distributed and strategy != "ddp":
+        raise MisconfigurationError(
+            f"This process was started by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}, but "
+            f"strategy={strategy!r} would train a separate copy of the model in every process.",
+            'use strategy="ddp" (or "auto") under torchrun, or run the script with plain `python`.')
+    return STRATEGIES[strategy](accelerator, devices)
