@@ -115,3 +115,12 @@ def hook_table(callbacks: Iterable[Callback]) -> dict[str, list[Callable[..., No
     """For each hook, the bound methods of the callbacks (already sorted by ``order``) that override it."""
     return {name: [getattr(cb, name) for cb in callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
             for name in HOOKS}
+
+
+def drop_idle_batch_hooks(hooks: dict[str, list[Callable[..., None]]],
+                          trainer: Trainer) -> tuple[list[Callable[..., None]], list[Callable[..., None]]]:
+    """Remove from ``hooks`` the batch hooks of callbacks whose ``needs_batch_hooks`` says False for this fit;
+    return the ``on_train_batch_start`` and ``on_train_batch_end`` lists that remain."""
+    for name in ("on_train_batch_start", "on_train_batch_end"):
+        hooks[name] = [fn for fn in hooks[name] if fn.__self__.needs_batch_hooks(trainer)]
+    return hooks["on_train_batch_start"], hooks["on_train_batch_end"]

@@ -72,7 +72,9 @@ class ProgressBar(Callback):
 
     def _postfix(self, trainer: Any) -> dict[str, str]:
         """The step and the ``prog_bar`` values logged this epoch (validation's included), formatted."""
-        shown = trainer.prog_bar_keys
+        # the losses, the values logged with prog_bar=True, and the validation metrics
+        metrics = {f"val/{name}" for name in trainer.metrics.get("val", {})}
+        shown = {"train/loss", "val/loss"} | trainer.logs.train.prog_bar | metrics
         values = {key.replace("train/", ""): f"{value:.4g}" for key, value in self._logged.items() if key in shown}
         return {"step": str(trainer.state.global_step), **values} if self._logged else values
 

@@ -80,7 +80,7 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
              and isinstance(loader.batch_sampler, BatchSampler) and type(loader.batch_sampler) is BatchSampler
              and (isinstance(sampler, SequentialSampler)
                   or (isinstance(sampler, RandomSampler) and not sampler.replacement
-                      and sampler._num_samples is None)))
+                      and sampler.num_samples == len(sampler.data_source))))  # num_samples not set
     if not plain:
         if world_size > 1:
             warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom sampler, dataset or "

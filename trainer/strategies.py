@@ -1,7 +1,7 @@
 """Device strategies: where the module and the data live. The loop only talks to this small interface.
 
-``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here) and ``DDPStrategy``
-(``ddp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit of Lightning Fabric: ``launch``,
+``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here) and ``DDPStrategy`` (``ddp.py``)
+subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit of Lightning Fabric: ``launch``,
 ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``, ``module_state_dict``, ``no_sync``,
 ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``. See docs/strategies.md.
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .callbacks import Callback, hook_table, with_defaults
+from .callbacks import Callback, ModelCheckpoint, drop_idle_batch_hooks, hook_table, with_defaults
 from .checkpoint import load_training_state, load_weights, next_version_dir, restore, save_checkpoint, training_state
 from .checks import check_arguments, check_loss, check_task
 from .data import empty_train_loader, eval_loader, fit_loaders, length, limit_batches, set_epoch
@@ -82,9 +82,7 @@ class Trainer:
             self.limits["train"] = self.limits["val"] = overfit_batches
         self.callbacks = with_defaults(callbacks, progress=enable_progress_bar, summary=enable_model_summary,
                                        checkpointing=enable_checkpointing, logger=logger)
-        self.state = TrainerState()
-        self.log_dir: str | None = None
-        self.task: TaskModule | None = None
+        self.state, self.log_dir, self.task = TrainerState(), None, None  # fit starts each run with a new state
         # Finishes checkpoint files (fsync, rename) off the training thread; joined before each save and fit's end.
         self.checkpoint_writer = CheckpointWriter()
 
@@ -118,9 +116,7 @@ class Trainer:
             self._setup_fit(ckpt_path)
             st = self.state
             self._call("on_fit_start")
-            for name in ("on_train_batch_start", "on_train_batch_end"):  # a per-batch call only where it does work
-                self.hooks[name] = [fn for fn in self.hooks[name] if fn.__self__.needs_batch_hooks(self)]
-            on_start, on_end = self.hooks["on_train_batch_start"], self.hooks["on_train_batch_end"]
+            on_start, on_end = drop_idle_batch_hooks(self.hooks, self)  # a per-batch call only where it does work
             if self.num_sanity_val_steps and self.val_loader is not None and not st.resumed:
                 self._sanity_check()
             while True:
@@ -207,8 +203,8 @@ class Trainer:
         return detached
 
     def _finished(self) -> bool:
-        self.preemption.agree(self.state)  # ddp: a stop set on one rank only is agreed here, once per epoch
         st = self.state
+        self.preemption.agree(st)  # ddp: a stop set on one rank only is agreed here, once per epoch
         return st.should_stop or self._max_steps_reached() or (
             self.max_epochs is not None and st.epoch >= self.max_epochs)
 
@@ -261,8 +257,8 @@ class Trainer:
                         metrics=self.metrics.get(prefix, {}), data_seed=self.data_seed)
 
     def _run_eval(self, fn: str, task: TaskModule, ckpt_path: str | None) -> list[dict[str, float]]:
-        with self._running(task, fn):
-            loader = self._eval_loader(fn, ckpt_path)
+        with self._running(task, fn, ckpt_path):
+            loader = eval_loader(task, fn, self.data_seed, self.strategy)
             prefix, hook = ("val", "validation") if fn == "validate" else ("test", "test")
             self.state.stage = prefix
             self._call(f"on_{hook}_start")
@@ -273,8 +269,8 @@ class Trainer:
             return [metrics]
 
     def _predict(self, task: TaskModule, ckpt_path: str | None) -> list[Any]:
-        with self._running(task, "predict"):
-            loader = self._eval_loader("predict", ckpt_path)
+        with self._running(task, "predict", ckpt_path):
+            loader = eval_loader(task, "predict", self.data_seed, self.strategy)
             self.state.stage = "predict"
             predictions = predict(task, self.strategy.eval_module(self.model), loader,
                                   limit_batches(length(loader), self.limits["predict"]), strategy=self.strategy,
@@ -282,17 +278,11 @@ class Trainer:
             self.state.stage = "idle"
             return predictions
 
-    def _eval_loader(self, fn: str, ckpt_path: str | None) -> Any:
-        """Load ``ckpt_path``'s weights (if given) and build the loader of a validate/test/predict call."""
-        if ckpt_path is not None:
-            load_weights(self, ckpt_path)
-        return eval_loader(self.task, fn, self.data_seed, self.strategy)
-
     # ---- one run: what fit/validate/test/predict set up and tear down ---------------------------------------
     @contextlib.contextmanager
-    def _running(self, task: TaskModule, fn: str) -> Iterator[None]:
-        """Inside a launched process: seed, attach ``task`` (device, wrapper, precision, logging buffer), and on
-        the way out restore what was changed; ``on_exception`` for an entry point that raises."""
+    def _running(self, task: TaskModule, fn: str, weights: str | None = None) -> Iterator[None]:
+        """Inside a launched process: seed, attach ``task`` (device, wrapper, precision, logging buffer), load the
+        ``weights`` checkpoint (validate/test/predict); on the way out restore what changed (``on_exception``)."""
         self.strategy.setup_environment()
         if self.seed is not None:
             seed_everything(self.seed)
@@ -300,19 +290,6 @@ class Trainer:
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
-        self._attach(task, fn)
-        try:
-            yield
-        except BaseException as exc:
-            self.checkpoint_writer.close_quietly()  # finish the background files before reporting
-            self._call("on_exception", exc)
-            raise
-        finally:
-            self.preemption.uninstall()
-            task.trainer = None
-            torch.use_deterministic_algorithms(was_deterministic)  # the process's setting, as it was
-
-    def _attach(self, task: TaskModule, fn: str) -> None:
         self.task = task
         if fn == "fit":
             self.state, self.log_dir = TrainerState(), None
@@ -336,6 +313,18 @@ class Trainer:
         self.data_seed = int(self.strategy.broadcast(seed))
         self.preemption = Preemption(self.preempt_signals, self.strategy, install=fn == "fit")
         task.trainer = self
+        try:
+            if weights is not None:
+                load_weights(self, weights)
+            yield
+        except BaseException as exc:
+            self.checkpoint_writer.close_quietly()  # finish the background files before reporting
+            self._call("on_exception", exc)
+            raise
+        finally:
+            self.preemption.uninstall()
+            task.trainer = None
+            torch.use_deterministic_algorithms(was_deterministic)  # the process's setting, as it was
 
     def _setup_fit(self, ckpt_path: str | None) -> None:
         task, strategy = self.task, self.strategy
@@ -380,11 +369,6 @@ class Trainer:
         return flatten(self.task.hparams) if self.task is not None else {}
 
     @property
-    def prog_bar_keys(self) -> set[str]:
-        """The keys the progress bar shows: the losses, ``prog_bar=True`` values and validation metrics."""
-        return {"train/loss", "val/loss"} | self.logs.train.prog_bar | {f"val/{n}" for n in self.metrics.get("val", {})}
-
-    @property
     def should_stop(self) -> bool:
         """Set to True (from a callback) to end training cleanly at the next batch boundary."""
         return self.state.should_stop
@@ -394,16 +378,13 @@ class Trainer:
         self.state.should_stop = bool(value)
 
     @property
-    def checkpoint_callback(self) -> Any:
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
         """The first ModelCheckpoint among the callbacks, or None."""
-        from .callbacks import ModelCheckpoint
-
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
     # ---- the run's state, as checkpoints hold it ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this fit exactly (what a checkpoint holds: docs/checkpointing.md).
-        Every rank must call it: RNG states are gathered from all ranks."""
+        """Everything to continue this fit exactly (docs/checkpointing.md); every rank calls it (RNG is gathered)."""
         return training_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
