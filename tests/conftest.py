@@ -11,9 +11,10 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
-def _clean_seed_env(monkeypatch):
-    """Each test starts unseeded, in its own working directory."""
+def _clean_seed_env(monkeypatch, tmp_path):
+    """Each test starts unseeded, in its own working directory (so ./taskfit_logs never lands in the checkout)."""
     monkeypatch.delenv("TASKFIT_SEED", raising=False)
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture

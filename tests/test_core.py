@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 import torch
@@ -448,3 +449,30 @@ def test_huge_finite_losses_are_not_reported_as_nonfinite(quiet):
     trainer = Trainer(max_epochs=1, log_every_n_steps=3, **quiet)
     trainer.fit(Huge())
     assert trainer.state.metrics["train/loss"] == pytest.approx(3e38, rel=1e-6)
+
+
+def test_five_calls_from_fit_to_the_optimizer_step(quiet):
+    """The loop reads top to bottom: Trainer.fit -> strategy.launch -> _fit -> _train_step -> precision.step ->
+    optimizer.step, and nothing of taskfit's in between."""
+    import inspect
+
+    import taskfit
+
+    package = os.path.dirname(taskfit.__file__)
+    chains = []
+
+    class Probe(torch.optim.SGD):
+        def step(self, closure=None):
+            frames = inspect.stack(0)[1:]
+            top = next(i for i, f in enumerate(frames) if f.function == "fit" and f.filename.startswith(package))
+            chains.append([f.function for f in frames[:top + 1] if f.filename.startswith(package)])
+            return super().step(closure)
+
+    class Task(RegressionTask):
+        def configure_optimizers(self):
+            return Probe(self.parameters(), lr=0.01)
+
+    for settings in ({}, {"accumulate_grad_batches": 2, "gradient_clip_val": 1.0}):
+        chains.clear()
+        Trainer(max_epochs=1, **settings, **quiet).fit(Task())
+        assert chains and all(c == ["step", "_train_step", "_fit", "launch", "fit"] for c in chains), chains[:1]
