@@ -21,6 +21,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
+from . import callbacks as cbs
+from .callbacks import TensorBoardLogger
 from .checkpoint import last_checkpoint
 from .config import check_targets, explain, locate
 from .errors import CheckpointError, MisconfigurationError, TaskfitError
@@ -49,7 +51,6 @@ def _is_leader() -> bool:
 def build_callbacks(config: dict[str, Any]) -> list[Any]:
     """The ``callbacks`` and ``logger`` groups' callbacks (a null entry is skipped), minus those the Trainer's
     switches turn off (``trainer.enable_checkpointing=false`` drops ``callbacks.model_checkpoint``...)."""
-    from . import callbacks as cbs
     from hydra.utils import instantiate
 
     switches = config["trainer"]
@@ -163,8 +164,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, float] | None) -> dict[str, Any]:
-    from .callbacks import TensorBoardLogger
-
     cb = trainer.checkpoint_callback
     metrics = dict(trainer.state.metrics)
     monitor, mode = getattr(cb, "monitor", None), getattr(cb, "mode", "min")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import CheckpointError
+from .strategies import normalize_state_dict
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -301,8 +302,6 @@ def module_state(ckpt: Any, path: str) -> Mapping[str, Any]:
 def check_weights(module: torch.nn.Module, state: Mapping[str, Any], path: str) -> Mapping[str, Any]:
     """``state`` without foreign ``module.``/``_orig_mod.`` prefixes, checked against ``module`` before anything is
     loaded: one error listing the missing keys, unexpected keys and shape mismatches."""
-    from .strategies import normalize_state_dict
-
     state = normalize_state_dict(state, module)
     expected = module.state_dict()
     missing = [k for k in expected if k not in state]
