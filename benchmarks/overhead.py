@@ -351,7 +351,7 @@ def main() -> None:
 
     if not args.no_import:
         repeats = 3 if args.quick else 7
-        modules = ["trainer, callbacks"] + (["lightning.pytorch"] if "lightning" in variants else [])
+        modules = ["taskfit"] + (["lightning.pytorch"] if "lightning" in variants else [])
         torch_s: list[float] = []
         extra: dict[str, list[float]] = {m: [] for m in modules}
         with tempfile.TemporaryDirectory() as pycache:

@@ -5,7 +5,7 @@ import importlib
 from typing import Any
 
 from ..errors import MisconfigurationError
-from .base import HOOKS, Callback, drop_idle_batch_hooks, hook_table
+from .base import HOOKS, Callback, callback_states, drop_idle_batch_hooks, hook_table, load_callback_states
 
 LAZY = {  # class name: its module, relative to this package (imported on first use)
     "ProgressBar": ".progress",
@@ -17,7 +17,8 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "ThroughputMonitor": ".throughput",
 }
 
-__all__ = ["Callback", "HOOKS", "drop_idle_batch_hooks", "hook_table", "with_defaults", *LAZY]
+__all__ = ["Callback", "HOOKS", "callback_states", "drop_idle_batch_hooks", "hook_table", "load_callback_states",
+           "with_defaults", *LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -124,3 +124,15 @@ def drop_idle_batch_hooks(hooks: dict[str, list[Callable[..., None]]],
     for name in ("on_train_batch_start", "on_train_batch_end"):
         hooks[name] = [fn for fn in hooks[name] if fn.__self__.needs_batch_hooks(trainer)]
     return hooks["on_train_batch_start"], hooks["on_train_batch_end"]
+
+
+def callback_states(callbacks: Iterable[Callback]) -> dict[str, dict[str, Any]]:
+    """Every callback's non-empty ``state_dict()`` by its ``state_key`` (what a checkpoint holds)."""
+    return {cb.state_key: state for cb in callbacks if (state := cb.state_dict())}
+
+
+def load_callback_states(callbacks: Iterable[Callback], states: dict[str, dict[str, Any]]) -> None:
+    """Give each callback the state saved under its ``state_key`` (a callback added since starts afresh)."""
+    for cb in callbacks:
+        if cb.state_key in states:
+            cb.load_state_dict(states[cb.state_key])

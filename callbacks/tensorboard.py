@@ -56,7 +56,7 @@ class TensorBoardLogger(Callback):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> TensorBoardLogger:
         # Gradients exist only in on_before_optimizer_step, and a callback that overrides that hook costs the
-        # Trainer a call (and an AMP unscale) per step. Only loggers that asked for histograms get that hook.
+        # Trainer a call per step. Only loggers that asked for histograms get that hook.
         if cls is TensorBoardLogger and kwargs.get("histogram_every_n_steps"):
             cls = _HistogramLogger
         return super().__new__(cls)

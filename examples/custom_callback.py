@@ -33,8 +33,6 @@ class PredictionSamples(Callback):
         self.count, self.zoom = count, zoom
 
     def on_validation_end(self, trainer: Trainer, task: DigitsTask) -> None:
-        if trainer.state.stage != "val":  # the sanity check before training is not worth a sample
-            return
         writer = summary_writer(trainer)
         if writer is None:  # another ddp rank, or Trainer(logger=False)
             return

@@ -27,7 +27,7 @@ class DigitsPredictor(DigitsTask):
     """The digits task plus the data to predict on: the validation images, without their labels."""
 
     def predict_dataloader(self) -> DataLoader:
-        images, _ = self._val_set.tensors
+        images, _ = self.val_set.tensors
         return DataLoader(images, batch_size=128)
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     sizes = {k: task.hparams[k] for k in ("channels", "hidden")}
     print(f"loaded {os.path.basename(path)}: {type(task).__name__}(channels={sizes['channels']}, "
           f"hidden={sizes['hidden']}), training={task.training}")
-    images, targets = task._val_set.tensors
+    images, targets = task.val_set.tensors
     with torch.no_grad():
         direct = task(images).argmax(-1)
     print(f"direct forward:  accuracy {(direct == targets).float().mean():.4f} on {len(targets)} images")

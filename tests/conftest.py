@@ -11,7 +11,7 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
-def _clean_seed_env(monkeypatch, tmp_path):
+def _isolated_test(monkeypatch, tmp_path):
     """Each test starts unseeded, in its own working directory (so ./taskfit_logs never lands in the checkout)."""
     monkeypatch.delenv("TASKFIT_SEED", raising=False)
     monkeypatch.chdir(tmp_path)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .data import ResumableSampler
+from .data import ResumableSampler, finite
 from .errors import CheckpointError
-from .rng import gather_rng_states, set_rng_state
+from .optim import check_optimizer_state
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .trainer import Trainer
 
 __all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "resolve", "last_checkpoint",
-           "next_version_dir", "training_state", "load_training_state", "load_checkpoint", "atomic_copy",
+           "next_version_dir", "load_checkpoint", "atomic_copy",
            "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
 
 
@@ -67,66 +67,6 @@ def _contents(trainer: Trainer, state: dict[str, Any]) -> dict[str, Any]:
             "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
             "hparams": trainer.hparams, "config": trainer.config,
             "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": task.hparams}}
-
-
-# ---- what a fit's state is (Trainer.state_dict / load_state_dict) ----------------------------------------------
-def training_state(trainer: Trainer) -> dict[str, Any]:
-    """Each part of the run asked for its state: weights, optimizer, schedulers, precision, loop counters, the
-    logging buffer's partial epoch, every rank's RNG, the data position and the callbacks."""
-    st, loader = trainer.state, trainer.train_dataloader
-    return {
-        "module": trainer.strategy.module_state_dict(trainer.model),
-        "optimizer": trainer.optimizer.state_dict(),
-        "schedulers": [config.scheduler.state_dict() for config in trainer.schedulers],
-        "precision": trainer.precision.state_dict(),
-        "loop": {"state": st.state_dict(), "fold_mark": list(trainer.logs.fold_mark)},
-        # the values logged so far this epoch; none after a completed epoch (a resume starts the next one)
-        "logbook": None if st.epoch_done else trainer.logs.state_dict()["book"],
-        "rng": gather_rng_states(trainer.strategy),
-        "data": {"seed": int(trainer.data_seed), "epoch": st.epoch, "batches_done": st.batches_done,
-                 "batch_size": getattr(loader, "batch_size", None), "world_size": trainer.strategy.world_size,
-                 "accumulate_grad_batches": trainer.accumulate_grad_batches,
-                 "num_train_batches": _finite(trainer.num_train_batches)},
-        "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
-    }
-
-
-def load_training_state(trainer: Trainer, state: Mapping[str, Any], source: str = "the checkpoint") -> None:
-    """Give each part of the run its state back; RNG last (nothing after it may draw random numbers).
-    ``source`` names where ``state`` came from in errors."""
-    unwrap(trainer.model).load_state_dict(state["module"])
-    try:
-        trainer.optimizer.load_state_dict(state["optimizer"])
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"The optimizer state in {source} does not fit this optimizer ({exc}).",
-                              "resume with the optimizer of the original run (same parameter groups).") from None
-    for config, saved in zip(trainer.schedulers, state["schedulers"]):
-        config.scheduler.load_state_dict(saved)
-    trainer.precision.load_state_dict(state["precision"])
-    st = trainer.state
-    st.load_state_dict(state["loop"]["state"])
-    st.stage = "idle"
-    if st.epoch_done:  # written at the end of a completed epoch: continue with the next one
-        st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
-        trainer.logs.new_epoch(st.global_step)
-    else:
-        fold_mark = state["loop"].get("fold_mark", (st.global_step, st.batches_done))
-        trainer.logs.load_state_dict({"book": state["logbook"], "fold_mark": fold_mark})
-    trainer.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
-    for loader in (trainer.train_dataloader, trainer.val_loader):
-        sampler = getattr(loader, "sampler", None)
-        if isinstance(sampler, ResumableSampler):
-            sampler.seed = trainer.data_seed
-    saved_callbacks = state.get("callbacks", {})
-    for cb in trainer.callbacks:
-        if cb.state_key in saved_callbacks:
-            cb.load_state_dict(saved_callbacks[cb.state_key])
-    rng, rank = state["rng"], trainer.strategy.rank
-    set_rng_state(rng[rank] if rank < len(rng) else rng[0])
-
-
-def _finite(n: float) -> int | None:
-    return None if n == float("inf") else int(n)
 
 
 # ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
@@ -204,8 +144,9 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
             f"{path} has {len(ckpt['schedulers'])} learning-rate scheduler(s), configure_optimizers returned "
             f"{len(trainer.schedulers)}.",
             "resume with the optimizer and scheduler setup of the original run.")
+    check_optimizer_state(trainer.optimizer, ckpt["optimizer"], path)
     _warn_changes(trainer, ckpt, path)
-    load_training_state(trainer, ckpt, path)  # what trainer.load_state_dict does, with the path in its errors
+    trainer.load_state_dict(ckpt)
     if trainer.is_main:
         st = trainer.state
         print(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.",
@@ -217,7 +158,7 @@ def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
     now = {"batch size": getattr(trainer.train_dataloader, "batch_size", None),
            "world size": trainer.strategy.world_size,
            "accumulate_grad_batches": trainer.accumulate_grad_batches,
-           "batches per epoch": _finite(trainer.num_train_batches)}
+           "batches per epoch": finite(trainer.num_train_batches)}
     saved = {"batch size": data.get("batch_size"), "world size": data.get("world_size"),
              "accumulate_grad_batches": data.get("accumulate_grad_batches"),
              "batches per epoch": data.get("num_train_batches")}

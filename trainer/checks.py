@@ -1,8 +1,10 @@
 """Validation of Trainer arguments and of the TaskModule contract: one clear error, before any work starts."""
 from __future__ import annotations
 
+import difflib
+import functools
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -40,15 +42,43 @@ def _signature(method: str) -> str:
             "train_dataloader": "def train_dataloader(self) -> torch.utils.data.DataLoader:"}[method]
 
 
+def keywords_checked(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a keyword-only ``__init__``: an unknown or positional argument is one MisconfigurationError that names
+    the class and the closest valid argument (Python's TypeError names neither helpfully)."""
+    params = [name for name in inspect.signature(init).parameters if name != "self"]
+
+    @functools.wraps(init)  # inspect.signature (and so the config schema checks) still sees the real arguments
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        name = type(self).__name__
+        if args:
+            raise MisconfigurationError(f"{name}() takes keyword arguments only; got {len(args)} positional.",
+                                        f"name each one, e.g. {name}(max_epochs=5).")
+        for key in kwargs:
+            if key not in params:
+                close = difflib.get_close_matches(key, params, n=1)
+                raise MisconfigurationError(
+                    f"{name}() got an unknown argument {key!r}.",
+                    (f"did you mean {close[0]}? " if close else "") + "docs/trainer.md lists every argument.")
+        init(self, **kwargs)
+
+    return checked
+
+
 def check_arguments(args: dict[str, Any]) -> None:
     """The Trainer's arguments (``args``: its keyword arguments by name), before anything is built."""
     for name, minimum in (("max_epochs", 0), ("max_steps", 0), ("accumulate_grad_batches", 1),
                           ("check_val_every_n_epoch", 1), ("num_sanity_val_steps", 0), ("log_every_n_steps", 1),
                           ("seed", 0)):
-        check_count(name, args[name], minimum, allow_none=name in ("max_epochs", "max_steps", "seed"))
+        check_count(name, args[name], minimum,
+                    allow_none=name in ("max_epochs", "max_steps", "seed", "check_val_every_n_epoch"))
     for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
                  "overfit_batches", "val_check_interval"):
         check_limit(name, args[name])
+    if args["check_val_every_n_epoch"] is None and isinstance(args["val_check_interval"], float):
+        raise MisconfigurationError(
+            f"Trainer(val_check_interval={args['val_check_interval']}) is a fraction of an epoch, but "
+            "check_val_every_n_epoch=None counts batches across epochs.",
+            "pass an int val_check_interval (validate every N training batches), or check_val_every_n_epoch=1.")
     check_choice("gradient_clip_algorithm", args["gradient_clip_algorithm"], ("norm", "value"))
     check_choice("nonfinite_loss", args["nonfinite_loss"], ("raise", "skip"))
     clip = args["gradient_clip_val"]
@@ -57,8 +87,11 @@ def check_arguments(args: dict[str, Any]) -> None:
                                     "pass a positive number (e.g. 1.0), or None to turn clipping off.")
 
 
-def check_task(task: Any, stage: str) -> None:
-    """The TaskModule defines what ``stage`` needs."""
+def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: int | None = None) -> None:
+    """The TaskModule defines what ``stage`` needs (and fit has an end: ``max_epochs`` or ``max_steps``)."""
+    if stage == "fit" and max_epochs is None and max_steps is None:
+        raise MisconfigurationError("Neither max_epochs nor max_steps is set, so fit would never end.",
+                                    "pass Trainer(max_epochs=N) or Trainer(max_steps=N).")
     if not isinstance(task, TaskModule):
         raise TaskModuleError(f"Trainer.{stage} expects a TaskModule, got {type(task).__name__}.",
                               "subclass `taskfit.TaskModule` (it is a torch.nn.Module) and pass an instance.")

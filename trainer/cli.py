@@ -1,4 +1,4 @@
-"""The ``taskfit`` command (also ``python -m trainer``): one Hydra app over ``conf/``. See docs/configuration.md.
+"""The ``taskfit`` command (also ``python -m taskfit``): one Hydra app over ``conf/``. See docs/configuration.md.
 
 A run: compose the config (Hydra), resolve it, check every ``_target_`` and argument (trainer/config.py), save
 the resolved config as ``<run dir>/config.yaml``, build the task, the callbacks and the Trainer, fit, test

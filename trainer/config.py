@@ -54,7 +54,7 @@ class TrainerConf:
     limit_test_batches: Any = 1.0
     limit_predict_batches: Any = 1.0
     val_check_interval: Any = 1.0
-    check_val_every_n_epoch: int = 1
+    check_val_every_n_epoch: Optional[int] = 1
     num_sanity_val_steps: int = 2
     log_every_n_steps: int = 50
     fast_dev_run: Any = False

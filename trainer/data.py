@@ -153,6 +153,11 @@ def limit_batches(total: float, limit: int | float) -> float:
     return min(total, limit)
 
 
+def finite(n: float) -> int | None:
+    """A batch count as an int, None for a loader without a length (what a checkpoint records)."""
+    return None if n == float("inf") else int(n)
+
+
 def length(loader: Any) -> float:
     """``len(loader)``, or inf for a loader without a length (an IterableDataset, a generator)."""
     try:
@@ -169,7 +174,6 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
         f"train_dataloader() yields no batches (dataset of {size} samples, batch_size="
         f"{getattr(loader, 'batch_size', '?')}, drop_last={getattr(loader, 'drop_last', '?')}).",
         "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
-
 
 
 def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int,
@@ -198,3 +202,20 @@ def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
                               f"define `def {method}(self): return DataLoader(...)`.")
     return prepare_loader(loader, train=False, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
                           pin_memory=strategy.device.type == "cuda")
+
+
+def reseed(loaders: Any, seed: int) -> None:
+    """Give the resumable samplers of ``loaders`` the run's data seed (a resume continues the saved order)."""
+    for loader in loaders:
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, ResumableSampler):
+            sampler.seed = seed
+
+
+def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, world_size: int,
+                  accumulate_grad_batches: int) -> dict[str, Any]:
+    """Where the data stands, for a checkpoint: the order (seed, epoch), the batches done, and the settings that
+    give a batch position its meaning (a resume warns when they changed)."""
+    return {"seed": int(seed), "epoch": state.epoch, "batches_done": state.batches_done,
+            "batch_size": getattr(loader, "batch_size", None), "world_size": world_size,
+            "accumulate_grad_batches": accumulate_grad_batches, "num_train_batches": finite(num_train_batches)}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
-import multiprocessing.reduction
 import os
 import sys
 from datetime import timedelta

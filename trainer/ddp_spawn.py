@@ -4,6 +4,7 @@ first error, with the rank that raised it) back to the parent. Under torchrun no
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import multiprocessing
@@ -147,7 +148,7 @@ def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
     if task is not None and getattr(getattr(trainer, "state", None), "fn", None) == "fit":
         snapshot["weights"] = {k: v.detach().cpu() for k, v in unwrap(task).state_dict().items()}
     if trainer is not None and hasattr(trainer, "state") and hasattr(trainer, "callbacks"):
-        snapshot["state"] = trainer.state.state_dict()
+        snapshot["state"] = dataclasses.asdict(trainer.state)  # every field, fn and resumed included
         snapshot["log_dir"] = trainer.log_dir
         snapshot["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
     return snapshot
@@ -159,7 +160,7 @@ def _restore(fn: Callable[..., Any], args: tuple[Any, ...], snapshot: dict[str, 
     if task is not None and "weights" in snapshot:
         task.load_state_dict(snapshot["weights"])
     if trainer is not None and "state" in snapshot:
-        trainer.state.load_state_dict(snapshot["state"])
+        trainer.state = type(trainer.state)(**snapshot["state"])
         trainer.log_dir = snapshot["log_dir"]
         trainer.task = task
         for cb in trainer.callbacks:
@@ -209,10 +210,6 @@ def _reraise_worker_error(out: str, exc: ProcessException, world_size: int) -> N
     if hasattr(error, "add_note"):
         error.add_note(f"(raised on ddp rank {first['rank']} of {world_size}; the other ranks were stopped)")
     raise error from _RemoteTraceback(f'\n"""\n{first["traceback"]}"""')
-
-
-
-
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import torch
 from .errors import MisconfigurationError, NonFiniteLossError
 
 if TYPE_CHECKING:
+    from .precision import Precision
     from .state import TrainerState
     from .strategies import Strategy
 
@@ -34,15 +35,17 @@ def stack_scalars(values: list[Any], device: torch.device) -> torch.Tensor:
 class _Series:
     """One logged key: the values since the last fold (tensors stay tensors) and the folded running total.
 
-    ``weights`` is None while every weight is 1 (training): then the Trainer appends its losses to ``pending``
-    directly, no call per step, and the count of values is the weight.
+    Each value has a weight, the samples of its batch, kept relative to the first value's (``unit``): then every
+    full batch weighs 1, ``weights`` stays None while all of them do (no list, no multiply), and only a smaller
+    batch (the epoch's last) makes the mean a weighted one.
     """
 
-    __slots__ = ("pending", "weights", "total", "weight", "_last")
+    __slots__ = ("pending", "weights", "unit", "total", "weight", "_last")
 
     def __init__(self) -> None:
         self.pending: list[Any] = []
         self.weights: list[float] | None = None
+        self.unit: float | None = None  # the weight of the first value: the others are relative to it
         self.total: Any = 0.0
         self.weight = 0.0
         self._last: Any = None
@@ -57,11 +60,14 @@ class _Series:
         return [1.0] * len(self.pending) if self.weights is None else self.weights
 
     def add(self, value: Any, weight: float = 1.0) -> None:
-        if weight != 1.0 and self.weights is None:
+        unit = self.unit
+        if unit is None:
+            unit = self.unit = weight
+        if weight != unit and self.weights is None:
             self.weights = self.weight_list()
         self.pending.append(value)
         if self.weights is not None:
-            self.weights.append(weight)
+            self.weights.append(weight / unit)
 
     def fold(self) -> None:
         if not self.pending:
@@ -97,7 +103,7 @@ class LogBook:
 
     def __init__(self, stage: str) -> None:
         self.stage = stage
-        self.weight = 1.0  # the Trainer sets the batch size here during evaluation (sample-weighted means)
+        self.weight = 1.0  # the Trainer sets each batch's size here: epoch means are sample-weighted
         self.series: dict[str, _Series] = {}
         self.prog_bar: set[str] = set()
 
@@ -151,7 +157,7 @@ class LogBook:
     def state_dict(self) -> dict[str, Any]:
         """Exact state (tensors kept as tensors) so that epoch means after a resume are bitwise equal."""
         return {"stage": self.stage, "prog_bar": sorted(self.prog_bar), "series": {
-            k: {"pending": list(s.pending), "weights": list(s.weight_list()),
+            k: {"pending": list(s.pending), "weights": list(s.weight_list()), "unit": s.unit,
                 "total": s.total, "weight": s.weight}
             for k, s in self.series.items()}}
 
@@ -162,6 +168,7 @@ class LogBook:
             s = self.series[key] = _Series()
             s.pending = list(saved["pending"])
             s.weights = None if all(w == 1.0 for w in saved["weights"]) else list(saved["weights"])
+            s.unit = saved.get("unit")
             s.total, s.weight = saved["total"], saved["weight"]
 
 
@@ -173,8 +180,11 @@ class LogBuffer:
     NaN/Inf loss found at the next check. Everything a resume needs is in :meth:`state_dict`.
     """
 
-    def __init__(self, strategy: Strategy, raise_nonfinite: bool, accumulate_grad_batches: int) -> None:
-        self.strategy, self.raise_nonfinite, self.accumulate = strategy, raise_nonfinite, accumulate_grad_batches
+    def __init__(self, strategy: Strategy, nonfinite_loss: str, precision: Precision,
+                 accumulate_grad_batches: int) -> None:
+        self.strategy, self.accumulate = strategy, accumulate_grad_batches
+        # With 16-mixed the GradScaler already skips steps whose gradients overflow: that is not an error.
+        self.raise_nonfinite = nonfinite_loss == "raise" and precision.scaler is None
         self.train = LogBook("train")
         self.current = self.train
         self.new_epoch(0)
@@ -183,8 +193,12 @@ class LogBuffer:
         """An empty training book; :attr:`losses` is its loss series' pending list (the loop appends to it)."""
         self.train.reset()
         self._loss = self.train.series_for("train/loss")
-        self.losses: list[Any] = self._loss.pending
+        self.losses: list[Any] = self._loss.pending  # this epoch's losses since the last log (read, not written)
         self.fold_mark = (global_step, 0)
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """A training step's detached loss, weighted by its batch's size (``train.weight``): kept, not converted."""
+        self._loss.add(loss, self.train.weight)
 
     def enter(self, stage: str) -> LogBook:
         """Make ``stage``'s book the one ``self.log`` writes to: the training book, or a new one per evaluation."""
@@ -262,7 +276,11 @@ class LogBuffer:
         return {"book": book, "fold_mark": list(self.fold_mark)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue a partial epoch: its values go back to the device they were logged on."""
+        """Continue a partial epoch (its values go back to the device they were logged on), or, with no book (the
+        epoch was saved complete), start the next one at ``fold_mark``."""
+        if state["book"] is None:
+            self.new_epoch(state["fold_mark"][0])
+            return
         device = self.strategy.device
         book = state["book"]
         for series in book["series"].values():

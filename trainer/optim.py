@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import MisconfigurationError, TaskModuleError
+from .errors import CheckpointError, MisconfigurationError, TaskModuleError
 
 _ACCEPTED = ('an optimizer, `(optimizer, scheduler)`, or `{"optimizer": opt, "lr_scheduler": sched}` where sched is '
              'a scheduler or `{"scheduler": s, "interval": "step"|"epoch", "frequency": n, "monitor": "val/loss"}`')
@@ -75,6 +75,37 @@ def parse_optimizers(result: Any) -> tuple[torch.optim.Optimizer, list[Scheduler
     return optimizer, schedulers
 
 
+class Schedulers:
+    """A fit's learning-rate schedulers and when each steps: ``interval="step"`` after every ``frequency``-th
+    optimizer step (counted over the run), ``"epoch"`` after every ``frequency``-th completed epoch."""
+
+    def __init__(self, configs: list[SchedulerConfig]) -> None:
+        self.configs = configs
+        self.per_step = [c for c in configs if c.interval == "step"]  # the loop asks this list after each step
+        self.per_epoch = [c for c in configs if c.interval == "epoch"]
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def after_step(self, global_step: int, metrics: Mapping[str, float]) -> None:
+        for config in self.per_step:
+            if global_step % config.frequency == 0:
+                step_scheduler(config, metrics)
+
+    def after_epoch(self, epoch: int, metrics: Mapping[str, float]) -> None:
+        """``epoch`` (from 0) has just completed."""
+        for config in self.per_epoch:
+            if (epoch + 1) % config.frequency == 0:
+                step_scheduler(config, metrics)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [config.scheduler.state_dict() for config in self.configs]
+
+    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
+        for config, state in zip(self.configs, states):
+            config.scheduler.load_state_dict(state)
+
+
 def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float]) -> None:
     """Step one scheduler; ReduceLROnPlateau gets its monitored value from ``metrics``."""
     if not config.on_plateau:
@@ -97,3 +128,13 @@ def gradient_clipper(optimizer: torch.optim.Optimizer, value: float | None,
     params = [p for group in optimizer.param_groups for p in group["params"]]
     clip = torch.nn.utils.clip_grad_norm_ if algorithm == "norm" else torch.nn.utils.clip_grad_value_
     return functools.partial(clip, params, value)
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any], path: str) -> None:
+    """``saved`` (an optimizer's state dict) fits ``optimizer``: the same parameter groups, of the same sizes."""
+    have = [len(group["params"]) for group in optimizer.param_groups]
+    had = [len(group["params"]) for group in saved.get("param_groups", [])]
+    if have != had:
+        raise CheckpointError(f"The optimizer state in {path} does not fit this optimizer (parameters per group: "
+                              f"{had} in the checkpoint, {have} now).",
+                              "resume with the optimizer of the original run (same parameter groups).")

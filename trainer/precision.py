@@ -26,7 +26,6 @@ class Precision:
 
     def __init__(self, precision: str, device: torch.device) -> None:
         self.precision = normalize_precision(precision)
-        self.mixed = self.precision != "32"  # False: the loop may take its plain step, without autocast
         self.scaler: Any = None
         if self.precision == "32":
             self.autocast: Any = contextlib.nullcontext()

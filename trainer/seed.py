@@ -1,8 +1,10 @@
 """Seeding: one call makes python, numpy, torch (CPU and CUDA) and DataLoader workers reproducible."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 
 import torch
 
@@ -43,3 +45,22 @@ def worker_init_fn(worker_id: int) -> None:
         np.random.seed(seed)
     except ImportError:
         pass
+
+
+def run_seed() -> int:
+    """The seed a run derives its data order from: :func:`seed_everything`'s, else torch's initial seed."""
+    seed = current_seed()
+    return seed if seed is not None else torch.initial_seed() % 2**31
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool) -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` inside when ``enabled``; the process's setting, as it was, after."""
+    was = torch.are_deterministic_algorithms_enabled()
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)

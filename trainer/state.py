@@ -37,6 +37,10 @@ class TrainerState:
                 if f.name not in _NOT_SAVED}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: idle, and after an epoch saved complete, at the start of the next one."""
         for key, value in state.items():
             if hasattr(self, key) and key not in _NOT_SAVED:
                 setattr(self, key, dict(value) if key == "metrics" else value)
+        self.stage = "idle"
+        if self.epoch_done:
+            self.epoch, self.batches_done, self.epoch_done = self.epoch + 1, 0, False

@@ -143,8 +143,12 @@ class Strategy:
 
     def _set_device(self, device: torch.device) -> None:
         self.device = device
-        # On the CPU, batches are already where they belong: the loop skips batch_to_device (no call per step).
-        self.moves_batches = self.device.type != "cpu"
+
+    @property
+    def moves_batches(self) -> bool:
+        """The loop calls :meth:`batch_to_device`: off the CPU, or when a strategy overrides it (it may do more).
+        On the CPU batches are already where they belong: no call per step."""
+        return self.device.type != "cpu" or type(self).batch_to_device is not Strategy.batch_to_device
 
     @property
     def is_main(self) -> bool:
@@ -170,7 +174,7 @@ class Strategy:
 
     def batch_to_device(self, batch: Any) -> Any:
         """``batch`` with every tensor on this strategy's device (the copies are ``non_blocking``)."""
-        return batch_to_device(batch, self.device) if self.moves_batches else batch
+        return batch_to_device(batch, self.device) if self.device.type != "cpu" else batch
 
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """The state dict of the user's module: never prefixed with ``module.`` or ``_orig_mod.``."""

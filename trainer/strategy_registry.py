@@ -9,7 +9,6 @@ from .errors import MisconfigurationError
 from .strategies import DataParallelStrategy, Strategy, launched_by_torchrun, parse_devices
 
 
-
 def _ddp(accelerator: str, devices: Any) -> Strategy:
     from .ddp import DDPStrategy  # lazy: see the module docstring
 

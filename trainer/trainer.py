@@ -3,37 +3,39 @@
 One training batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` (epochs and batches) -> ``_train_step`` ->
 ``precision.step`` -> ``optimizer.step``. The step is the one written by hand: forward and loss under autocast,
 backward, and once per ``accumulate_grad_batches`` batches unscale -> ``on_before_optimizer_step`` -> clip ->
-step -> zero_grad. The loop around it times the DataLoader's ``next`` (two ``perf_counter`` calls) and moves
-the batch to the device (not on the CPU). Nothing per step reads a device value on the host: the loss stays a
+step -> zero_grad, after moving the batch to the device (not on the CPU). The loop around it times the
+DataLoader's ``next`` (two ``perf_counter`` calls). Nothing per step reads a device value on the host: the loss stays a
 tensor, converted once per ``log_every_n_steps`` (``LogBuffer.interval``: the one CPU-GPU sync of training).
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from .callbacks import Callback, ModelCheckpoint, drop_idle_batch_hooks, hook_table, with_defaults
-from .checkpoint import load_training_state, load_weights, next_version_dir, restore, save_checkpoint, training_state
-from .checks import check_arguments, check_loss, check_task
-from .data import empty_train_loader, eval_loader, fit_loaders, length, limit_batches, set_epoch
+from .callbacks import (Callback, ModelCheckpoint, callback_states, drop_idle_batch_hooks, hook_table,
+                        load_callback_states, with_defaults)
+from .checkpoint import load_weights, next_version_dir, restore, save_checkpoint
+from .checks import check_arguments, check_loss, check_task, keywords_checked
+from .data import (batch_size_of, data_position, empty_train_loader, eval_loader, fit_loaders, length,
+                   limit_batches, reseed, set_epoch)
 from .evaluation import evaluate, predict
-from .errors import MisconfigurationError
+from .errors import CheckpointError
 from .logbook import LogBuffer
 from .metrics import build_metrics
 from .module import TaskModule, flatten
-from .optim import gradient_clipper, parse_optimizers, step_scheduler
+from .optim import Schedulers, gradient_clipper, parse_optimizers
 from .precision import Precision, normalize_precision
 from .preemption import Preemption, preempt
+from .rng import gather_rng_states, set_rng_state
 from .schedule import ValidationSchedule, accumulation_group
-from .seed import current_seed, seed_everything
+from .seed import deterministic_algorithms, run_seed, seed_everything
 from .serialization import CheckpointWriter
 from .state import TrainerState
-from .strategies import Strategy
+from .strategies import unwrap
 from .strategy_registry import select_strategy
 
 _NO_SYNC_NEEDED = contextlib.nullcontext()  # reusable: the step enters it instead of ddp's no_sync
@@ -42,6 +44,7 @@ _NO_SYNC_NEEDED = contextlib.nullcontext()  # reusable: the step enters it inste
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
 
+    @keywords_checked  # Trainer(max_epoch=3): one error naming Trainer and max_epochs (see checks.py)
     def __init__(
         self, *, max_epochs: int | None = None, max_steps: int | None = None, accelerator: str = "auto",
         devices: int | str | Sequence[int] = "auto", strategy: Any = "auto", precision: str | int = "32",
@@ -49,7 +52,7 @@ class Trainer:
         gradient_clip_algorithm: str = "norm", limit_train_batches: int | float = 1.0,
         limit_val_batches: int | float = 1.0, limit_test_batches: int | float = 1.0,
         limit_predict_batches: int | float = 1.0, val_check_interval: int | float = 1.0,
-        check_val_every_n_epoch: int = 1, num_sanity_val_steps: int = 2, log_every_n_steps: int = 50,
+        check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int = 2, log_every_n_steps: int = 50,
         fast_dev_run: bool | int = False, overfit_batches: int | float = 0, deterministic: bool = False,
         callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
         enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
@@ -83,16 +86,13 @@ class Trainer:
         self.callbacks = with_defaults(callbacks, progress=enable_progress_bar, summary=enable_model_summary,
                                        checkpointing=enable_checkpointing, logger=logger)
         self.state, self.log_dir, self.task = TrainerState(), None, None  # fit starts each run with a new state
-        # Finishes checkpoint files (fsync, rename) off the training thread; joined before each save and fit's end.
-        self.checkpoint_writer = CheckpointWriter()
+        self.model = self.optimizer = self.train_dataloader = self.val_loader = None  # set by a run
+        self.checkpoint_writer = CheckpointWriter()  # fsyncs and renames checkpoint files off the training thread
 
     # ---- entry points -------------------------------------------------------------------------------
     def fit(self, task: TaskModule, ckpt_path: str | None = None) -> dict[str, float]:
         """Train ``task``; resume from ``ckpt_path`` ("last", "best" or a path). Returns the final metrics."""
-        check_task(task, "fit")
-        if self.max_epochs is None and self.max_steps is None:
-            raise MisconfigurationError("Neither max_epochs nor max_steps is set, so fit would never end.",
-                                        "pass Trainer(max_epochs=N) or Trainer(max_steps=N).")
+        check_task(task, "fit", self.max_epochs, self.max_steps)
         return self.strategy.launch(self._fit, task, ckpt_path)
 
     def validate(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
@@ -108,7 +108,7 @@ class Trainer:
     def predict(self, task: TaskModule, ckpt_path: str | None = None) -> list[Any]:
         """Return ``task(inputs)`` for every batch of ``task.predict_dataloader()``."""
         check_task(task, "predict")
-        return self.strategy.launch(self._predict, task, ckpt_path)
+        return self.strategy.launch(self._run_eval, "predict", task, ckpt_path)
 
     # ---- fit: epochs and batches ----------------------------------------------------------------------
     def _fit(self, task: TaskModule, ckpt_path: str | None) -> dict[str, float]:
@@ -119,15 +119,8 @@ class Trainer:
             on_start, on_end = drop_idle_batch_hooks(self.hooks, self)  # a per-batch call only where it does work
             if self.num_sanity_val_steps and self.val_loader is not None and not st.resumed:
                 self._sanity_check()
-            while True:
-                finished = self._finished()  # under ddp this also agrees on stop flags and signals across ranks
-                if self.preemption.requested:
-                    preempt(self)  # saves a checkpoint and exits the process
-                if finished:
-                    break
-                self._start_epoch()
-                n, loader = self.num_train_batches, self.train_dataloader
-                validating = self.val_schedule.in_epoch(st.epoch)
+            while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
+                loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
                 for batch_idx, batch in enumerate(loader, st.batches_done):
@@ -140,7 +133,7 @@ class Trainer:
                     step = st.global_step
                     loss = self._train_step(batch, batch_idx)
                     st.batches_done = batch_idx + 1
-                    if validating and self.val_schedule.due(batch_idx):
+                    if validating and self.val_schedule.due(st.epoch, batch_idx):
                         self._validate()
                     for fn in on_end:
                         fn(self, task, loss, batch, batch_idx)
@@ -149,7 +142,7 @@ class Trainer:
                         break
                     waited = clock()
                 else:
-                    if n == float("inf") and st.batches_done and validating:
+                    if self.val_schedule.at_exhaustion and st.batches_done and validating:
                         self._validate()  # a loader without len(): validate when it is exhausted
                 if st.batches_done == 0 and n:
                     raise empty_train_loader(loader)  # a loader without len() that yielded nothing
@@ -160,13 +153,13 @@ class Trainer:
             return dict(st.metrics)
 
     def _train_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Forward, loss, backward; an optimizer step when the accumulation group is complete.
-
-        Returns the detached loss (``outputs`` of ``on_train_batch_end``)."""
+        """Forward, loss, backward; an optimizer step when the accumulation group is complete. Returns the
+        detached loss (the ``outputs`` of ``on_train_batch_end``)."""
         task, model, optimizer, precision, st = self.task, self.model, self.optimizer, self.precision, self.state
         if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
             batch = self.strategy.batch_to_device(batch)
         inputs, targets = task.split_batch(batch)
+        self.logs.train.weight = batch_size_of(targets)  # samples: epoch means of logged values weigh by it
         k = self.accumulate_grad_batches
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
         with _NO_SYNC_NEEDED if steps else self.strategy.no_sync(model):  # ddp: no all-reduce for a waiting batch
@@ -176,7 +169,7 @@ class Trainer:
                 check_loss(loss, task)  # once per fit: a scalar tensor that requires grad
                 self._loss_checked = True
             detached = loss.detach()
-            self.logs.losses.append(detached)  # converted at the log interval, not here (no sync)
+            self.logs.add_loss(detached)  # converted at the log interval, not here (no sync)
             if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync per step, opted into
                 st.skipped_steps += 1
                 optimizer.zero_grad(set_to_none=True)
@@ -192,10 +185,8 @@ class Trainer:
         stepped = precision.step(optimizer)  # False: the GradScaler skipped a step whose gradients overflowed
         optimizer.zero_grad(set_to_none=True)
         st.global_step += 1
-        if stepped:
-            for config in self.step_schedulers:
-                if st.global_step % config.frequency == 0:
-                    step_scheduler(config, st.metrics)
+        if stepped and self.schedulers.per_step:
+            self.schedulers.after_step(st.global_step, st.metrics)
         if st.global_step % self.log_every_n_steps == 0:
             self._publish(self.logs.interval(st))  # the log interval: one tolist(), the sync point
             self.preemption.agree(st)
@@ -203,20 +194,26 @@ class Trainer:
         return detached
 
     def _finished(self) -> bool:
+        """Training is over: max_epochs, max_steps or should_stop. After a preemption signal this saves a checkpoint
+        and exits; under ddp the ranks agree on stops and signals here first (one all-reduce per epoch)."""
         st = self.state
-        self.preemption.agree(st)  # ddp: a stop set on one rank only is agreed here, once per epoch
+        self.preemption.agree(st)
+        if self.preemption.requested:
+            preempt(self)
         return st.should_stop or self._max_steps_reached() or (
             self.max_epochs is not None and st.epoch >= self.max_epochs)
 
     def _max_steps_reached(self) -> bool:
         return self.max_steps is not None and self.state.global_step >= self.max_steps
 
-    def _start_epoch(self) -> None:
+    def _start_epoch(self) -> tuple[Any, float, bool]:
+        """(the training loader set to this epoch, its batches, whether this epoch validates)."""
         st = self.state
         set_epoch(self.train_dataloader, st.epoch, self.data_seed, st.batches_done)
         st.stage = "train"
         self._call("on_train_epoch_start")
         self.model.train()  # once per epoch (and after each validation), not per step
+        return self.train_dataloader, self.num_train_batches, self.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
         st = self.state
@@ -224,9 +221,7 @@ class Trainer:
         self.logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
         self._publish(self.logs.epoch_means())
         if completed:
-            for config in self.epoch_schedulers:
-                if (st.epoch + 1) % config.frequency == 0:
-                    step_scheduler(config, st.metrics)
+            self.schedulers.after_epoch(st.epoch, st.metrics)
         self._call("on_train_epoch_end")
         if completed:
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
@@ -242,13 +237,13 @@ class Trainer:
         self.state.stage = "idle"
 
     def _validate(self) -> None:
-        st = self.state
-        previous, st.stage = st.stage, "val"
+        """A validation pass inside the training epoch (between two training batches, or when it ends)."""
+        self.state.stage = "val"
         self._call("on_validation_start")
         self._publish(self._evaluate("val", self.val_loader, self.num_val_batches))
-        self.preemption.agree(st)
+        self.preemption.agree(self.state)
         self._call("on_validation_end")
-        st.stage = previous
+        self.state.stage = "train"
         self.model.train()
 
     def _evaluate(self, prefix: str, loader: Any, limit: float) -> dict[str, float]:
@@ -256,27 +251,23 @@ class Trainer:
                         strategy=self.strategy, precision=self.precision, logs=self.logs,
                         metrics=self.metrics.get(prefix, {}), data_seed=self.data_seed)
 
-    def _run_eval(self, fn: str, task: TaskModule, ckpt_path: str | None) -> list[dict[str, float]]:
+    def _run_eval(self, fn: str, task: TaskModule, ckpt_path: str | None) -> list[Any]:
+        """One pass of ``validate``/``test`` (returns ``[metrics]``) or ``predict`` (returns the predictions)."""
         with self._running(task, fn, ckpt_path):
             loader = eval_loader(task, fn, self.data_seed, self.strategy)
-            prefix, hook = ("val", "validation") if fn == "validate" else ("test", "test")
-            self.state.stage = prefix
-            self._call(f"on_{hook}_start")
-            metrics = self._evaluate(prefix, loader, limit_batches(length(loader), self.limits[prefix]))
-            self._publish(metrics)
-            self._call(f"on_{hook}_end")
+            stage = {"validate": "val", "test": "test", "predict": "predict"}[fn]
+            limit, self.state.stage = limit_batches(length(loader), self.limits[stage]), stage
+            if fn == "predict":
+                result = predict(task, self.strategy.eval_module(self.model), loader, limit, strategy=self.strategy,
+                                 precision=self.precision)
+            else:
+                hook = "validation" if fn == "validate" else "test"
+                self._call(f"on_{hook}_start")
+                result = [self._evaluate(stage, loader, limit)]
+                self._publish(result[0])
+                self._call(f"on_{hook}_end")
             self.state.stage = "idle"
-            return [metrics]
-
-    def _predict(self, task: TaskModule, ckpt_path: str | None) -> list[Any]:
-        with self._running(task, "predict", ckpt_path):
-            loader = eval_loader(task, "predict", self.data_seed, self.strategy)
-            self.state.stage = "predict"
-            predictions = predict(task, self.strategy.eval_module(self.model), loader,
-                                  limit_batches(length(loader), self.limits["predict"]), strategy=self.strategy,
-                                  precision=self.precision)
-            self.state.stage = "idle"
-            return predictions
+            return result
 
     # ---- one run: what fit/validate/test/predict set up and tear down ---------------------------------------
     @contextlib.contextmanager
@@ -286,51 +277,41 @@ class Trainer:
         self.strategy.setup_environment()
         if self.seed is not None:
             seed_everything(self.seed)
-        was_deterministic = torch.are_deterministic_algorithms_enabled()
-        if self.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-        self.task = task
-        if fn == "fit":
-            self.state, self.log_dir = TrainerState(), None
-        self.state.fn = fn
-        if self.log_dir is None:
-            self.log_dir = self.strategy.broadcast(next_version_dir(self.default_root_dir) if self.is_main else None)
-        self.hooks = hook_table(self.callbacks)
-        # On the CPU the loop skips batch_to_device, unless a custom strategy overrides it (it may do more).
-        self.moves_batches = self.strategy.moves_batches or \
-            type(self.strategy).batch_to_device is not Strategy.batch_to_device
-        if self.channels_last:
-            task.to(memory_format=torch.channels_last)
-        wrapped = self.strategy.setup_module(task)
-        self.model = torch.compile(wrapped) if self.compile else wrapped  # what the loop calls
-        self.precision = Precision(self.precision_name, self.strategy.device)
-        self.metrics = build_metrics(task, self.strategy.device)
-        # With 16-mixed the GradScaler already skips steps whose gradients overflow: that is not an error.
-        raise_nonfinite = self.nonfinite_loss == "raise" and self.precision.scaler is None
-        self.logs = LogBuffer(self.strategy, raise_nonfinite, self.accumulate_grad_batches)
-        seed = current_seed() if current_seed() is not None else torch.initial_seed() % 2**31
-        self.data_seed = int(self.strategy.broadcast(seed))
-        self.preemption = Preemption(self.preempt_signals, self.strategy, install=fn == "fit")
-        task.trainer = self
-        try:
-            if weights is not None:
-                load_weights(self, weights)
-            yield
-        except BaseException as exc:
-            self.checkpoint_writer.close_quietly()  # finish the background files before reporting
-            self._call("on_exception", exc)
-            raise
-        finally:
-            self.preemption.uninstall()
-            task.trainer = None
-            torch.use_deterministic_algorithms(was_deterministic)  # the process's setting, as it was
+        self.task, self.hooks, self.preemption = task, hook_table(self.callbacks), None
+        with deterministic_algorithms(self.deterministic):  # the process's setting comes back after
+            try:
+                if fn == "fit":
+                    self.state, self.log_dir = TrainerState(), None
+                self.state.fn = fn
+                if self.log_dir is None:  # chosen on rank 0
+                    self.log_dir = self.strategy.broadcast(self.is_main and next_version_dir(self.default_root_dir))
+                self.moves_batches = self.strategy.moves_batches  # read once: the step asks it every batch
+                if self.channels_last:
+                    task.to(memory_format=torch.channels_last)
+                wrapped = self.strategy.setup_module(task)
+                self.model = torch.compile(wrapped) if self.compile else wrapped  # what the loop calls
+                self.precision = Precision(self.precision_name, self.strategy.device)
+                self.metrics = build_metrics(task, self.strategy.device)
+                self.logs = LogBuffer(self.strategy, self.nonfinite_loss, self.precision, self.accumulate_grad_batches)
+                self.data_seed = int(self.strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank
+                self.preemption = Preemption(self.preempt_signals, self.strategy, install=fn == "fit")
+                task.trainer = self
+                if weights is not None:
+                    load_weights(self, weights)
+                yield
+            except BaseException as exc:
+                self.checkpoint_writer.close_quietly()  # finish the background files before reporting
+                self._call("on_exception", exc)
+                raise
+            finally:
+                if self.preemption is not None:
+                    self.preemption.uninstall()
+                task.trainer = None
 
     def _setup_fit(self, ckpt_path: str | None) -> None:
         task, strategy = self.task, self.strategy
-        self.optimizer, self.schedulers = parse_optimizers(task.configure_optimizers())
-        self.step_schedulers = [c for c in self.schedulers if c.interval == "step"]
-        self.epoch_schedulers = [c for c in self.schedulers if c.interval == "epoch"]
+        self.optimizer, configs = parse_optimizers(task.configure_optimizers())
+        self.schedulers = Schedulers(configs)
         self.clip_gradients = gradient_clipper(self.optimizer, self.gradient_clip_val, self.gradient_clip_algorithm)
         self.train_dataloader, self.num_train_batches, self.val_loader, self.num_val_batches = fit_loaders(
             task, self.limits, bool(self.overfit_batches), self.data_seed, strategy)
@@ -364,9 +345,7 @@ class Trainer:
     @property
     def hparams(self) -> dict[str, Any]:
         """The run's hyperparameters: the flattened resolved config (CLI) or the TaskModule's init arguments."""
-        if self.config is not None:
-            return flatten(self.config)
-        return flatten(self.task.hparams) if self.task is not None else {}
+        return flatten(self.config if self.config is not None else self.task.hparams if self.task is not None else {})
 
     @property
     def should_stop(self) -> bool:
@@ -378,23 +357,44 @@ class Trainer:
         self.state.should_stop = bool(value)
 
     @property
-    def checkpoint_callback(self) -> ModelCheckpoint | None:
-        """The first ModelCheckpoint among the callbacks, or None."""
+    def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
     # ---- the run's state, as checkpoints hold it ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything to continue this fit exactly (docs/checkpointing.md); every rank calls it (RNG is gathered)."""
-        return training_state(self)
+        """Everything needed to continue this fit exactly, each part asked for its own state (docs/checkpointing.md).
+        During fit only; every rank calls it (the RNG states are gathered from all ranks)."""
+        if self.optimizer is None:
+            raise CheckpointError("This Trainer has no training state: it has not run fit.",
+                                  "call state_dict()/save_checkpoint(path) during or after trainer.fit(task).")
+        st, logs = self.state, self.logs.state_dict()
+        return {"module": self.strategy.module_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
+                "schedulers": self.schedulers.state_dict(),
+                "precision": self.precision.state_dict(),
+                "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
+                "logbook": None if st.epoch_done else logs["book"],  # this epoch's values (none once complete)
+                "rng": gather_rng_states(self.strategy),
+                "data": data_position(self.train_dataloader, self.num_train_batches, st, self.data_seed,
+                                      self.strategy.world_size, self.accumulate_grad_batches),
+                "callbacks": callback_states(self.callbacks)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue where :meth:`state_dict` left off (fit calls it after setup, before ``on_fit_start``)."""
-        load_training_state(self, state)
+        """Continue where :meth:`state_dict` left off: ``fit(task, ckpt_path=...)`` calls it (after checking that
+        the checkpoint fits this run) before ``on_fit_start``. RNG last: nothing after it may draw random numbers."""
+        unwrap(self.model).load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedulers.load_state_dict(state["schedulers"])
+        self.precision.load_state_dict(state["precision"])
+        self.state.load_state_dict(state["loop"]["state"])
+        fold_mark = state["loop"].get("fold_mark", (self.state.global_step, self.state.batches_done))
+        self.logs.load_state_dict({"book": state["logbook"], "fold_mark": fold_mark})
+        self.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
+        reseed((self.train_dataloader, self.val_loader), self.data_seed)
+        load_callback_states(self.callbacks, state.get("callbacks", {}))
+        rng, rank = state["rng"], self.strategy.rank
+        set_rng_state(rng[rank] if rank < len(rng) else rng[0])
 
     def save_checkpoint(self, path: str, background: bool = False) -> None:
-        """Write everything needed to continue this run exactly, atomically, on rank 0 (every rank calls it).
-
-        ``background=True``: serialise now, fsync and rename on :attr:`checkpoint_writer`'s thread (the file is
-        in place when the next save starts, when fit returns, or after ``trainer.checkpoint_writer.wait()``).
-        """
+        """Write :meth:`state_dict` atomically to ``path`` on rank 0 (every rank calls it). ``background=True``: the
+        fsync and rename finish on :attr:`checkpoint_writer`'s thread (by the next save or fit's end)."""
         save_checkpoint(self, path, background)
