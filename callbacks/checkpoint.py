@@ -6,6 +6,7 @@ On by default (``Trainer(enable_checkpointing=False)`` turns it off). The files 
 from __future__ import annotations
 
 import datetime
+import difflib
 import math
 import os
 import re
@@ -45,7 +46,12 @@ class ModelCheckpoint(Callback):
         save_top_k: how many ranked files to keep (-1: all, 0: none, only ``last.ckpt``).
         save_last: keep ``last.ckpt``, the newest state (what ``ckpt_path="last"`` resumes).
         every_n_train_steps: also save every N optimizer steps (after that step's validation, if any).
-        every_n_epochs: save at the end of every N-th completed epoch (None or 0: never at epoch ends).
+        every_n_epochs: save in every N-th epoch (None or 0: never by epoch): at its end, or after each of its
+            validations when they run elsewhere (see ``save_on_train_epoch_end``).
+        save_on_train_epoch_end: where the epoch saves happen, as in Lightning. None decides: at the epoch's end
+            when it validates once at its end (``val_check_interval=1.0``, ``check_val_every_n_epoch=1``) or not at
+            all, else after each validation (so a file is ranked by the score of the very state it holds, and an
+            epoch that did not validate is never ranked).
         train_time_interval: also save when this much time (seconds or a ``timedelta``) has passed since the
             last save, checked at step boundaries (under ddp at each ``log_every_n_steps``, with one broadcast).
 
@@ -58,7 +64,8 @@ class ModelCheckpoint(Callback):
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str = "{epoch}-{step}",
                  monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
                  every_n_train_steps: int | None = None, every_n_epochs: int | None = 1,
-                 train_time_interval: float | datetime.timedelta | None = None) -> None:
+                 train_time_interval: float | datetime.timedelta | None = None,
+                 save_on_train_epoch_end: bool | None = None) -> None:
         if mode not in ("min", "max"):
             raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
                                         'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
@@ -87,7 +94,8 @@ class ModelCheckpoint(Callback):
         self.every_n_epochs, self.train_time_interval = every_n_epochs or None, train_time_interval
         self.best_k_models: dict[str, float] = {}
         self.best_model_path, self.best_model_score, self.last_model_path = "", None, ""
-        self._last_step = self._saved_step = -1
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self._last_step = self._saved_step = self._monitor_step = -1  # global steps of the last batch, save, score
         self._last_time = 0.0
         self._warned_missing = False
 
@@ -113,12 +121,50 @@ class ModelCheckpoint(Callback):
         if due and not trainer.fast_dev_run:
             self.save(trainer)
 
-    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
-        st = trainer.state
-        # A partial epoch (max_steps, a stop, a signal) is saved by on_fit_end or the preemption handler.
-        if st.epoch_done and self.every_n_epochs and (st.epoch + 1) % self.every_n_epochs == 0 \
-                and not trainer.fast_dev_run:
+    def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
+        if self.monitor in metrics:  # the step whose state produced the score: a file is ranked by its own score
+            self._monitor_step = trainer.state.global_step
+
+    def on_validation_end(self, trainer: Any, task: Any) -> None:
+        if trainer.state.fn != "fit":
+            return
+        if self.monitor is not None and self.monitor.startswith("val/"):
+            self._check_monitor(trainer)
+        if not self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
             self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+        # A partial epoch (max_steps, a stop, a signal) is saved by on_fit_end or the preemption handler.
+        if not trainer.state.epoch_done:
+            return
+        if self.monitor is not None and not self.monitor.startswith("val/"):
+            self._check_monitor(trainer)  # training values are logged before on_train_epoch_end
+        if self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
+            self.save(trainer)
+
+    def _saves_at_epoch_end(self, trainer: Any) -> bool:
+        """Lightning's rule for where epoch saves happen (see ``save_on_train_epoch_end``)."""
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        if self.train_time_interval is not None or trainer.check_val_every_n_epoch != 1:
+            return False
+        return not trainer.num_val_batches or trainer.val_check_interval == 1.0
+
+    def _epoch_due(self, trainer: Any) -> bool:
+        st = trainer.state
+        return bool(self.every_n_epochs) and (st.epoch + 1) % self.every_n_epochs == 0 \
+            and st.global_step != self._saved_step and not trainer.fast_dev_run
+
+    def _check_monitor(self, trainer: Any) -> None:
+        """The monitored key was logged by now (the first validation, or the first epoch's end), else one error."""
+        logged = sorted(trainer.state.metrics)
+        if self.monitor in logged:
+            return
+        close = difflib.get_close_matches(self.monitor, logged, n=1, cutoff=0.5)
+        raise MisconfigurationError(
+            f"ModelCheckpoint(monitor={self.monitor!r}) is not a logged key; logged: {logged}.",
+            (f"did you mean {close[0]!r}? " if close else "") + "use one of the logged keys (validation metrics "
+            "are named val/<name>), log it with self.log, or pass monitor=None to keep the newest files.")
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         if self.save_last and trainer.state.global_step != self._saved_step and not trainer.fast_dev_run:
@@ -166,20 +212,18 @@ class ModelCheckpoint(Callback):
         self._last_time = time.monotonic()
 
     def _score(self, trainer: Any) -> float | None:
+        """The score of the state being saved, or None when this state has none (the file is then not ranked)."""
         if self.monitor is None:
             return float(trainer.state.global_step)  # ranked by recency
         metrics = trainer.state.metrics
-        if self.monitor in metrics:
+        if self.monitor in metrics and self._monitor_step == trainer.state.global_step:
             return float(metrics[self.monitor])
-        prefix = self.monitor.split("/")[0] + "/"
-        if any(k.startswith(prefix) for k in metrics):  # its stage has logged, so the name is wrong
-                raise MisconfigurationError(
-                f"ModelCheckpoint(monitor={self.monitor!r}) is not a logged key; logged: {sorted(metrics)}.",
-                "use one of the logged keys (validation metrics are named val/<name>), or monitor=None.")
-        if not self._warned_missing:  # not logged yet (e.g. no validation so far): only last.ckpt this time
-            warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}): not logged yet at step "
-                          f"{trainer.state.global_step}, so only last.ckpt is written this time. HINT: save when "
-                          "validation has run (every_n_epochs), or validate more often.", stacklevel=2)
+        if not self._warned_missing:  # e.g. a step-triggered save between validations: only last.ckpt this time
+            what = "was logged at an earlier step" if self.monitor in metrics else "has not been logged yet"
+            warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}) {what}, so the state of step "
+                          f"{trainer.state.global_step} has no score of its own: only last.ckpt is written for it. "
+                          "HINT: save when validation has run (every_n_epochs), or validate at the steps you save "
+                          "(val_check_interval).", stacklevel=2)
             self._warned_missing = True
         return None
 

@@ -348,12 +348,12 @@ def test_filenames_and_invalid_arguments():
 
 
 def test_unknown_monitor_and_filename_keys(tmp_path):
-    with pytest.raises(MisconfigurationError, match=r"ModelCheckpoint\(monitor='val/los'\) is not a logged key; "
-                                                    r"logged: \[.*'val/loss'.*\]"):
+    with pytest.raises(MisconfigurationError, match=r"(?s)ModelCheckpoint\(monitor='val/los'\) is not a logged key; "
+                                                    r"logged: \[.*'val/loss'.*\].*did you mean 'val/loss'\?"):
         _trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(monitor="val/los")]).fit(_task(val_n=8))
     with pytest.raises(MisconfigurationError, match=r"uses 'val/acc', which is not logged"):
         _trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(filename="{val/acc}")]).fit(_task(val_n=8))
-    with pytest.warns(UserWarning, match=r"monitor='val/loss'\): not logged yet at step 2"):
+    with pytest.warns(UserWarning, match=r"monitor='val/loss'\) has not been logged yet, so the state of step 2"):
         _trainer(tmp_path, max_epochs=1, check_val_every_n_epoch=2,
                  callbacks=[ModelCheckpoint(monitor="val/loss", every_n_train_steps=2)]).fit(_task(val_n=8))
 

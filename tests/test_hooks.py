@@ -64,7 +64,8 @@ def test_needs_batch_hooks_false_skips_only_the_per_batch_hooks(quiet, tmp_path)
     Trainer(max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0, callbacks=[Idle(log)],
             **quiet).fit(RegressionTask())
     assert [entry[0] for entry in log] == ["on_fit_start", "on_train_epoch_start", "on_before_optimizer_step",
-                                   "on_before_optimizer_step", "on_train_epoch_end", "on_fit_end"]
+                                           "on_before_optimizer_step", "on_log_interval",  # the epoch's end logs
+                                           "on_train_epoch_end", "on_fit_end"]
     # The defaults ask for no per-step call where they would do nothing: a bar to a log file, a checkpoint
     # saved only at epoch ends. They do where they work (a terminal; step triggers).
     trainer = Trainer(max_epochs=1, default_root_dir=tmp_path)

@@ -85,6 +85,7 @@ class ModelCheckpointConf:
     every_n_train_steps: Optional[int] = None
     every_n_epochs: Optional[int] = 1
     train_time_interval: Optional[float] = None
+    save_on_train_epoch_end: Optional[bool] = None
 
 
 @dataclass

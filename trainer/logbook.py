@@ -217,11 +217,6 @@ class LogBuffer:
         self.fold_mark = (state.global_step, state.batch_idx + 1)  # where the next pending loss is from
         return dict(zip(last, floats))
 
-    def check_pending(self, epoch: int) -> None:
-        """Raise if a loss since the last log is NaN/Inf (a sync: once per epoch, and before a checkpoint)."""
-        if self.raise_nonfinite and self.losses and not torch.isfinite(torch.stack(self.losses)).all():
-            self._raise_nonfinite(self.losses, epoch)
-
     def epoch_means(self) -> dict[str, float]:
         """The means of this epoch's training values, as ``<key>_epoch``, over all ranks."""
         return self.to_floats(self.reduce(self.train, suffix="_epoch"))

@@ -1,11 +1,10 @@
 """Trainer: the loop, top to bottom, in this one file. docs/concepts.md maps the modules it delegates to.
 
-One training batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` (epochs and batches) -> ``_train_step`` ->
-``precision.step`` -> ``optimizer.step``. The step is the one written by hand: forward and loss under autocast,
-backward, and once per ``accumulate_grad_batches`` batches unscale -> ``on_before_optimizer_step`` -> clip ->
-step -> zero_grad, after moving the batch to the device (not on the CPU). The loop around it times the
-DataLoader's ``next`` (two ``perf_counter`` calls). Nothing per step reads a device value on the host: the loss stays a
-tensor, converted once per ``log_every_n_steps`` (``LogBuffer.interval``: the one CPU-GPU sync of training).
+One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``precision.step`` -> ``optimizer.step``.
+The step is the one written by hand: batch to the device (not on the CPU), forward and loss under autocast,
+backward, and once per ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step -> zero_grad. Nothing
+per step reads a device value on the host: the loss stays a tensor, converted once per ``log_every_n_steps``
+(``LogBuffer.interval``: the one CPU-GPU sync of training); the DataLoader's ``next`` is timed (``perf_counter``).
 """
 from __future__ import annotations
 
@@ -137,7 +136,7 @@ class Trainer:
                         self._validate()
                     for fn in on_end:
                         fn(self, task, loss, batch, batch_idx)
-                    if st.global_step != step and (self.preemption.should_break(st) or self._max_steps_reached()):
+                    if st.global_step != step and (self.preemption.should_break(st) or self._max_steps_reached):
                         completed = st.batches_done >= n
                         break
                     waited = clock()
@@ -188,26 +187,29 @@ class Trainer:
         if stepped and self.schedulers.per_step:
             self.schedulers.after_step(st.global_step, st.metrics)
         if st.global_step % self.log_every_n_steps == 0:
-            self._publish(self.logs.interval(st))  # the log interval: one tolist(), the sync point
-            self.preemption.agree(st)
-            self._call("on_log_interval")
+            self._log_interval()
         return detached
 
+    def _log_interval(self) -> None:
+        """This step's training values as floats (one tolist(): the sync point), ranks agree on stops, hooks."""
+        self._publish(self.logs.interval(self.state))
+        self.preemption.agree(self.state)
+        self._call("on_log_interval")
+
     def _finished(self) -> bool:
-        """Training is over: max_epochs, max_steps or should_stop. After a preemption signal this saves a checkpoint
-        and exits; under ddp the ranks agree on stops and signals here first (one all-reduce per epoch)."""
+        """max_epochs, max_steps or should_stop (ddp: agreed). After a preemption signal: save and exit, here."""
         st = self.state
         self.preemption.agree(st)
         if self.preemption.requested:
             preempt(self)
-        return st.should_stop or self._max_steps_reached() or (
+        return st.should_stop or self._max_steps_reached or (
             self.max_epochs is not None and st.epoch >= self.max_epochs)
 
+    @property
     def _max_steps_reached(self) -> bool:
         return self.max_steps is not None and self.state.global_step >= self.max_steps
 
-    def _start_epoch(self) -> tuple[Any, float, bool]:
-        """(the training loader set to this epoch, its batches, whether this epoch validates)."""
+    def _start_epoch(self) -> tuple[Any, float, bool]:  # the loader set to this epoch, its batches, validating?
         st = self.state
         set_epoch(self.train_dataloader, st.epoch, self.data_seed, st.batches_done)
         st.stage = "train"
@@ -218,7 +220,8 @@ class Trainer:
     def _end_epoch(self, completed: bool) -> None:
         st = self.state
         st.epoch_done = completed
-        self.logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
+        if self.logs.losses:  # steps since the last log: logged now, so a short run has its curves (and NaN checks)
+            self._log_interval()
         self._publish(self.logs.epoch_means())
         if completed:
             self.schedulers.after_epoch(st.epoch, st.metrics)
@@ -237,7 +240,6 @@ class Trainer:
         self.state.stage = "idle"
 
     def _validate(self) -> None:
-        """A validation pass inside the training epoch (between two training batches, or when it ends)."""
         self.state.stage = "val"
         self._call("on_validation_start")
         self._publish(self._evaluate("val", self.val_loader, self.num_val_batches))
@@ -326,8 +328,7 @@ class Trainer:
         for fn in self.hooks[hook]:
             fn(self, self.task, *args)
 
-    def _publish(self, metrics: dict[str, float]) -> None:
-        """Hand Python floats to ``state.metrics`` and every callback's ``on_log``."""
+    def _publish(self, metrics: dict[str, float]) -> None:  # floats into state.metrics and every on_log
         if metrics:
             self.state.metrics.update(metrics)
             self._call("on_log", metrics)
@@ -379,8 +380,7 @@ class Trainer:
                 "callbacks": callback_states(self.callbacks)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue where :meth:`state_dict` left off: ``fit(task, ckpt_path=...)`` calls it (after checking that
-        the checkpoint fits this run) before ``on_fit_start``. RNG last: nothing after it may draw random numbers."""
+        """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
         unwrap(self.model).load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedulers.load_state_dict(state["schedulers"])
@@ -392,7 +392,7 @@ class Trainer:
         reseed((self.train_dataloader, self.val_loader), self.data_seed)
         load_callback_states(self.callbacks, state.get("callbacks", {}))
         rng, rank = state["rng"], self.strategy.rank
-        set_rng_state(rng[rank] if rank < len(rng) else rng[0])
+        set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers
 
     def save_checkpoint(self, path: str, background: bool = False) -> None:
         """Write :meth:`state_dict` atomically to ``path`` on rank 0 (every rank calls it). ``background=True``: the
