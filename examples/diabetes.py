@@ -21,13 +21,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from taskfit import TaskModule, Trainer, seed_everything
+from taskfit.examples import sklearn_dataset
 
 
 def diabetes_splits(seed: int = 0) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
     """70/15/15 train/val/test split of ``sklearn.datasets.load_diabetes`` (raw features, raw targets)."""
-    from sklearn.datasets import load_diabetes
-
-    x, y = load_diabetes(return_X_y=True, scaled=False)
+    x, y = sklearn_dataset("load_diabetes", return_X_y=True, scaled=False)
     x, y = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     n_val = n_test = int(0.15 * len(x))

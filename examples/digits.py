@@ -16,15 +16,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from taskfit import TaskModule, Trainer, seed_everything
+from taskfit.examples import sklearn_dataset
 
 
 def digits_datasets(val_fraction: float = 0.15, test_fraction: float = 0.15,
                     seed: int = 0) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
     """Train/validation/test split of sklearn's 1,797 digits (1,259 / 269 / 269 images by default), scaled to
     [0, 1], shaped (N, 1, 8, 8). The test images are never seen in training or model selection."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
+    data = sklearn_dataset("load_digits")
     x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(data.target, dtype=torch.long)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))

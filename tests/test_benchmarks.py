@@ -38,3 +38,15 @@ def test_gpu_benchmark_quick_runs_on_the_cpu():
     assert {("fp32", "single", "hand"), ("fp32", "single", "taskfit"), ("bf16", "single", "hand"),
             ("bf16", "single", "taskfit")} <= rows, out
     assert "dp skipped" in out  # says why a row is missing instead of leaving it out silently
+
+
+def test_lightning_parity_runs_or_says_how_to_install_lightning(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "lightning_parity.py"), "--only",
+                           "val_check_interval"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if "not installed" in proc.stdout:  # CI: no Lightning
+        assert "pip install lightning" in proc.stdout
+    else:  # where Lightning is installed: the rows of this setting agree
+        rows = [line for line in proc.stdout.splitlines() if line.startswith("| val_check_interval |")]
+        assert len(rows) == 5 and all(row.rstrip(" |").endswith("yes") for row in rows), proc.stdout

@@ -27,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-SOURCES = ("trainer", "callbacks")
+SOURCES = ("trainer", "callbacks", "examples")  # every folder of the taskfit package
 
 
 def _env() -> dict[str, str]:

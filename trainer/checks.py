@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -105,11 +106,29 @@ def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: 
         if owner in (TaskModule, nn.Module):
             raise TaskModuleError(f"{type(task).__name__} does not define `{method}`, which {stage} needs.",
                                   f"add `{_signature(method)}` to your TaskModule.")
+    warn_misspelt_hooks(task)
     sig = inspect.signature(type(task).loss)
     if len([p for p in sig.parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,
                                                                                        p.VAR_KEYWORD)]) > 3:
         raise TaskModuleError(f"{type(task).__name__}.loss{sig} takes more arguments than (outputs, targets).",
                               f"use `{_signature('loss')}`.")
+
+
+# What the Trainer calls on a TaskModule (and Lightning's step names): a method a letter or two away is a typo.
+_CALLED = ("forward", "loss", "split_batch", "train_dataloader", "val_dataloader", "test_dataloader",
+           "predict_dataloader", "configure_optimizers", "configure_metrics", "training_step", "validation_step",
+           "test_step", "predict_step")
+
+
+def warn_misspelt_hooks(task: Any) -> None:
+    """Warn about a method that looks like a misspelt hook (``val_dataloder``): as written, nothing calls it."""
+    own = {name for cls in type(task).__mro__ if cls not in (TaskModule, nn.Module, object)
+           for name, value in vars(cls).items() if callable(value) and not name.startswith("_")}
+    for name in sorted(own - set(_CALLED)):
+        close = difflib.get_close_matches(name, _CALLED, n=1, cutoff=0.85)
+        if close and close[0] not in own:
+            warnings.warn(f"{type(task).__name__}.{name} looks like a misspelling of {close[0]}; as written, the Trainer "
+                          f"never calls it. HINT: rename it to {close[0]}.", stacklevel=3)
 
 
 def check_loss(loss: Any, task: Any, training: bool = True) -> None:

@@ -189,6 +189,10 @@ def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, see
         raise empty_train_loader(train)
     val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args) if overfit else \
         prepare_loader(task.val_dataloader(), train=False, **args)
+    if val is not None and length(val) == 0:
+        warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* values, and "
+                      "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "
+                      "empty and its batch_size/drop_last, or return None from val_dataloader().", stacklevel=4)
     num_val = 0 if val is None else limit_batches(length(val), limits["val"])
     return train, limit_batches(total, limits["train"]), val if num_val else None, num_val
 

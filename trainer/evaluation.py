@@ -8,6 +8,7 @@ import torch
 
 from .checks import check_loss
 from .data import batch_size_of, set_epoch
+from .errors import MisconfigurationError
 from .logbook import LogBuffer
 from .metrics import metric_values
 from .module import TaskModule, predict_inputs
@@ -38,7 +39,14 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
                 metric.update(outputs, targets)
     values = logs.reduce(book)
     for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
-        values.update(metric_values(f"{prefix}/{name}", metric.compute()))
+        computed = metric_values(f"{prefix}/{name}", metric.compute())
+        clash = sorted(set(computed) & set(values))
+        if clash:
+            raise MisconfigurationError(
+                f"{clash[0]!r} is both the metric {name!r} of configure_metrics() and a value logged with self.log "
+                f"(or the loss); one would silently overwrite the other.",
+                f"rename one of them, e.g. configure_metrics() -> {{'{name}_metric': ...}} or self.log('{name}_batch', ...).")
+        values.update(computed)
         metric.reset()
     logs.enter("train")
     return logs.to_floats(values)

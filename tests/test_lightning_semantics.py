@@ -1,0 +1,220 @@
+"""Where taskfit promises Lightning's meaning, the exact sequences PyTorch Lightning 2.6.6 produces.
+
+The expected values were observed by running Lightning 2.6.6 on the same set-up (and match its source:
+loops/training_epoch_loop.py, callbacks/model_checkpoint.py, trainer/connectors/logger_connector/result.py);
+benchmarks/lightning_parity.py runs both side by side where Lightning is installed. CI needs no Lightning.
+
+The set-up, as in that run: a bias-free Linear(1, 1) starting at zero, SGD, x = 0..17 in batches of 2 (9 training
+batches per epoch, in order), validation on x = 100..103 in batches of 2. Where taskfit deliberately differs
+(docs/migrating-lightning.md, "Where taskfit differs"), the test asserts taskfit's documented behaviour and names
+Lightning's value beside it.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from taskfit import MisconfigurationError, TaskModule, Trainer
+from taskfit.callbacks import Callback, ModelCheckpoint
+
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
+
+
+class Line(TaskModule):
+    """y = w * x with w starting at 0; the loss is the mean squared error to y = x."""
+
+    def __init__(self, n: int = 18, batch_size: int = 2, lr: float = 1e-4, scheduler: dict | None = None) -> None:
+        super().__init__()
+        self.n, self.batch_size, self.lr, self.scheduler_args = n, batch_size, lr, scheduler
+        self.net = nn.Linear(1, 1, bias=False)
+        nn.init.zeros_(self.net.weight)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, outputs, targets):
+        return ((outputs - targets) ** 2).mean()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        if self.scheduler_args is None:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **self.scheduler_args}}
+
+    def _data(self, start: int, n: int) -> TensorDataset:
+        x = torch.arange(start, start + n, dtype=torch.float32).unsqueeze(1)
+        return TensorDataset(x, x)
+
+    def train_dataloader(self):
+        return DataLoader(self._data(0, self.n), batch_size=self.batch_size)
+
+    def val_dataloader(self):
+        return DataLoader(self._data(100, 4), batch_size=2)
+
+
+class Record(Callback):
+    """The global steps of validations (with val/loss) and of scheduler steps (lr changes)."""
+
+    def __init__(self):
+        self.validations: list[tuple[int, float]] = []
+        self.lr_changes: list[int] = []
+        self._lr = None
+
+    def on_validation_end(self, trainer, task):
+        self.validations.append((trainer.state.global_step, trainer.state.metrics["val/loss"]))
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        lr = trainer.optimizer.param_groups[0]["lr"]
+        if self._lr is not None and lr != self._lr:
+            self.lr_changes.append(trainer.state.global_step)
+        self._lr = lr
+
+    @property
+    def steps(self) -> list[int]:
+        return [step for step, _ in self.validations]
+
+
+def fit(task=None, **settings) -> tuple[Trainer, Record]:
+    record = Record()
+    settings.setdefault("enable_checkpointing", False)
+    trainer = Trainer(**{**QUIET, **settings, "callbacks": [record, *settings.get("callbacks", [])]})
+    trainer.fit(task or Line())
+    return trainer, record
+
+
+# ---- val_check_interval and check_val_every_n_epoch: the same as Lightning ------------------------------------
+@pytest.mark.parametrize("interval, steps", [
+    (0.25, [2, 4, 6, 8, 11, 13, 15, 17]),  # every int(9 * 0.25) = 2 batches of each epoch; nothing extra at b9
+    (0.5, [4, 8, 13, 17]),
+    (1.0, [9, 18]),
+    (4, [4, 8, 13, 17]),  # an int: every 4 batches counted from each epoch's start
+])
+def test_val_check_interval_validates_after_the_same_batches_as_lightning(interval, steps):
+    assert fit(max_epochs=2, val_check_interval=interval)[1].steps == steps
+
+
+def test_a_fraction_of_ten_batches_ends_on_the_last_one():
+    assert fit(Line(n=20), max_epochs=1, val_check_interval=0.25)[1].steps == [2, 4, 6, 8, 10]
+
+
+def test_an_int_interval_longer_than_the_epoch_is_refused_before_training():
+    with pytest.raises(MisconfigurationError, match=r"(?s)val_check_interval=20\) is longer than an epoch "
+                                                    r"\(9 training batches\).*check_val_every_n_epoch=None"):
+        fit(max_epochs=3, val_check_interval=20)
+
+
+@pytest.mark.parametrize("interval, steps", [(20, [20]), (5, [5, 10, 15, 20, 25])])
+def test_check_val_every_n_epoch_none_counts_batches_across_epochs(interval, steps):
+    assert fit(max_epochs=3, val_check_interval=interval, check_val_every_n_epoch=None)[1].steps == steps
+
+
+def test_a_fraction_with_check_val_every_n_epoch_none_is_refused_at_construction():
+    with pytest.raises(MisconfigurationError, match=r"is a fraction of an epoch, but check_val_every_n_epoch=None"):
+        Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+
+
+def test_check_val_every_n_epoch_two():
+    assert fit(max_epochs=4, check_val_every_n_epoch=2)[1].steps == [18, 36]
+
+
+# ---- ModelCheckpoint: which files, ranked by the score of the state they hold ---------------------------------
+def _files(trainer) -> dict[str, float]:
+    cb = trainer.checkpoint_callback
+    return {os.path.basename(path): score for path, score in cb.best_k_models.items()}
+
+
+@pytest.mark.parametrize("settings, names", [
+    (dict(max_epochs=4, check_val_every_n_epoch=2), ["epoch=1-step=18.ckpt", "epoch=3-step=36.ckpt"]),
+    (dict(max_epochs=2, val_check_interval=0.5),
+     ["epoch=0-step=4.ckpt", "epoch=0-step=8.ckpt", "epoch=1-step=13.ckpt", "epoch=1-step=17.ckpt"]),
+    (dict(max_epochs=2), ["epoch=0-step=9.ckpt", "epoch=1-step=18.ckpt"]),
+])
+def test_model_checkpoint_saves_what_lightning_saves_with_each_files_own_score(tmp_path, settings, names):
+    cb = ModelCheckpoint(monitor="val/loss", save_top_k=-1)
+    trainer, record = fit(default_root_dir=str(tmp_path), enable_checkpointing=True, callbacks=[cb], **settings)
+    files = _files(trainer)
+    assert sorted(files) == names
+    scores = dict(record.validations)  # every file's score is the validation of the very step it holds
+    for name, score in files.items():
+        assert score == scores[int(name.split("step=")[1].split(".")[0])]
+    assert os.path.isfile(cb.best_model_path) and cb.best_model_score == min(files.values())
+
+
+def test_top_k_never_ranks_an_epoch_that_did_not_validate(tmp_path):
+    cb = ModelCheckpoint(monitor="val/loss", save_top_k=1, every_n_train_steps=5)
+    with pytest.warns(UserWarning, match="has no score of its own"):
+        trainer, record = fit(default_root_dir=str(tmp_path), enable_checkpointing=True, callbacks=[cb],
+                              max_epochs=4, check_val_every_n_epoch=2)
+    (name,) = _files(trainer)  # step-triggered saves between validations are not ranked, only last.ckpt
+    assert name in ("epoch=1-step=18.ckpt", "epoch=3-step=36.ckpt")
+
+
+def test_a_monitor_that_is_never_logged_fails_after_the_first_validation(tmp_path):
+    cb = ModelCheckpoint(monitor="val_loss")  # Lightning's spelling of val/loss
+    with pytest.raises(MisconfigurationError, match=r"(?s)monitor='val_loss'\) is not a logged key.*did you mean "
+                                                    r"'val/loss'\?"):
+        fit(default_root_dir=str(tmp_path), enable_checkpointing=True, callbacks=[cb], max_epochs=3)
+    assert not os.path.exists(tmp_path / "version_0" / "checkpoints")  # nothing ranked under a wrong name
+
+
+# ---- epoch means: weighted by batch size, as Lightning ----------------------------------------------------------
+class LogsY(Line):
+    def loss(self, outputs, targets):
+        self.log("y", targets.mean())
+        return super().loss(outputs, targets)
+
+
+def test_training_epoch_means_are_weighted_by_batch_size():
+    # x = 0..9 in batches of 4, 4, 2 (means 1.5, 5.5, 8.5): Lightning's epoch value is 4.5, not 5.1667
+    trainer, _ = fit(LogsY(n=10, batch_size=4), max_epochs=1)
+    assert trainer.state.metrics["train/y_epoch"] == pytest.approx(4.5)
+    assert trainer.state.metrics["val/y"] == pytest.approx(101.5)  # evaluation means were weighted already
+
+
+# ---- deliberate differences (docs/migrating-lightning.md) -----------------------------------------------------
+def test_step_schedulers_count_optimizer_steps_over_the_run():
+    # Lightning counts batch_idx + 1 within each epoch: 12 steps at 2, 4, 6, 8, 11, 13, ..., 26 over 3 epochs.
+    # taskfit counts optimizer steps over the run (the same cadence across epochs and with accumulation): 13.
+    _, record = fit(Line(lr=1.0, scheduler={"interval": "step", "frequency": 2}), max_epochs=3)
+    assert record.lr_changes == list(range(2, 27, 2))
+
+
+def test_a_short_accumulation_group_is_divided_by_its_own_size():
+    # Lightning divides every micro-batch by accumulate_grad_batches (3), the short last group included.
+    grads = []
+
+    class Grad(Callback):
+        def on_before_optimizer_step(self, trainer, task, optimizer):
+            grads.append(float(task.net.weight.grad))
+
+    class Probe(Line):
+        def loss(self, outputs, targets):  # d(loss)/dw = 1 for every micro-batch
+            return self.net.weight.sum()
+
+    fit(Probe(n=8, batch_size=2), max_epochs=1, accumulate_grad_batches=3, callbacks=[Grad()])
+    assert grads == [pytest.approx(1.0), pytest.approx(1.0)]  # 3 * (1/3), then 1 * (1/1); Lightning: 1.0, 0.3333
+
+
+def test_overfit_batches_validates_on_the_training_batches():
+    # Lightning validates on the first overfit_batches of the validation loader (x = 100..103 here).
+    seen = []
+
+    class Seen(Line):
+        def loss(self, outputs, targets):
+            if not torch.is_grad_enabled():
+                seen.append(float(targets.max()))
+            return super().loss(outputs, targets)
+
+    fit(Seen(), max_epochs=1, overfit_batches=2)
+    assert seen == [1.0, 3.0]
+
+
+def test_max_steps_mid_epoch_stays_in_that_epoch():
+    # Lightning: current_epoch 1 and epoch=0-step=7.ckpt; taskfit keeps the epoch open (an exact mid-epoch resume)
+    trainer, _ = fit(max_steps=7, max_epochs=5)
+    assert (trainer.state.epoch, trainer.state.batches_done, trainer.state.global_step) == (0, 7, 7)
