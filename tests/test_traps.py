@@ -121,3 +121,21 @@ def test_a_short_taskfit_run_has_loss_and_learning_rate_curves(tmp_path):
     assert [e.step for e in run.Scalars("train/loss")] == [20, 40]
     lr = next(tag for tag in tags if tag.startswith("lr/"))
     assert [e.step for e in run.Scalars(lr)] == [20, 40]
+
+
+class Cosine(RegressionTask):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=16)  # 2 epochs of 8 steps
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def test_extending_a_run_says_what_the_checkpointed_schedule_will_do(tmp_path):
+    quiet = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, default_root_dir=str(tmp_path))
+    Trainer(max_epochs=2, **quiet).fit(Cosine())
+    with pytest.warns(UserWarning, match=r"(?s)with max_epochs 2 -> 4 .*schedulers continue from the checkpoint's "
+                                         r"state.*CosineAnnealingLR: lr 0 now, 0\.1 at the end of this run .*16 more "
+                                         r"steps.*Extending a run"):
+        trainer = Trainer(max_epochs=4, **quiet)
+        trainer.fit(Cosine(), ckpt_path="last")
+    assert trainer.state.global_step == 32  # the run went on, as the message says

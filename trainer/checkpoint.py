@@ -8,6 +8,7 @@ File handling (atomic writes, safe reads, weight checks) is in trainer/serializa
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import re
 import warnings
@@ -18,7 +19,7 @@ import torch
 
 from .data import ResumableSampler, finite
 from .errors import CheckpointError
-from .optim import check_optimizer_state
+from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
@@ -147,10 +148,32 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
     check_optimizer_state(trainer.optimizer, ckpt["optimizer"], path)
     _warn_changes(trainer, ckpt, path)
     trainer.load_state_dict(ckpt)
+    _warn_schedule(trainer, ckpt["data"], path)
     if trainer.is_main:
         st = trainer.state
         print(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.",
               flush=True)
+
+
+def _warn_schedule(trainer: Trainer, data: Mapping[str, Any], path: str) -> None:
+    """A longer (or shorter) run resumed with schedulers sized for the original one: say what the lr will do."""
+    old = (data.get("max_epochs", trainer.max_epochs), data.get("max_steps", trainer.max_steps))
+    if not len(trainer.schedulers) or old == (trainer.max_epochs, trainer.max_steps):
+        return
+    st, n = trainer.state, trainer.num_train_batches
+    per_epoch = math.ceil(n / trainer.accumulate_grad_batches) if n != float("inf") else 0
+    ends = [trainer.max_steps] if trainer.max_steps is not None else []
+    if trainer.max_epochs is not None and per_epoch:
+        ends.append(trainer.max_epochs * per_epoch)
+    steps = max(0, min(ends, default=st.global_step) - st.global_step)
+    epochs = max(0, (trainer.max_epochs or st.epoch) - st.epoch)
+    course = "; ".join(lr_course(trainer.schedulers, trainer.optimizer, steps, epochs))
+    warnings.warn(
+        f"Resuming from {path} with max_epochs {old[0]} -> {trainer.max_epochs} and max_steps {old[1]} -> "
+        f"{trainer.max_steps}: the learning-rate schedulers continue from the checkpoint's state, which was sized "
+        f"for the original run. {course}. HINT: to train longer with a schedule of its own, start a new fit from the "
+        "checkpoint's weights (TaskModule.load_from_checkpoint) with a scheduler sized for the new length "
+        "(docs/checkpointing.md, 'Extending a run').", UserWarning, stacklevel=4)
 
 
 def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:

@@ -127,8 +127,8 @@ def warn_misspelt_hooks(task: Any) -> None:
     for name in sorted(own - set(_CALLED)):
         close = difflib.get_close_matches(name, _CALLED, n=1, cutoff=0.85)
         if close and close[0] not in own:
-            warnings.warn(f"{type(task).__name__}.{name} looks like a misspelling of {close[0]}; as written, the Trainer "
-                          f"never calls it. HINT: rename it to {close[0]}.", stacklevel=3)
+            warnings.warn(f"{type(task).__name__}.{name} looks like a misspelling of {close[0]}; as written, the "
+                          f"Trainer never calls it. HINT: rename it to {close[0]}.", stacklevel=3)
 
 
 def check_loss(loss: Any, task: Any, training: bool = True) -> None:

@@ -216,10 +216,10 @@ def reseed(loaders: Any, seed: int) -> None:
             sampler.seed = seed
 
 
-def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, world_size: int,
-                  accumulate_grad_batches: int) -> dict[str, Any]:
+def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, trainer: Any) -> dict[str, Any]:
     """Where the data stands, for a checkpoint: the order (seed, epoch), the batches done, and the settings that
-    give a batch position its meaning (a resume warns when they changed)."""
+    give a batch position its meaning, the run's planned length included (a resume warns when they changed)."""
     return {"seed": int(seed), "epoch": state.epoch, "batches_done": state.batches_done,
-            "batch_size": getattr(loader, "batch_size", None), "world_size": world_size,
-            "accumulate_grad_batches": accumulate_grad_batches, "num_train_batches": finite(num_train_batches)}
+            "batch_size": getattr(loader, "batch_size", None), "world_size": trainer.strategy.world_size,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches, "num_train_batches": finite(num_train_batches),
+            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}

@@ -45,7 +45,8 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
             raise MisconfigurationError(
                 f"{clash[0]!r} is both the metric {name!r} of configure_metrics() and a value logged with self.log "
                 f"(or the loss); one would silently overwrite the other.",
-                f"rename one of them, e.g. configure_metrics() -> {{'{name}_metric': ...}} or self.log('{name}_batch', ...).")
+                f"rename one of them, e.g. configure_metrics() -> {{'{name}_metric': ...}} or "
+                f"self.log('{name}_batch', ...).")
         values.update(computed)
         metric.reset()
     logs.enter("train")

@@ -2,7 +2,9 @@
 scheduler steps, and gradient clipping."""
 from __future__ import annotations
 
+import copy
 import functools
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -104,6 +106,34 @@ class Schedulers:
     def load_state_dict(self, states: list[dict[str, Any]]) -> None:
         for config, state in zip(self.configs, states):
             config.scheduler.load_state_dict(state)
+
+
+def lr_course(schedulers: Schedulers, optimizer: torch.optim.Optimizer, steps: int, epochs: int) -> list[str]:
+    """What each (restored) scheduler will do to the learning rate over the rest of a run of ``steps`` optimizer
+    steps and ``epochs`` epochs: a copy steps on a stand-in optimizer (the real one and the model are untouched)."""
+    lines = []
+    for config in schedulers.configs:
+        if config.on_plateau:  # its course depends on the metrics to come
+            continue
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [torch.zeros(1, requires_grad=True)]}
+                  for g in optimizer.param_groups]
+        stand_in = torch.optim.SGD(groups, lr=groups[0]["lr"])
+        twin = copy.deepcopy(config.scheduler, {id(optimizer): stand_in})
+        lrs, name = [], type(config.scheduler).__name__
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()": the stand-in never steps
+                for _ in range((steps if config.interval == "step" else epochs) // config.frequency):
+                    twin.step()
+                    lrs.append(stand_in.param_groups[0]["lr"])
+        except Exception as exc:  # noqa: BLE001 - e.g. OneCycleLR refuses to step past its total_steps
+            lines.append(f"{name}: lr {optimizer.param_groups[0]['lr']:.3g} now; stepping it further raises "
+                         f"{type(exc).__name__}: {exc}")
+            continue
+        if lrs:
+            lines.append(f"{name}: lr {optimizer.param_groups[0]['lr']:.3g} now, {lrs[-1]:.3g} at the end of this "
+                         f"run (lowest {min(lrs):.3g}, highest {max(lrs):.3g} over its {len(lrs)} more steps)")
+    return lines
 
 
 def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float]) -> None:

@@ -375,8 +375,7 @@ class Trainer:
                 "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
                 "logbook": None if st.epoch_done else logs["book"],  # this epoch's values (none once complete)
                 "rng": gather_rng_states(self.strategy),
-                "data": data_position(self.train_dataloader, self.num_train_batches, st, self.data_seed,
-                                      self.strategy.world_size, self.accumulate_grad_batches),
+                "data": data_position(self.train_dataloader, self.num_train_batches, st, self.data_seed, self),
                 "callbacks": callback_states(self.callbacks)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
