@@ -31,6 +31,12 @@ def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointin
                   logger: bool) -> list[Callback]:
     """The user's callbacks plus the default ones the Trainer's switches ask for (unless the user passed one of
     that class), sorted by ``order``."""
+    if isinstance(callbacks, Callback):  # one callback, as Lightning accepts
+        callbacks = [callbacks]
+    if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+        raise MisconfigurationError(f"Trainer(callbacks=...) got {type(callbacks).__name__}, not a list of callbacks.",
+                                    "pass a list of taskfit.callbacks.Callback instances, e.g. "
+                                    "callbacks=[EarlyStopping()].")
     callbacks = list(callbacks or [])
     for cb in callbacks:
         if not isinstance(cb, Callback):

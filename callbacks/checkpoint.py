@@ -14,7 +14,7 @@ import time
 import warnings
 from typing import Any
 
-from ..errors import MisconfigurationError
+from ..errors import CheckpointError, MisconfigurationError
 from ..serialization import atomic_copy, remove_files
 from .base import Callback
 
@@ -28,6 +28,22 @@ def format_filename(template: str, values: dict[str, Any]) -> str:
         return f"{safe_name(name)}={format(values[name], spec)}"
 
     return safe_name(_FIELD.sub(field, template), keep="=.-")
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why a checkpoint could not be written in ``folder`` (created if missing), or None: a probe file is written,
+    fsynced and removed."""
+    probe = os.path.join(folder, f".taskfit-write-probe-{os.getpid()}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "wb") as fh:
+            fh.write(b"probe")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.unlink(probe)  # (unlink: a test that watches os.remove counts checkpoint rotations)
+    except OSError as exc:
+        return f"{exc.strerror or exc} ({type(exc).__name__}, errno {exc.errno})"
+    return None
 
 
 def safe_name(name: str, keep: str = ".-") -> str:
@@ -102,6 +118,11 @@ class ModelCheckpoint(Callback):
     # ---- hooks ----------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         self.dirpath = self.dirpath_arg or os.path.join(trainer.log_dir, "checkpoints")
+        problem = trainer.strategy.broadcast(_unwritable(self.dirpath) if trainer.is_main else None)
+        if problem:  # before the first step, on every rank: not after an epoch of training
+            raise CheckpointError(f"Checkpoints cannot be written to {self.dirpath}: {problem}.",
+                                  "make the folder writable (permissions, a read-only or full file system), or "
+                                  "pass ModelCheckpoint(dirpath=...) / Trainer(default_root_dir=...) elsewhere.")
         if not trainer.state.resumed:  # a fresh run ranks its own files (a resume restored them)
             self.best_k_models, self.best_model_path, self.best_model_score = {}, "", None
         self._last_step = self._saved_step = trainer.state.global_step  # after a restore: the resumed step
@@ -166,6 +187,16 @@ class ModelCheckpoint(Callback):
             (f"did you mean {close[0]!r}? " if close else "") + "use one of the logged keys (validation metrics "
             "are named val/<name>), log it with self.log, or pass monitor=None to keep the newest files.")
 
+    def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
+        """A save that failed in the background (a full disk): forget the files that are not on disk, so that
+        ``best_k_models``, ``best_model_path`` and the folder agree (the previous best is still there)."""
+        if not trainer.is_main:
+            return
+        self.best_k_models = {p: s for p, s in self.best_k_models.items() if os.path.isfile(p)}
+        self._update_best()
+        if self.last_model_path and not os.path.isfile(self.last_model_path):
+            self.last_model_path = ""
+
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         if self.save_last and trainer.state.global_step != self._saved_step and not trainer.fast_dev_run:
             trainer.save_checkpoint(self.prepare_last(trainer))  # training ended between two saves
@@ -190,6 +221,14 @@ class ModelCheckpoint(Callback):
         The checkpoint is serialised now; its fsync and rename, the ``last.ckpt`` link and the removals follow in
         that order on ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk.
         """
+        before = (dict(self.best_k_models), self.best_model_path, self.best_model_score, self.last_model_path)
+        try:
+            self._save(trainer)
+        except BaseException:  # nothing of this save is on disk: the bookkeeping must not name its files
+            self.best_k_models, self.best_model_path, self.best_model_score, self.last_model_path = before
+            raise
+
+    def _save(self, trainer: Any) -> None:
         score = self._score(trainer)
         path, evicted = None, []
         if self.save_top_k != 0 and score is not None and self._qualifies(score):
@@ -252,12 +291,15 @@ class ModelCheckpoint(Callback):
             worst = self._worst()
             evicted.append(worst)
             del self.best_k_models[worst]
+        self._update_best()
+        return evicted
+
+    def _update_best(self) -> None:
         best = None
         for p, s in self.best_k_models.items():
             if best is None or self._better(s, self.best_k_models[best]):
                 best = p
-        self.best_model_path, self.best_model_score = best, self.best_k_models[best]
-        return evicted
+        self.best_model_path, self.best_model_score = (best, self.best_k_models[best]) if best else ("", None)
 
     def _new_path(self, trainer: Any) -> str:
         st = trainer.state

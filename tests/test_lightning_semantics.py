@@ -159,7 +159,7 @@ def test_a_monitor_that_is_never_logged_fails_after_the_first_validation(tmp_pat
     with pytest.raises(MisconfigurationError, match=r"(?s)monitor='val_loss'\) is not a logged key.*did you mean "
                                                     r"'val/loss'\?"):
         fit(default_root_dir=str(tmp_path), enable_checkpointing=True, callbacks=[cb], max_epochs=3)
-    assert not os.path.exists(tmp_path / "version_0" / "checkpoints")  # nothing ranked under a wrong name
+    assert not list((tmp_path / "version_0" / "checkpoints").glob("*.ckpt"))  # nothing ranked under a wrong name
 
 
 # ---- epoch means: weighted by batch size, as Lightning ----------------------------------------------------------

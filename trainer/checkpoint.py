@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .data import ResumableSampler, finite
-from .errors import CheckpointError
+from .errors import CheckpointError, NonFiniteLossError
 from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
@@ -50,6 +50,7 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
                               "call trainer.save_checkpoint(path) during or after trainer.fit(task); to save only "
                               "weights, use torch.save(task.state_dict(), path).")
     path = os.path.abspath(os.fspath(path))
+    _check_losses(trainer, path)
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
     state = trainer.state_dict()  # on every rank: the RNG states are gathered
@@ -59,6 +60,18 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
         atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
     trainer.strategy.barrier()
     return path
+
+
+def _check_losses(trainer: Trainer, path: str) -> None:
+    """No checkpoint from a state whose losses since the last check were NaN/Inf: it would rotate good files out."""
+    try:
+        trainer.logs.check_pending(trainer.state.epoch)
+    except NonFiniteLossError as exc:
+        cb = trainer.checkpoint_callback
+        good = [p for p in ((cb.last_model_path, cb.best_model_path) if cb else ()) if p and os.path.isfile(p)]
+        raise NonFiniteLossError(
+            f"{exc.what} Nothing was saved to {path}; the last good checkpoint is {good[0] if good else 'none yet'}.",
+            f"resume from it with fit(ckpt_path={good[0]!r}) after the fix: {exc.hint}" if good else exc.hint) from None
 
 
 def _contents(trainer: Trainer, state: dict[str, Any]) -> dict[str, Any]:

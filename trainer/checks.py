@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
 import warnings
 from typing import Any, Callable
 
@@ -82,6 +83,9 @@ def check_arguments(args: dict[str, Any]) -> None:
             "pass an int val_check_interval (validate every N training batches), or check_val_every_n_epoch=1.")
     check_choice("gradient_clip_algorithm", args["gradient_clip_algorithm"], ("norm", "value"))
     check_choice("nonfinite_loss", args["nonfinite_loss"], ("raise", "skip"))
+    root = args["default_root_dir"]
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise _fail("default_root_dir", root, "a folder path (str or pathlib.Path) or None")
     clip = args["gradient_clip_val"]
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
         raise MisconfigurationError(f"Trainer(gradient_clip_val={clip!r}) is not valid.",

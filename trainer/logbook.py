@@ -217,6 +217,23 @@ class LogBuffer:
         self.fold_mark = (state.global_step, state.batch_idx + 1)  # where the next pending loss is from
         return dict(zip(last, floats))
 
+    def check_pending(self, epoch: int) -> None:
+        """Raise if a loss since the last log is NaN/Inf on any rank: one sync (and under ddp one all-reduce),
+        paid before a checkpoint is written, never per step."""
+        if not self.raise_nonfinite:
+            return
+        mine = torch.isfinite(torch.stack(self.losses)).all() if self.losses else None
+        finite = bool(mine) if mine is not None else True
+        if self.strategy.world_size > 1:  # every rank must refuse the save, not only the one that saw the NaN
+            flag = torch.tensor(float(finite), device=self.strategy.device)
+            finite = bool(self.strategy.all_reduce(flag, op="min").item())
+        if finite:
+            return
+        if mine is not None and not bool(mine):
+            self._raise_nonfinite(self.losses, epoch)
+        raise NonFiniteLossError(f"The training loss of another ddp rank is not finite (epoch {epoch}).",
+                                 "see that rank's error; lower the learning rate or clip gradients.")
+
     def epoch_means(self) -> dict[str, float]:
         """The means of this epoch's training values, as ``<key>_epoch``, over all ranks."""
         return self.to_floats(self.reduce(self.train, suffix="_epoch"))

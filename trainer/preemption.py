@@ -16,12 +16,32 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .checkpoint import save_checkpoint
+from .errors import MisconfigurationError
 from .serialization import LAST
 
 if TYPE_CHECKING:
     from .state import TrainerState
     from .strategies import Strategy
     from .trainer import Trainer
+
+
+def normalize_signals(names: Any) -> tuple[str, ...]:
+    """``preempt_signals`` as full names: one name or several, ``"TERM"`` or ``"SIGTERM"``; () turns preemption off.
+    Anything else is one error at construction: a signal that does nothing must not pass silently."""
+    if isinstance(names, str):
+        names = (names,)
+    valid = sorted(s.name for s in signal.Signals if s.name.startswith("SIG") and not s.name.startswith("SIG_"))
+    out = []
+    for name in names if isinstance(names, (list, tuple)) else [names]:
+        full = name.upper() if isinstance(name, str) else name
+        full = full if not isinstance(full, str) or full.startswith("SIG") else "SIG" + full
+        if full not in valid or full in ("SIGKILL", "SIGSTOP"):
+            raise MisconfigurationError(
+                f"Trainer(preempt_signals={names!r}): {name!r} is not a signal taskfit can catch.",
+                'name signals like "SIGTERM" or "TERM" (one, or a list: ["SIGTERM", "SIGUSR1"]); SIGKILL and '
+                "SIGSTOP cannot be caught. Pass () to turn preemption checkpoints off.")
+        out.append(full)
+    return tuple(out)
 
 
 class Preemption:

@@ -104,18 +104,31 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
+        self._failed = False  # a submitted step failed: the steps after it (until wait() reports it) are skipped
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         if self._pool is None:  # created on first use, in the process that trains (never pickled or forked)
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskfit-checkpoint")
-        self._pending.append(self._pool.submit(fn, *args))
+        self._pending.append(self._pool.submit(self._run, fn, args))
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        # The steps of one save depend on each other: a link to a file that was not written, or the removal of the
+        # file it was to replace, must not run (a full disk must not cost the previous best checkpoint).
+        if self._failed:
+            return
+        try:
+            fn(*args)
+        except BaseException:
+            self._failed = True
+            raise
 
     def wait(self) -> None:
         """Block until every submitted file is in place; raise the first error of that work."""
         pending, self._pending = self._pending, []
         errors = [error for future in pending if (error := future.exception()) is not None]
+        self._failed = False
         if errors:
             raise errors[0]
 
@@ -233,9 +246,10 @@ def load_file(path: str) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about unusual pickle protocols before refusing them
-            return torch.load(path, map_location="cpu", weights_only=True)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        needed = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        # torch words it "GLOBAL x.y was not an allowed global" or "unsupported GLOBAL x.y whose module x is blocked"
+        needed = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if needed:
             raise CheckpointError(
                 f"Refused to load {path}: it needs to import and call `{needed.group(1)}`, so loading it could "
@@ -253,6 +267,8 @@ def load_file(path: str) -> Any:
             "taskfit never leaves a partial file under a checkpoint's name, so it was damaged after writing "
             "(an interrupted copy, a full disk): copy it again, or use another checkpoint of the same folder."
         ) from None
+    check_format(ckpt, path)
+    return ckpt
 
 
 def _reason(exc: BaseException) -> str:
@@ -272,6 +288,13 @@ def load_checkpoint(path: str) -> dict[str, Any]:
             "not a taskfit training checkpoint, so training cannot resume from it.",
             "resume from a file written by taskfit (ModelCheckpoint, trainer.save_checkpoint); to start from "
             "these weights, load them first: task.load_state_dict(torch.load(path, weights_only=True)).")
+    return ckpt
+
+
+def check_format(ckpt: Any, path: str) -> None:
+    """A taskfit checkpoint of a newer format is refused by every loading path (resume, weights, inference)."""
+    if not isinstance(ckpt, Mapping) or ckpt.get("format") != FORMAT:
+        return  # a plain state dict: no format to check
     version = ckpt.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         written = ckpt.get("versions", {}).get("taskfit", "?")
@@ -279,7 +302,6 @@ def load_checkpoint(path: str) -> dict[str, Any]:
             f"{path} has checkpoint format version {version} (written by taskfit {written}); this taskfit reads "
             f"versions up to {FORMAT_VERSION}.",
             "upgrade taskfit (pip install -U taskfit) to load it.")
-    return ckpt
 
 
 def _is_state_dict(obj: Any) -> bool:

@@ -28,7 +28,7 @@ from .metrics import build_metrics
 from .module import TaskModule, flatten
 from .optim import Schedulers, gradient_clipper, parse_optimizers
 from .precision import Precision, normalize_precision
-from .preemption import Preemption, preempt
+from .preemption import Preemption, normalize_signals, preempt
 from .rng import gather_rng_states, set_rng_state
 from .schedule import ValidationSchedule, accumulation_group
 from .seed import deterministic_algorithms, run_seed, seed_everything
@@ -72,7 +72,7 @@ class Trainer:
         self.overfit_batches, self.deterministic, self.seed = overfit_batches, deterministic, seed
         self.default_root_dir, self.nonfinite_loss = default_root_dir, nonfinite_loss
         self.compile, self.channels_last = compile, channels_last
-        self.preempt_signals, self.preempt_exit_code = tuple(preempt_signals), preempt_exit_code
+        self.preempt_signals, self.preempt_exit_code = normalize_signals(preempt_signals), preempt_exit_code
         self.config = dict(config) if config is not None else None
         self.fast_dev_run = int(fast_dev_run)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
