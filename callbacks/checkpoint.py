@@ -111,6 +111,7 @@ class ModelCheckpoint(Callback):
         self.best_k_models: dict[str, float] = {}
         self.best_model_path, self.best_model_score, self.last_model_path = "", None, ""
         self.save_on_train_epoch_end = save_on_train_epoch_end
+        self._evicted: dict[str, float] = {}  # files out of the top k whose removal may not have run yet
         self._last_step = self._saved_step = self._monitor_step = -1  # global steps of the last batch, save, score
         self._last_time = 0.0
         self._warned_missing = False
@@ -192,7 +193,8 @@ class ModelCheckpoint(Callback):
         ``best_k_models``, ``best_model_path`` and the folder agree (the previous best is still there)."""
         if not trainer.is_main:
             return
-        self.best_k_models = {p: s for p, s in self.best_k_models.items() if os.path.isfile(p)}
+        kept = {**self._evicted, **self.best_k_models}  # a file whose removal was skipped is still ranked
+        self.best_k_models = {p: s for p, s in kept.items() if os.path.isfile(p)}
         self._update_best()
         if self.last_model_path and not os.path.isfile(self.last_model_path):
             self.last_model_path = ""
@@ -230,7 +232,7 @@ class ModelCheckpoint(Callback):
 
     def _save(self, trainer: Any) -> None:
         score = self._score(trainer)
-        path, evicted = None, []
+        path, evicted, scores = None, [], dict(self.best_k_models)
         if self.save_top_k != 0 and score is not None and self._qualifies(score):
             path = self._new_path(trainer)
             evicted = self._admit(path, score)
@@ -245,6 +247,10 @@ class ModelCheckpoint(Callback):
             trainer.save_checkpoint(last, background=True)
         evicted = [old for old in evicted if os.path.dirname(old) == self.dirpath
                    and old not in (path, self.last_model_path)]
+        # Until their removal has run (after the new file is in place), evicted files and their scores are kept
+        # in mind: if that write fails, the removal is skipped and on_exception ranks them again.
+        self._evicted = {p: s for p, s in self._evicted.items() if os.path.isfile(p)}
+        self._evicted.update((old, scores[old]) for old in evicted)
         if trainer.is_main and evicted:
             writer.submit(remove_files, evicted)  # old files go only once their replacement is in place
         self._saved_step = trainer.state.global_step

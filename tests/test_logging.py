@@ -185,7 +185,7 @@ class FailingTask(RegressionTask):
 
 
 @pytest.mark.parametrize("how, raised, status", [("error", RuntimeError, "STATUS_FAILURE"),
-                                                 ("sigint", KeyboardInterrupt, "STATUS_UNKNOWN"),
+                                                 ("sigint", SystemExit, "STATUS_UNKNOWN"),
                                                  ("sigterm", SystemExit, "STATUS_UNKNOWN")])
 def test_event_file_is_closed_when_fit_ends_abnormally(tmp_path, how, raised, status):
     logger = TensorBoardLogger()

@@ -69,7 +69,7 @@ class TrainerConf:
     seed: Optional[int] = None
     compile: bool = False
     channels_last: bool = False
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     preempt_exit_code: Optional[int] = None
 
 

@@ -6,6 +6,7 @@ sample ``k`` of the epoch without loading (or replaying) the batches before it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
 from .errors import MisconfigurationError, TaskModuleError
-from .seed import worker_init_fn
+from .seed import init_worker, worker_init_fn
 
 
 class ResumableSampler(Sampler[int]):
@@ -67,7 +68,7 @@ class ResumableSampler(Sampler[int]):
 
 
 def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_size: int = 1,
-                   pin_memory: bool = False, shuffle: bool | None = None) -> Any:
+                   pin_memory: bool = False, shuffle: bool | None = None, ignore_signals: tuple[str, ...] = ()) -> Any:
     """Re-create a plain DataLoader around a :class:`ResumableSampler`, keeping every user setting.
 
     Anything else (an iterable, a DataLoader subclass, an IterableDataset, a custom sampler) is returned as
@@ -75,6 +76,9 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
     """
     if loader is None or not isinstance(loader, DataLoader):
         return loader
+    init = loader.worker_init_fn or worker_init_fn
+    if ignore_signals and loader.num_workers > 0:  # fit: workers leave the preemption signals to the trainer
+        init = functools.partial(init_worker, init, ignore_signals)
     sampler = loader.sampler
     plain = (type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
              and isinstance(loader.batch_sampler, BatchSampler) and type(loader.batch_sampler) is BatchSampler
@@ -86,6 +90,8 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
             warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom sampler, dataset or "
                           "class, so taskfit cannot shard it: every rank sees all of its data. HINT: use a plain "
                           "DataLoader over a map-style dataset, or shard the data yourself.", stacklevel=3)
+        if init is not worker_init_fn and loader.worker_init_fn is not init:
+            loader.worker_init_fn = init  # the user's own loader, as it is: only its workers' signals change
         return loader
     if shuffle is None:
         shuffle = isinstance(sampler, RandomSampler)
@@ -96,7 +102,7 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
     return DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=new_sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or pin_memory, drop_last=loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn or worker_init_fn,
+        timeout=loader.timeout, worker_init_fn=init,
         multiprocessing_context=loader.multiprocessing_context, generator=torch.Generator(), **kwargs)
 
 
@@ -176,13 +182,13 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
         "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
 
 
-def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int,
-                strategy: Any) -> tuple[Any, float, Any, float]:
+def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int, strategy: Any,
+                ignore_signals: tuple[str, ...] = ()) -> tuple[Any, float, Any, float]:
     """``(train loader, its batches per epoch, val loader or None, its batches)`` for fit, after ``limit_*_batches``.
 
     With ``overfit_batches`` the training batches, unshuffled, are also the validation batches."""
     args = dict(seed=seed, rank=strategy.rank, world_size=strategy.world_size,
-                pin_memory=strategy.device.type == "cuda")
+                pin_memory=strategy.device.type == "cuda", ignore_signals=ignore_signals)
     train = prepare_loader(task.train_dataloader(), train=True, shuffle=False if overfit else None, **args)
     total = length(train)
     if total == 0:

@@ -60,7 +60,7 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
         parent = (dict(os.environ), _ParentFd(1), _ParentFd(2))
         context = mp.start_processes(_worker, args=(buffer.getvalue(), parent, out, port),
                                      nprocs=strategy.world_size, join=False, start_method=strategy.start_method)
-        signals = getattr(getattr(fn, "__self__", None), "preempt_signals", ("SIGTERM", "SIGUSR1"))
+        signals = getattr(getattr(fn, "__self__", None), "preempt_signals", ("SIGTERM", "SIGUSR1", "SIGINT"))
         try:
             with _forwarding(signals, context.processes):
                 # On a failure, join() gives the other workers `grace_period` s to stop on their own (they do
@@ -68,7 +68,7 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
                 while not context.join(grace_period=5.0):
                     pass
         except ProcessException as exc:
-            _reraise_worker_error(out, exc, strategy.world_size)
+            _reraise_worker_error(out, exc, strategy.world_size, context.processes)
         finally:  # KeyboardInterrupt in the parent: do not leave workers behind
             for process in context.processes:
                 if process.is_alive():
@@ -192,13 +192,29 @@ class _RemoteTraceback(Exception):
         return self.text
 
 
-def _reraise_worker_error(out: str, exc: ProcessException, world_size: int) -> None:
+def _reraise_worker_error(out: str, exc: ProcessException, world_size: int, processes: list[Any]) -> None:
     records = []
     for name in os.listdir(out):
         if name.startswith("error_rank"):
             with open(os.path.join(out, name), "rb") as fh:
                 records.append(pickle.load(fh))
-    if not records:  # killed by a signal (e.g. out of memory) or os._exit: torch's message says which
+    reported = {r["rank"] for r in records}
+    killed = [(rank, p.exitcode) for rank, p in enumerate(processes)
+              if p.exitcode is not None and p.exitcode < 0 and rank not in reported]
+    if killed:  # a rank killed by a signal (the out-of-memory killer: SIGKILL) is the cause; the errors of the
+        rank, code = killed[0]  # others ("connection closed by peer" in a collective) are its consequences
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        after = "; ".join(f"rank {r['rank']} then failed: {r['type']}: {str(r['message']).splitlines()[0][:160]}"
+                          for r in sorted(records, key=lambda r: r["time"]))
+        raise RuntimeError(
+            f"ddp rank {rank} of {world_size} was killed by {name} (pid {processes[rank].pid})"
+            + (f"; {after} (a consequence: its peer was gone)" if after else "") + ". HINT: SIGKILL with no "
+            "error is usually the out-of-memory killer (see `dmesg`): lower the batch size or num_workers, or use "
+            "fewer processes per machine.") from None
+    if not records:  # os._exit without a record: torch's message says which rank and code
         raise exc
     first = min(records, key=lambda r: r["time"])
     try:  # the same exception class, unless it cannot be rebuilt here (e.g. defined in the workers' __mp_main__)
@@ -220,7 +236,14 @@ def _forwarding(names: Sequence[str], processes: list[Any]) -> Iterator[None]:
         yield
         return
 
+    interrupted = []
+
     def forward(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:  # Ctrl-C at a terminal reached the workers too (one process group): no double
+            if interrupted:
+                raise KeyboardInterrupt  # a second Ctrl-C: abort (the workers are killed on the way out)
+            interrupted.append(signum)
+            return
         for process in processes:
             if process.is_alive():
                 os.kill(process.pid, signum)

@@ -60,7 +60,12 @@ class Preemption:
                     self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.signum is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: abort at once, as Python would have
         self.signum = signum  # only a flag: the loop saves and exits at the next step boundary
+        if signum == signal.SIGINT and self.strategy.is_main:
+            print("\ntaskfit: Ctrl-C: finishing this step, then saving a checkpoint and exiting (Ctrl-C again to "
+                  "abort at once).", file=sys.stderr, flush=True)
 
     def uninstall(self) -> None:
         for signum, handler in self._previous.items():
@@ -103,7 +108,10 @@ def preempt(trainer: Trainer) -> None:
     code = trainer.preempt_exit_code if trainer.preempt_exit_code is not None else 128 + signum
     if trainer.is_main:
         st, name = trainer.state, signal.Signals(signum).name
+        # A run of the `taskfit` command carries its config: say how to resume it there.
+        how = "the same `taskfit` command with ckpt_path=last" if trainer.config is not None else \
+            'trainer.fit(task, ckpt_path="last")'
         print(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
-              f"step {st.global_step} to {path}. Exiting with status {code}. Resume with "
-              f"trainer.fit(task, ckpt_path=\"last\") (or ckpt_path=\"{path}\").", file=sys.stderr, flush=True)
+              f"step {st.global_step} to {path}. Exiting with status {code}. Resume with {how} (or "
+              f"ckpt_path=\"{path}\").", file=sys.stderr, flush=True)
     raise SystemExit(code)

@@ -56,7 +56,7 @@ class Trainer:
         callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
         enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
         logger: bool = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
-        channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
+        channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
         preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None,
     ) -> None:
         check_arguments(locals())
@@ -316,7 +316,7 @@ class Trainer:
         self.schedulers = Schedulers(configs)
         self.clip_gradients = gradient_clipper(self.optimizer, self.gradient_clip_val, self.gradient_clip_algorithm)
         self.train_dataloader, self.num_train_batches, self.val_loader, self.num_val_batches = fit_loaders(
-            task, self.limits, bool(self.overfit_batches), self.data_seed, strategy)
+            task, self.limits, bool(self.overfit_batches), self.data_seed, strategy, self.preempt_signals)
         self.val_schedule = ValidationSchedule(self.val_check_interval, self.check_val_every_n_epoch,
                                                self.num_train_batches, self.val_loader is not None)
         self._loss_checked = False
