@@ -60,6 +60,9 @@ class _Series:
         return [1.0] * len(self.pending) if self.weights is None else self.weights
 
     def add(self, value: Any, weight: float = 1.0) -> None:
+        if weight == self.unit and self.weights is None:  # the common case: another full batch
+            self.pending.append(value)
+            return
         unit = self.unit
         if unit is None:
             unit = self.unit = weight
@@ -216,6 +219,11 @@ class LogBuffer:
             self._raise_nonfinite(pending, state.epoch)
         self.fold_mark = (state.global_step, state.batch_idx + 1)  # where the next pending loss is from
         return dict(zip(last, floats))
+
+    @property
+    def logged_this_epoch(self) -> bool:
+        """A log interval fell in this epoch (the fold mark moved past the epoch's first batch)."""
+        return self.fold_mark[1] > 0
 
     def check_pending(self, epoch: int) -> None:
         """Raise if a loss since the last log is NaN/Inf on any rank: one sync (and under ddp one all-reduce),

@@ -220,8 +220,9 @@ class Trainer:
     def _end_epoch(self, completed: bool) -> None:
         st = self.state
         st.epoch_done = completed
-        if self.logs.losses:  # steps since the last log: logged now, so a short run has its curves (and NaN checks)
-            self._log_interval()
+        if self.logs.losses and not self.logs.logged_this_epoch:  # an epoch shorter than log_every_n_steps logs
+            self._log_interval()  # its last step here: a short run still has its curves
+        self.logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
         self._publish(self.logs.epoch_means())
         if completed:
             self.schedulers.after_epoch(st.epoch, st.metrics)
