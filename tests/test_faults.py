@@ -279,3 +279,46 @@ def test_a_ddp_rank_killed_by_sigkill_is_named_as_the_cause(tmp_path):
     assert "ddp rank 1 of 2 was killed by SIGKILL" in result.stderr, result.stderr[-3000:]
     assert "raised on ddp rank 0" not in result.stderr  # the survivor is not blamed
     assert time.monotonic() - started < 60  # process start-up included; the failure itself is reported at once
+
+
+class PositionLoader:
+    """A loader that keeps its own position, as torchdata's StatefulDataLoader does (taskfit uses it as it is)."""
+
+    def __init__(self, batches):
+        self.batches, self.position = batches, 0
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        while self.position < len(self.batches):
+            self.position += 1
+            yield self.batches[self.position - 1]
+        self.position = 0  # the next epoch starts over
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+class Stateful(RegressionTask):
+    def train_dataloader(self):
+        x, y = self.data.tensors
+        return PositionLoader([(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)])
+
+
+def test_a_stateful_loader_is_saved_and_continues_mid_epoch(tmp_path):
+    quiet = dict(QUIET, default_root_dir=str(tmp_path))
+    torch.manual_seed(0)
+    whole = Stateful()
+    Trainer(max_steps=11, enable_checkpointing=False, **QUIET).fit(whole)  # 8 batches per epoch: ends mid-epoch 1
+    torch.manual_seed(0)
+    first = Stateful()
+    Trainer(max_steps=5, **quiet).fit(first)  # stops mid-epoch 0: the loader is at batch 5
+    assert load_checkpoint(str(tmp_path / "version_0" / "checkpoints" / "last.ckpt"))["data"]["loader"] == \
+        {"position": 5}
+    resumed = Stateful()
+    Trainer(max_steps=11, **quiet).fit(resumed, ckpt_path="last")
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))

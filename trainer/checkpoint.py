@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .data import ResumableSampler, finite
+from .data import ResumableSampler, finite, stateful
 from .errors import CheckpointError, NonFiniteLossError
 from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
@@ -204,12 +204,15 @@ def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
                 if old.get(k) != new.get(k) and k != "batch_size" and " at 0x" not in str(old.get(k))]
     state = ckpt["loop"]["state"]
     mid_epoch = data["batches_done"] and not state.get("epoch_done")
-    if mid_epoch and not isinstance(getattr(trainer.train_dataloader, "sampler", None), ResumableSampler):
+    resumable = isinstance(getattr(trainer.train_dataloader, "sampler", None), ResumableSampler) or (
+        stateful(trainer.train_dataloader) and data.get("loader") is not None)
+    if mid_epoch and not resumable:
         warnings.warn(f"Resuming mid-epoch (batch {data['batches_done']}) from {path}, but the training data is not a "
                       "plain DataLoader over a map-style dataset (custom sampler, IterableDataset or DataLoader "
                       "subclass), so taskfit cannot fast-forward it: the rest of this epoch starts from the loader's "
                       "first batch. HINT: use a plain DataLoader (shuffle=True/False) for an exact mid-epoch resume, "
-                      "or save only at epoch ends (ModelCheckpoint(every_n_epochs=1)).", UserWarning, stacklevel=4)
+                      "a loader with state_dict/load_state_dict (torchdata's StatefulDataLoader), or save only at "
+                      "epoch ends (ModelCheckpoint(every_n_epochs=1)).", UserWarning, stacklevel=4)
     if changed:
         where = "mid-epoch (batch %d)" % data["batches_done"] if mid_epoch else "at an epoch boundary"
         warnings.warn(f"Resuming from {path} ({where}) with a changed setup: {'; '.join(changed)}. The run "

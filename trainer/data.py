@@ -214,12 +214,23 @@ def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
                           pin_memory=strategy.device.type == "cuda")
 
 
-def reseed(loaders: Any, seed: int) -> None:
-    """Give the resumable samplers of ``loaders`` the run's data seed (a resume continues the saved order)."""
-    for loader in loaders:
+def stateful(loader: Any) -> bool:
+    """A loader that keeps its own position (``torchdata``'s ``StatefulDataLoader``, or any loader with
+    ``state_dict``/``load_state_dict``) and that taskfit does not re-create: its own state is saved and restored."""
+    sampler = getattr(loader, "sampler", None)
+    return not isinstance(sampler, ResumableSampler) and callable(getattr(loader, "state_dict", None)) \
+        and callable(getattr(loader, "load_state_dict", None))
+
+
+def restore_position(train: Any, val: Any, data: Mapping[str, Any]) -> None:
+    """Continue the saved data position: the run's seed for the resumable samplers, the saved state of a
+    stateful training loader (which then resumes mid-epoch by itself)."""
+    for loader in (train, val):
         sampler = getattr(loader, "sampler", None)
         if isinstance(sampler, ResumableSampler):
-            sampler.seed = seed
+            sampler.seed = int(data["seed"])
+    if stateful(train) and data.get("loader") is not None:
+        train.load_state_dict(data["loader"])
 
 
 def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, trainer: Any) -> dict[str, Any]:
@@ -228,4 +239,5 @@ def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, 
     return {"seed": int(seed), "epoch": state.epoch, "batches_done": state.batches_done,
             "batch_size": getattr(loader, "batch_size", None), "world_size": trainer.strategy.world_size,
             "accumulate_grad_batches": trainer.accumulate_grad_batches, "num_train_batches": finite(num_train_batches),
-            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
+            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
+            "loader": loader.state_dict() if stateful(loader) else None}

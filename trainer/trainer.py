@@ -20,7 +20,7 @@ from .callbacks import (Callback, ModelCheckpoint, callback_states, drop_idle_ba
 from .checkpoint import load_weights, next_version_dir, restore, save_checkpoint
 from .checks import check_arguments, check_loss, check_task, keywords_checked
 from .data import (batch_size_of, data_position, empty_train_loader, eval_loader, fit_loaders, length,
-                   limit_batches, reseed, set_epoch)
+                   limit_batches, restore_position, set_epoch)
 from .evaluation import evaluate, predict
 from .errors import CheckpointError
 from .logbook import LogBuffer
@@ -389,7 +389,7 @@ class Trainer:
         fold_mark = state["loop"].get("fold_mark", (self.state.global_step, self.state.batches_done))
         self.logs.load_state_dict({"book": state["logbook"], "fold_mark": fold_mark})
         self.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
-        reseed((self.train_dataloader, self.val_loader), self.data_seed)
+        restore_position(self.train_dataloader, self.val_loader, state["data"])
         load_callback_states(self.callbacks, state.get("callbacks", {}))
         rng, rank = state["rng"], self.strategy.rank
         set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers
