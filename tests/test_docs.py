@@ -357,3 +357,13 @@ def test_api_page_covers_every_callback_and_strategy():
     assert len(strategies) >= 3, strategies
     missing = [w for w in wanted if w not in page]
     assert not missing, f"docs/api.md lacks: {missing}"
+
+
+def test_concepts_maps_every_module_of_the_package():
+    """docs/concepts.md's "The modules, one line each" names every module of taskfit (trainer/ and callbacks/)."""
+    page = (DOCS / "concepts.md").read_text(encoding="utf-8")
+    table = page[page.index("## The modules, one line each"):page.index("## One batch, call by call")]
+    missing = [name for name in sorted(os.listdir(ROOT / "trainer")) if name.endswith(".py")
+               and name not in ("__init__.py", "__main__.py") and f"`{name}`" not in table]
+    assert not missing, f"docs/concepts.md's module map lacks: {missing}"
+    assert "`callbacks/base.py`" in table and "`callbacks/*.py`" in table
