@@ -78,6 +78,12 @@ def test_a_typo_fails_before_training_with_the_close_valid_name(tmp_path):
     assert not (tmp_path / "logs").exists()  # it failed while composing: no run directory, nothing trained
 
 
+def test_a_target_that_fails_after_composition_leaves_no_run_directory(tmp_path):
+    result = taskfit("task._target_=nope.Task", cwd=tmp_path, expect=1)
+    assert "no module named 'nope' can be imported" in result.stderr
+    assert not (tmp_path / "logs" / "digits").exists()  # Hydra had created the run directory: it is removed
+
+
 def test_overrides_reach_the_trainer_config_checkpoint_and_hparams_then_ckpt_path_last_resumes(tmp_path):
     common = ["debug=limit", "trainer.limit_train_batches=3", "task.scheduler=null", "task.channels=8",
               "task.hidden=16", "trainer.enable_model_summary=false"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -140,17 +141,22 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     started = time.perf_counter()
-    config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    check_targets(config)  # every _target_ imports, every key is an argument: before any work
     run_dir = HydraConfig.get().runtime.output_dir
-    if _is_leader():  # torchrun: only rank 0 writes; the others share its directory
-        OmegaConf.save(OmegaConf.create(config), os.path.join(run_dir, "config.yaml"))
-    seed = config["trainer"].get("seed")
-    if seed is not None:  # before the task is built: its initial weights depend on the seed
-        seed_everything(seed)
-    ckpt_path = _ckpt_path(config, run_dir)
-    task = instantiate(config["task"], _convert_="all")
-    trainer = build_trainer(config, build_callbacks(config))
+    try:  # a config that fails before training leaves no run directory behind (Hydra created it already)
+        config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        check_targets(config)  # every _target_ imports, every key is an argument: before any work
+        if _is_leader():  # torchrun: only rank 0 writes; the others share its directory
+            OmegaConf.save(OmegaConf.create(config), os.path.join(run_dir, "config.yaml"))
+        seed = config["trainer"].get("seed")
+        if seed is not None:  # before the task is built: its initial weights depend on the seed
+            seed_everything(seed)
+        ckpt_path = _ckpt_path(config, run_dir)
+        task = instantiate(config["task"], _convert_="all")
+        trainer = build_trainer(config, build_callbacks(config))
+    except Exception:
+        if _is_leader():
+            _discard_unused(run_dir)
+        raise
     trainer.fit(task, ckpt_path=ckpt_path)
     cb = trainer.checkpoint_callback
     best = getattr(cb, "best_model_path", None) or None
@@ -161,6 +167,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if trainer.is_main:
         _print_report(result, time.perf_counter() - started)
     return result
+
+
+def _discard_unused(run_dir: str) -> None:
+    """Remove a run directory that holds only what Hydra and the config wrote (no run started in it)."""
+    hydra_files = {".hydra", "config.yaml", "taskfit.log"}
+    if os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= hydra_files:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        parent = os.path.dirname(run_dir)  # <log_dir>/<name>/runs: gone too if this was its only run
+        for folder in (parent, os.path.dirname(parent)):
+            if os.path.isdir(folder) and not os.listdir(folder):
+                os.rmdir(folder)
 
 
 def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, float] | None) -> dict[str, Any]:
