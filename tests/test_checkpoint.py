@@ -8,7 +8,6 @@ import hashlib
 import os
 import pickle
 import threading
-import time
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from tasks import ClassifierTask, RegressionTask
 from taskfit.callbacks import Callback, ModelCheckpoint
 from taskfit.callbacks.checkpoint import format_filename
 from taskfit import CheckpointError, MisconfigurationError
-from taskfit.checkpoint import FORMAT_VERSION, CheckpointWriter, last_checkpoint, load_checkpoint
+from taskfit.checkpoint import FORMAT_VERSION, last_checkpoint, load_checkpoint
 
 from tasks import checkpointing_trainer as _trainer, seeded_task as _task
 
@@ -293,31 +292,6 @@ def test_files_are_finished_on_a_background_thread_and_in_place_when_fit_returns
     assert sorted(os.listdir(folder)) == ["epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt", "last.ckpt"]
     states = [load_checkpoint(str(folder / f"epoch={e}.ckpt"))["loop"]["state"] for e in range(3)]
     assert [(s["epoch"], s["epoch_done"]) for s in states] == [(0, True), (1, True), (2, True)]
-
-
-def test_checkpoint_writer_keeps_order_and_reraises_the_first_error():
-    done = []
-
-    def slow(x):
-        time.sleep(0.05)
-        done.append(x)
-
-    def fail():
-        raise ValueError("disk on fire")
-
-    writer = CheckpointWriter()
-    writer.submit(slow, 1)
-    writer.submit(fail)
-    writer.submit(slow, 3)
-    with pytest.raises(ValueError, match="disk on fire"):
-        writer.wait()
-    assert done == [1]  # in order; what came after the failure (a link to its file, a removal) did not run
-    writer.wait()  # the error was reported once
-    writer.submit(done.append, 3)  # once reported, the writer runs again
-    writer.close()
-    writer.submit(done.append, 4)  # a closed writer starts a new thread
-    writer.close()
-    assert done == [1, 3, 4]
 
 
 @BOTH_WAYS

@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from taskfit import CheckpointError, MisconfigurationError, NonFiniteLossError, Trainer
 from taskfit.callbacks import Callback, ModelCheckpoint
 from taskfit.checkpoint import load_checkpoint
-from taskfit.serialization import FORMAT_VERSION
+from taskfit.serialization import FORMAT_VERSION, CheckpointWriter
 from tasks import ClassifierTask, RegressionTask
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
@@ -322,3 +323,28 @@ def test_a_stateful_loader_is_saved_and_continues_mid_epoch(tmp_path):
     resumed = Stateful()
     Trainer(max_steps=11, **quiet).fit(resumed, ckpt_path="last")
     assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
+
+
+def test_checkpoint_writer_keeps_order_and_reraises_the_first_error():
+    done = []
+
+    def slow(x):
+        time.sleep(0.05)
+        done.append(x)
+
+    def fail():
+        raise ValueError("disk on fire")
+
+    writer = CheckpointWriter()
+    writer.submit(slow, 1)
+    writer.submit(fail)
+    writer.submit(slow, 3)
+    with pytest.raises(ValueError, match="disk on fire"):
+        writer.wait()
+    assert done == [1]  # in order; what came after the failure (a link to its file, a removal) did not run
+    writer.wait()  # the error was reported once
+    writer.submit(done.append, 3)  # once reported, the writer runs again
+    writer.close()
+    writer.submit(done.append, 4)  # a closed writer starts a new thread
+    writer.close()
+    assert done == [1, 3, 4]
