@@ -197,6 +197,7 @@ class LogBuffer:
         self.train.reset()
         self._loss = self.train.series_for("train/loss")
         self.losses: list[Any] = self._loss.pending  # this epoch's losses since the last log (read, not written)
+        self._checked = 0  # how many of them check_pending found finite
         self.fold_mark = (global_step, 0)
 
     def add_loss(self, loss: torch.Tensor) -> None:
@@ -218,6 +219,7 @@ class LogBuffer:
         if self.raise_nonfinite and not math.isfinite(floats[-1]):  # ...so it is finite iff each loss is
             self._raise_nonfinite(pending, state.epoch)
         self.fold_mark = (state.global_step, state.batch_idx + 1)  # where the next pending loss is from
+        self._checked = 0  # fold emptied the list
         return dict(zip(last, floats))
 
     @property
@@ -228,14 +230,15 @@ class LogBuffer:
     def check_pending(self, epoch: int) -> None:
         """Raise if a loss since the last log is NaN/Inf on any rank: one sync (and under ddp one all-reduce),
         paid before a checkpoint is written, never per step."""
-        if not self.raise_nonfinite:
-            return
+        if not self.raise_nonfinite or len(self.losses) == self._checked:  # nothing new since the last check (the
+            return  # epoch's end, then its checkpoint): no second sync; every rank has as many losses
         mine = torch.isfinite(torch.stack(self.losses)).all() if self.losses else None
         finite = bool(mine) if mine is not None else True
         if self.strategy.world_size > 1:  # every rank must refuse the save, not only the one that saw the NaN
             flag = torch.tensor(float(finite), device=self.strategy.device)
             finite = bool(self.strategy.all_reduce(flag, op="min").item())
         if finite:
+            self._checked = len(self.losses)
             return
         if mine is not None and not bool(mine):
             self._raise_nonfinite(self.losses, epoch)
@@ -312,4 +315,5 @@ class LogBuffer:
         self.train.load_state_dict(book)
         self._loss = self.train.series_for("train/loss")
         self.losses = self._loss.pending
+        self._checked = 0
         self.fold_mark = tuple(state["fold_mark"])
