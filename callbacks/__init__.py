@@ -6,6 +6,7 @@ from typing import Any
 
 from ..errors import MisconfigurationError
 from .base import HOOKS, Callback, callback_states, drop_idle_batch_hooks, hook_table, load_callback_states
+from .logger import Logger
 
 LAZY = {  # class name: its module, relative to this package (imported on first use)
     "ProgressBar": ".progress",
@@ -15,9 +16,11 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "EarlyStopping": ".early_stopping",
     "LearningRateMonitor": ".lr_monitor",
     "ThroughputMonitor": ".throughput",
+    "CSVLogger": ".csv_logger",
+    "MLFlowLogger": ".mlflow_logger",
 }
 
-__all__ = ["Callback", "HOOKS", "callback_states", "drop_idle_batch_hooks", "hook_table", "load_callback_states",
+__all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table", "load_callback_states",
            "with_defaults", *LAZY]
 
 
@@ -28,9 +31,14 @@ def __getattr__(name: str) -> Any:
 
 
 def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointing: bool,
-                  logger: bool) -> list[Callback]:
-    """The user's callbacks plus the default ones the Trainer's switches ask for (unless the user passed one of
-    that class), sorted by ``order``."""
+                  logger: bool | Logger | list[Logger] | None) -> list[Callback]:
+    """The user's callbacks, the ``logger`` argument's loggers and the default callbacks the Trainer's switches ask
+    for (unless the user passed one of that class), sorted by ``order``.
+
+    ``logger``: True (or None) adds a TensorBoardLogger unless a Logger is among the callbacks; a Logger or a list
+    of them is added instead; False (or ``[]``) adds none. Any logger brings a LearningRateMonitor and a
+    ThroughputMonitor (their values go to every logger).
+    """
     if isinstance(callbacks, Callback):  # one callback, as Lightning accepts
         callbacks = [callbacks]
     if callbacks is not None and not isinstance(callbacks, (list, tuple)):
@@ -42,12 +50,35 @@ def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointin
         if not isinstance(cb, Callback):
             raise MisconfigurationError(f"Trainer(callbacks=[...]) got {type(cb).__name__}, not a Callback.",
                                         "subclass `taskfit.callbacks.Callback` and pass instances.")
+    loggers = _loggers(logger)
+    callbacks += [lg for lg in loggers if not any(lg is cb for cb in callbacks)]
+    logging = bool(loggers) or logger is True or logger is None
     present = {type(cb) for cb in callbacks}
+    default_tb = logging and not any(isinstance(cb, Logger) for cb in callbacks)
     for wanted, name in ((progress, "ProgressBar"), (summary, "ModelSummary"), (checkpointing, "ModelCheckpoint"),
-                         (logger, "TensorBoardLogger"), (logger, "LearningRateMonitor"),
-                         (logger, "ThroughputMonitor")):
+                         (default_tb, "TensorBoardLogger"), (logging, "LearningRateMonitor"),
+                         (logging, "ThroughputMonitor")):
         if wanted:
             cls = __getattr__(name)
             if not any(issubclass(t, cls) for t in present):
                 callbacks.append(cls())
     return sorted(callbacks, key=lambda cb: cb.order)
+
+
+def _loggers(logger: Any) -> list[Logger]:
+    """The Logger instances that ``Trainer(logger=...)`` names: none for a bool or None."""
+    if logger is None or isinstance(logger, bool):
+        return []
+    items = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    if not isinstance(logger, (list, tuple, Logger)):
+        raise MisconfigurationError(
+            f"Trainer(logger={logger!r}) is not valid: expected True, False, a Logger or a list of Loggers.",
+            "pass logger=True (TensorBoard), False (none), a logger such as CSVLogger() or MLFlowLogger() from "
+            "taskfit.callbacks, or a list of them; from the command line choose the group: taskfit logger=csv.")
+    for item in items:
+        if not isinstance(item, Logger):
+            raise MisconfigurationError(
+                f"Trainer(logger=[...]) got {item!r} ({type(item).__name__}), not a Logger instance.",
+                "list instances of taskfit.callbacks.Logger subclasses, e.g. logger=[TensorBoardLogger(), "
+                "CSVLogger()]; other callbacks go in callbacks=[...].")
+    return items

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import MisconfigurationError
 from ..module import TaskModule
 
-from .base import Callback
+from .logger import Logger, check_writable
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -35,10 +35,11 @@ def guess_mode(key: str) -> str:
     return "min" if any(word in name for word in _LOWER_IS_BETTER) else "max"
 
 
-class TensorBoardLogger(Callback):
+class TensorBoardLogger(Logger):
     """Writes every published value as a scalar (x-axis: ``trainer.state.global_step``) into ``trainer.log_dir``.
 
-    On by default (``Trainer(logger=True)``); rank 0 only. One run directory per fit (``version_N``).
+    On by default (``Trainer(logger=True)``); rank 0 only. One run directory per fit (``version_N``). A
+    :class:`~taskfit.callbacks.Logger`: :attr:`experiment` is the ``SummaryWriter``.
 
     Args:
         hparam_metrics: what the HParams tab shows next to the hyperparameters. None (default): every ``val/*``
@@ -51,8 +52,8 @@ class TensorBoardLogger(Callback):
             last flush is ``EPOCH_FLUSH_SECS`` (5 s) old or more: a flush waits for the writer's thread.
     """
 
-    order = 900  # after every callback that logs (lower orders), so on_fit_end closes the writer last;
-    # before ModelCheckpoint (1000), whose files must hold every other callback's state
+    # order 900 (Logger's): after every callback that logs, so on_fit_end closes the writer last; before
+    # ModelCheckpoint (1000), whose files must hold every other callback's state
 
     def __new__(cls, *args: Any, **kwargs: Any) -> TensorBoardLogger:
         # Gradients exist only in on_before_optimizer_step, and a callback that overrides that hook costs the
@@ -86,6 +87,7 @@ class TensorBoardLogger(Callback):
         self._step_values: dict[str, float] = {}  # the current step's values, not written yet
         self._step = 0
         self._session_open = False  # fit wrote the HParams session start and not yet its end
+        self._hparams_step = 0  # the global step of the HParams session start (a resumed fit: its step)
         self._hparams: dict[str, Any] = {}
         self._modes: dict[str, str] = {}
         self._final: dict[str, float] = {}
@@ -137,6 +139,37 @@ class TensorBoardLogger(Callback):
             self._writer.close()  # flushes the queue and closes the event file
             self._writer = None
 
+    # ---- the Logger interface ---------------------------------------------------------------------------
+    def setup(self, trainer: Any) -> None:
+        check_writable(trainer.log_dir, "TensorBoardLogger")
+        self._hparams_step = trainer.state.global_step
+        self.writer(trainer)
+
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        """HParams' session start: the hyperparameters (numbers, strings, bools; anything else as text)."""
+        if self._writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        self._hparams = _loggable(params)
+        _, session_start, _ = hparams(self._hparams, {})
+        self._writer.file_writer.add_summary(session_start, self._hparams_step)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._collect(step, metrics)
+
+    def save(self) -> None:
+        """Write the pending step; flush when the last flush is ``EPOCH_FLUSH_SECS`` old (epoch ends)."""
+        if self._writer is not None:
+            self._write_step()
+            now = time.monotonic()
+            if now - self._flushed >= EPOCH_FLUSH_SECS:  # epochs of a second or two: not every one waits
+                self._writer.flush()
+                self._flushed = now
+
+    def finalize(self, status: str) -> None:
+        self._close()
+
     # ---- hooks --------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         example = getattr(task, "example_input_array", None) if self.log_graph else None
@@ -145,28 +178,19 @@ class TensorBoardLogger(Callback):
                 f"TensorBoardLogger(log_graph=True) needs {type(task).__name__}.example_input_array.",
                 "set `self.example_input_array = torch.zeros(1, ...)` (one input batch, as forward takes it) in "
                 "your TaskModule's __init__, or pass log_graph=False.")
-        self._session_open = True
         self._final, self._best = {}, {}
         self._modes = {k: m for k, m in ((getattr(cb, "monitor", None), getattr(cb, "mode", None))
                                          for cb in trainer.callbacks) if isinstance(k, str) and m in ("min", "max")}
         if self.hparam_metrics is not None:
             self._modes.update(self.hparam_metrics)
-        writer = self.writer(trainer)
-        if writer is None:
-            return
-        from torch.utils.tensorboard.summary import hparams
-
-        self._hparams = _loggable(trainer.hparams)
-        _, session_start, _ = hparams(self._hparams, {})
-        writer.file_writer.add_summary(session_start, trainer.state.global_step)
-        if example is not None:
-            _write_graph(writer, trainer, task, example)
+        super().on_fit_start(trainer, task)  # rank 0: the writer and the HParams session start
+        self._session_open = True
+        if example is not None and self._writer is not None:
+            _write_graph(self._writer, trainer, task, example)
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
-        if self.writer(trainer) is None:  # also opens one for a validate/test outside fit
-            return
-        self._collect(trainer.state.global_step, metrics)
-        if trainer.state.fn == "fit":
+        super().on_log(trainer, task, metrics)  # rank 0: collected into the step's event
+        if trainer.state.fn == "fit" and self._writer is not None:
             for key, value in metrics.items():
                 if self._tracked(key):
                     self._final[key] = value
@@ -175,28 +199,24 @@ class TensorBoardLogger(Callback):
                         better = min if self._mode(key) == "min" else max
                         self._best[key] = value if best is None else better(best, value)
 
-    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
-        if self._writer is not None:
-            self._write_step()
-            now = time.monotonic()
-            if now - self._flushed >= EPOCH_FLUSH_SECS:  # epochs of a second or two: not every one waits
-                self._writer.flush()
-                self._flushed = now
-
     def on_validation_end(self, trainer: Any, task: Any) -> None:
-        if trainer.state.fn == "validate":  # a Trainer.validate on its own: its values are written, close the file
+        super().on_validation_end(trainer, task)
+        if trainer.state.fn == "validate":  # also a writer that only summary_writer() opened
             self._close()
 
     def on_test_end(self, trainer: Any, task: Any) -> None:
+        super().on_test_end(trainer, task)
         self._close()
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         self._end_session(trainer, task, "STATUS_SUCCESS")
+        super().on_fit_end(trainer, task)
 
     def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
         if self._session_open:  # an error fails the run; Ctrl-C or a preemption exit may be resumed later
             self._end_session(trainer, task, "STATUS_FAILURE" if isinstance(exception, Exception)
                               else "STATUS_UNKNOWN")
+        super().on_exception(trainer, task, exception)
         self._close()
 
     # ---- hyperparameters ----------------------------------------------------------------------------
