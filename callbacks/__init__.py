@@ -20,8 +20,8 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "MLFlowLogger": ".mlflow_logger",
 }
 
-__all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table", "load_callback_states",
-           "with_defaults", *LAZY]
+__all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",
+           "load_callback_states", "with_defaults", *LAZY]
 
 
 def __getattr__(name: str) -> Any:

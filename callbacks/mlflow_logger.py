@@ -148,8 +148,8 @@ class MLFlowLogger(Logger):
         if callback is None:
             return
         trainer.checkpoint_writer.wait()  # the files written on the background thread are in place
-        paths = dict.fromkeys(p for p in (callback.best_model_path, callback.last_model_path) if p and os.path.isfile(p))
-        for path in paths:
+        paths = (callback.best_model_path, callback.last_model_path)
+        for path in dict.fromkeys(p for p in paths if p and os.path.isfile(p)):
             self._client.log_artifact(self._run_id, path, artifact_path="checkpoints")
 
 

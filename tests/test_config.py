@@ -107,6 +107,7 @@ def test_every_callback_and_trainer_argument_is_in_the_yaml():
     files = {"trainer": "trainer/default.yaml", "model_checkpoint": "callbacks/model_checkpoint.yaml",
              "early_stopping": "callbacks/early_stopping.yaml", "lr_monitor": "callbacks/lr_monitor.yaml",
              "throughput": "callbacks/throughput.yaml", "tensorboard": "logger/tensorboard.yaml",
+             "csv": "logger/csv.yaml", "mlflow": "logger/mlflow.yaml",
              "progress_bar": "callbacks/progress_bar.yaml", "model_summary": "callbacks/model_summary.yaml"}
     assert set(files) == set(SCHEMAS)
     for name, path in files.items():
@@ -252,7 +253,7 @@ def test_help_lists_the_groups(command, capsys):
     out = capsys.readouterr().out
     assert info.value.code == 0
     for line in ("task: diabetes, digits, sequence", "trainer: cpu, ddp, default, dp, gpu",
-                 "debug: fast_dev_run, limit, overfit", "logger: none, tensorboard",
+                 "debug: fast_dev_run, limit, overfit", "logger: csv, mlflow, none, tensorboard",
                  "experiment: digits_fast, digits_sweep, sequence"):
         assert line in out
 

@@ -32,7 +32,7 @@ from .strategies import launched_by_torchrun
 
 # Callbacks that a Trainer switch turns off: a configured one is dropped too, as the Trainer's default is.
 _SWITCHES = (("enable_progress_bar", "ProgressBar"), ("enable_model_summary", "ModelSummary"),
-             ("enable_checkpointing", "ModelCheckpoint"), ("logger", "TensorBoardLogger"),
+             ("enable_checkpointing", "ModelCheckpoint"), ("logger", "Logger"),
              ("logger", "LearningRateMonitor"), ("logger", "ThroughputMonitor"))
 
 
@@ -57,7 +57,7 @@ def build_callbacks(config: dict[str, Any]) -> list[Any]:
     switches = config["trainer"]
     off = tuple(getattr(cbs, name) for flag, name in _SWITCHES if not switches.get(flag, True))
     if switches.get("fast_dev_run"):  # nothing is written in a fast_dev_run
-        off += (cbs.ModelCheckpoint, cbs.TensorBoardLogger)
+        off += (cbs.ModelCheckpoint, cbs.Logger)
     built = []
     for group in ("callbacks", "logger"):
         for name, node in (config.get(group) or {}).items():
@@ -192,7 +192,19 @@ def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, floa
     logging = any(isinstance(c, TensorBoardLogger) for c in trainer.callbacks)
     return {"run_dir": run_dir, "log_dir": trainer.log_dir if logging else None, "best_checkpoint": best,
             "monitor": monitor, "mode": mode, "score": None if score is None else float(score), "kind": kind,
-            "metrics": metrics, "test": tested}
+            "metrics": metrics, "test": tested, "loggers": _logger_lines(trainer)}
+
+
+def _logger_lines(trainer: Any) -> list[str]:
+    """Where the CSV and MLflow loggers wrote (the report's lines; TensorBoard has its own)."""
+    lines = []
+    for cb in trainer.callbacks:
+        if isinstance(cb, cbs.CSVLogger) and trainer.log_dir:
+            lines.append(f"  CSV:             {os.path.join(trainer.log_dir, 'metrics.csv')}")
+        elif isinstance(cb, cbs.MLFlowLogger):
+            run = f", run {cb.run_id}" if cb.run_id else ""
+            lines.append(f"  MLflow:          experiment '{cb.experiment_name}'{run}")
+    return lines
 
 
 def _print_report(result: dict[str, Any], seconds: float) -> None:
@@ -202,6 +214,7 @@ def _print_report(result: dict[str, Any], seconds: float) -> None:
              "  TensorBoard:     " + (f"{result['log_dir']}  (tensorboard --logdir {result['run_dir']})"
                                       if result["log_dir"] else "off"),
              f"  best checkpoint: {result['best_checkpoint'] or 'none'}{score if result['best_checkpoint'] else ''}"]
+    lines += result.get("loggers") or []
     if result["best_checkpoint"] is None and result["score"] is not None:
         lines.append(f"  {result['kind']} {result['monitor']}: {result['score']:.4g}")
     if result["test"]:

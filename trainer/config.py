@@ -22,7 +22,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from .errors import MisconfigurationError
 
@@ -127,6 +127,22 @@ class TensorBoardLoggerConf:
 
 
 @dataclass
+class CSVLoggerConf:
+    _target_: str = "taskfit.callbacks.CSVLogger"
+
+
+@dataclass
+class MLFlowLoggerConf:
+    _target_: str = "taskfit.callbacks.MLFlowLogger"
+    experiment_name: str = "taskfit"
+    run_name: Optional[str] = None
+    tracking_uri: Optional[str] = None
+    tags: Optional[Dict[str, str]] = None
+    log_model_checkpoints: bool = False
+    flush_secs: float = 10.0
+
+
+@dataclass
 class ProgressBarConf:
     _target_: str = "taskfit.callbacks.ProgressBar"
     stream: Any = None
@@ -142,6 +158,7 @@ class ModelSummaryConf:
 SCHEMAS: dict[str, type] = {"trainer": TrainerConf, "model_checkpoint": ModelCheckpointConf,
                             "early_stopping": EarlyStoppingConf, "lr_monitor": LearningRateMonitorConf,
                             "throughput": ThroughputMonitorConf, "tensorboard": TensorBoardLoggerConf,
+                            "csv": CSVLoggerConf, "mlflow": MLFlowLoggerConf,
                             "progress_bar": ProgressBarConf, "model_summary": ModelSummaryConf}
 
 
