@@ -44,6 +44,40 @@ class ScheduledTask(RegressionTask):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class ManualTask(ScheduledTask):
+    """Manual optimization: two optimizers (the linear layer's SGD with momentum, a second head's Adam), each with
+    its scheduler, stepping in turn; dropout draws random numbers in the step."""
+
+    automatic_optimization = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.head = torch.nn.Linear(4, 1)
+
+    def configure_optimizers(self):
+        first = torch.optim.SGD(self.net.parameters(), lr=self.lr, momentum=0.9)
+        second = torch.optim.Adam(self.head.parameters(), lr=0.01)
+        return [first, second], [torch.optim.lr_scheduler.StepLR(first, 2, 0.8),
+                                 torch.optim.lr_scheduler.StepLR(second, 3, 0.5)]
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        first, second = self.optimizers()
+        loss = torch.nn.functional.mse_loss(self(inputs), targets)
+        first.zero_grad()
+        self.manual_backward(loss)
+        first.step()
+        head_loss = torch.nn.functional.mse_loss(self.head(self.net[0](inputs)).squeeze(-1), targets)
+        second.zero_grad()
+        self.manual_backward(head_loss)
+        self.clip_gradients(second, gradient_clip_val=0.5)
+        second.step()
+        for scheduler in self.lr_schedulers():
+            scheduler.step()
+        self.log("head_loss", head_loss.detach())
+        return loss
+
+
 TASK = dict(n=48, batch_size=4, lr=0.02, shuffle=True, dropout=0.3, val_n=16)
 # name: (task kwargs, Trainer kwargs, ModelCheckpoint kwargs, runs). A run: ("kill"/"term", epoch, batch_idx)
 # signals the process at the start of that batch (SIGKILL) / the end of it (SIGTERM); ("write",) SIGKILLs it
@@ -64,6 +98,9 @@ SCENARIOS = {
     # exit status 143; the resume is mid-epoch with workers
     "sigterm": (dict(TASK, num_workers=2), dict(max_epochs=2, log_every_n_steps=4),
                 dict(every_n_epochs=None), [("term", 0, 5), ("finish",)]),
+    # manual optimization, two optimizers and schedulers (global_step: 2 per batch), SIGKILLed mid-epoch
+    "manual": (dict(TASK), dict(max_epochs=3, log_every_n_steps=3, val_check_interval=5),
+               dict(every_n_train_steps=4, every_n_epochs=None), [("kill", 1, 7), ("finish",)]),
 }
 
 
@@ -117,7 +154,7 @@ class Signal(Callback):
 def train(scenario: str, root: str, name: str, resume: bool, extra: list, reference: bool = False) -> None:
     task_kwargs, trainer_kwargs, ckpt_kwargs, _ = SCENARIOS[scenario]
     torch.manual_seed(0)
-    task = ScheduledTask(**task_kwargs)
+    task = (ManualTask if scenario == "manual" else ScheduledTask)(**task_kwargs)
     callbacks = [Recorder(os.path.join(root, f"{name}_log.json")), *extra]
     if not reference:
         callbacks.append(ModelCheckpoint(**ckpt_kwargs))

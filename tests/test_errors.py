@@ -204,5 +204,5 @@ def test_two_optimizers_are_refused(quiet):
         def configure_optimizers(self):
             return [torch.optim.SGD(self.parameters(), lr=1), torch.optim.Adam(self.parameters())]
 
-    with pytest.raises(TaskModuleError, match=r"returned 2 optimizers; taskfit steps one[\s\S]*HINT: combine"):
+    with pytest.raises(TaskModuleError, match=r"returned 2 optimizers; with automatic optimization taskfit steps one[\s\S]*HINT: set `automatic_optimization = False`"):
         Trainer(max_epochs=1, **quiet).fit(TwoOpt())

@@ -25,7 +25,7 @@ from taskfit.checkpoint import load_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SCENARIOS = ("steps", "epochs", "write", "sigterm")
+SCENARIOS = ("steps", "epochs", "write", "sigterm", "manual")
 
 
 from tasks import checkpointing_trainer as _trainer, seeded_task as _task
@@ -56,7 +56,8 @@ def _load(results, scenario):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_interrupted_run_resumes_bitwise_equal(results, scenario):
     base, summary, logs = _load(results, scenario)
-    expected = {"steps": [-9, -9, 0], "epochs": [-9, 0], "write": [-9, 0], "sigterm": [143, 0]}[scenario]
+    expected = {"steps": [-9, -9, 0], "epochs": [-9, 0], "write": [-9, 0], "sigterm": [143, 0],
+                "manual": [-9, 0]}[scenario]
     runs = summary["runs"]
     assert [r["status"] for r in runs] == expected, [r["output"][-2000:] for r in runs]
     assert summary["reference"]["status"] == 0, summary["reference"]["output"][-2000:]

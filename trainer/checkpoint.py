@@ -158,7 +158,12 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
             f"{path} has {len(ckpt['schedulers'])} learning-rate scheduler(s), configure_optimizers returned "
             f"{len(trainer.schedulers)}.",
             "resume with the optimizer and scheduler setup of the original run.")
-    check_optimizer_state(trainer.optimizer, ckpt["optimizer"], path)
+    saved = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
+    if len(saved) != len(trainer.optimizers):
+        raise CheckpointError(f"{path} has the state of {len(saved)} optimizer(s), configure_optimizers returned "
+                              f"{len(trainer.optimizers)}.", "resume with the optimizers of the original run.")
+    for optimizer, state in zip(trainer.optimizers, saved):
+        check_optimizer_state(optimizer, state, path)
     _warn_changes(trainer, ckpt, path)
     trainer.load_state_dict(ckpt)
     _warn_schedule(trainer, ckpt["data"], path)
@@ -180,7 +185,7 @@ def _warn_schedule(trainer: Trainer, data: Mapping[str, Any], path: str) -> None
         ends.append(trainer.max_epochs * per_epoch)
     steps = max(0, min(ends, default=st.global_step) - st.global_step)
     epochs = max(0, (trainer.max_epochs or st.epoch) - st.epoch)
-    course = "; ".join(lr_course(trainer.schedulers, trainer.optimizer, steps, epochs))
+    course = "; ".join(lr_course(trainer.schedulers, steps, epochs))
     warnings.warn(
         f"Resuming from {path} with max_epochs {old[0]} -> {trainer.max_epochs} and max_steps {old[1]} -> "
         f"{trainer.max_steps}: the learning-rate schedulers continue from the checkpoint's state, which was sized "

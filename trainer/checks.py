@@ -103,8 +103,10 @@ def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: 
     if "_parameters" not in task.__dict__:
         raise TaskModuleError(f"{type(task).__name__}.__init__ did not call super().__init__().",
                               "call `super().__init__()` first thing in your __init__.")
-    needed = ["forward"] + (["loss", "train_dataloader"] if stage == "fit" else
-                            ["loss"] if stage in ("validate", "test") else [])
+    step = {"fit": "training_step", "validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+    own_step = callable(getattr(type(task), step[stage], None))  # its own step: forward and loss are its business
+    needed = ([] if own_step else ["forward"] + (["loss"] if stage != "predict" else [])) + (
+        ["train_dataloader"] if stage == "fit" else [])
     for method in needed:
         owner = next(c for c in type(task).__mro__ if method in c.__dict__)
         if owner in (TaskModule, nn.Module):
@@ -112,10 +114,30 @@ def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: 
                                   f"add `{_signature(method)}` to your TaskModule.")
     warn_misspelt_hooks(task)
     sig = inspect.signature(type(task).loss)
-    if len([p for p in sig.parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,
+    if "loss" in needed and len([p for p in sig.parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,
                                                                                        p.VAR_KEYWORD)]) > 3:
         raise TaskModuleError(f"{type(task).__name__}.loss{sig} takes more arguments than (outputs, targets).",
                               f"use `{_signature('loss')}`.")
+
+
+def check_manual(task: Any, accumulate_grad_batches: int, gradient_clip_val: float | None,
+                 nonfinite_loss: str) -> None:
+    """With ``automatic_optimization = False`` the task steps its optimizers: the Trainer settings that would then
+    do nothing are errors, before any work (as Lightning refuses them)."""
+    if getattr(task, "automatic_optimization", True):
+        return
+    name = type(task).__name__
+    for setting, value, hint in (
+            ("accumulate_grad_batches", accumulate_grad_batches != 1,
+             "accumulate in training_step: call opt.step() and opt.zero_grad() every N batches (docs/steps.md)"),
+            ("gradient_clip_val", gradient_clip_val is not None,
+             "call self.clip_gradients(opt, gradient_clip_val=1.0) in training_step, before opt.step()"),
+            ("nonfinite_loss", nonfinite_loss == "skip",
+             "check the loss in training_step and skip opt.step() yourself")):
+        if value:
+            raise MisconfigurationError(
+                f"Trainer({setting}=...) does nothing for {name}, which sets automatic_optimization = False.",
+                f"remove it from the Trainer and {hint}.")
 
 
 # What the Trainer calls on a TaskModule (and Lightning's step names): a method a letter or two away is a typo.
@@ -135,15 +157,17 @@ def warn_misspelt_hooks(task: Any) -> None:
                           f"Trainer never calls it. HINT: rename it to {close[0]}.", stacklevel=3)
 
 
-def check_loss(loss: Any, task: Any, training: bool = True) -> None:
-    """``loss`` returned a scalar tensor (checked on the first step/batch only: isinstance costs per step)."""
+def check_loss(loss: Any, task: Any, training: bool = True, source: str = "loss") -> None:
+    """``loss`` (what ``task.<source>`` returned) is a scalar tensor (checked on the first step/batch only:
+    isinstance costs per step)."""
+    where = f"{type(task).__name__}.{source}"
     if not isinstance(loss, torch.Tensor):
-        raise TaskModuleError(f"{type(task).__name__}.loss returned {type(loss).__name__}, not a tensor.",
+        raise TaskModuleError(f"{where} returned {type(loss).__name__}, not a tensor.",
                               "return a scalar torch.Tensor (e.g. `F.cross_entropy(outputs, targets)`); do not "
                               "call .item() on it.")
     if loss.numel() != 1:
-        raise TaskModuleError(f"{type(task).__name__}.loss returned a tensor of shape {tuple(loss.shape)}, "
+        raise TaskModuleError(f"{where} returned a tensor of shape {tuple(loss.shape)}, "
                               "not a scalar.", "reduce it, e.g. `.mean()` (or reduction='mean' in the loss function).")
     if training and not loss.requires_grad:
-        raise TaskModuleError(f"{type(task).__name__}.loss returned a tensor that does not require grad.",
+        raise TaskModuleError(f"{where} returned a tensor that does not require grad.",
                               "compute the loss from the model outputs without .detach(), torch.no_grad() or .item().")

@@ -169,6 +169,18 @@ class DDPStrategy(Strategy):
         dist.all_reduce(out, op=_OPS[op])
         return out / self.world_size if op == "mean" else out
 
+    def average_gradients(self, params: list[torch.Tensor]) -> None:
+        """Manual optimization's gradient sync (DDP's hooks are not armed there): one all-reduce of the
+        gradients ``params`` have, flattened into one buffer. Every rank must have gradients for the same ones."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if self.world_size == 1 or not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
+            grad.copy_(mean.view_as(grad))
+
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if self.world_size == 1 or not dist.is_initialized():
             return obj

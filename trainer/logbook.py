@@ -109,6 +109,7 @@ class LogBook:
         self.weight = 1.0  # the Trainer sets each batch's size here: epoch means are sample-weighted
         self.series: dict[str, _Series] = {}
         self.prog_bar: set[str] = set()
+        self.metric_objects: dict[str, Any] = {}  # self.log(name, metric): computed once per pass, then reset
 
     def key(self, name: str) -> str:
         return name if "/" in name else f"{self.stage}/{name}"
@@ -120,10 +121,15 @@ class LogBook:
                     f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; only scalars can be logged.",
                     "log a reduced value, e.g. `self.log(name, value.mean())`.")
             value = value.detach().reshape(())
+        elif all(hasattr(value, a) for a in ("update", "compute", "reset")):  # a torchmetrics Metric
+            self.metric_objects[self.key(name)] = value
+            if prog_bar:
+                self.prog_bar.add(self.key(name))
+            return
         elif not isinstance(value, (int, float)):
             raise MisconfigurationError(
                 f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor or a number.",
-                "log `float(x)` or a 0-d tensor.")
+                "log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once per pass).")
         key = self.key(name)
         self.add(key, value)
         if prog_bar:
@@ -156,6 +162,15 @@ class LogBook:
 
     def reset(self) -> None:
         self.series.clear()
+        self.metric_objects.clear()
+
+    def compute_metrics(self, suffix: str = "") -> dict[str, Any]:
+        """The torchmetrics objects logged in this book, computed (torchmetrics syncs ranks) and reset."""
+        values = {}
+        for key, metric in self.metric_objects.items():
+            values[key + suffix] = metric.compute()
+            metric.reset()
+        return values
 
     def state_dict(self) -> dict[str, Any]:
         """Exact state (tensors kept as tensors) so that epoch means after a resume are bitwise equal."""
@@ -215,7 +230,7 @@ class LogBuffer:
         pending = list(self.losses)  # fold empties it; kept to name a bad step
         self.train.fold()  # one stack and sum per logged key: the loss total now includes every pending loss...
         last = self.train.last_values()
-        floats = stack_scalars([*last.values(), self._loss.total], self._loss.last.device).tolist()  # the sync
+        floats = stack_scalars([*last.values(), self._loss.total], self.strategy.device).tolist()  # the sync
         if self.raise_nonfinite and not math.isfinite(floats[-1]):  # ...so it is finite iff each loss is
             self._raise_nonfinite(pending, state.epoch)
         self.fold_mark = (state.global_step, state.batch_idx + 1)  # where the next pending loss is from
@@ -247,7 +262,7 @@ class LogBuffer:
 
     def epoch_means(self) -> dict[str, float]:
         """The means of this epoch's training values, as ``<key>_epoch``, over all ranks."""
-        return self.to_floats(self.reduce(self.train, suffix="_epoch"))
+        return self.to_floats({**self.reduce(self.train, suffix="_epoch"), **self.train.compute_metrics("_epoch")})
 
     def _raise_nonfinite(self, pending: list, epoch: int) -> None:
         bad_steps = (~torch.isfinite(torch.stack(pending))).nonzero()

@@ -10,6 +10,7 @@ from torch import nn
 
 from .checkpoint import load_module
 from .errors import MisconfigurationError, TaskModuleError
+from .optim import gradient_clipper
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -39,6 +40,10 @@ class TaskModule(nn.Module):
     (or pass ``optimizer=``/``scheduler=`` factories to ``__init__``), ``configure_metrics``,
     ``split_batch``. Call ``self.log(name, value)`` from any of them to record a value.
 
+    Beyond forward and loss (docs/steps.md): define ``training_step(batch, batch_idx)`` (returns the loss, or a
+    dict with ``"loss"``), ``validation_step``/``test_step``/``predict_step(batch, batch_idx)``; set
+    ``automatic_optimization = False`` to step the optimizers yourself (:meth:`optimizers`, :meth:`manual_backward`).
+
     The arguments a subclass is constructed with are recorded automatically in :attr:`hparams`
     (they are written to TensorBoard's HParams tab and to every checkpoint).
     """
@@ -62,6 +67,7 @@ class TaskModule(nn.Module):
         return self
 
     trainer: Trainer | None = None  # the Trainer running this module (set for the length of fit/validate/...)
+    automatic_optimization: bool = True  # False: training_step calls manual_backward and steps self.optimizers()
 
     def __init__(self, optimizer: Callable[..., torch.optim.Optimizer] | None = None,
                  scheduler: Callable[..., Any] | None = None) -> None:
@@ -168,6 +174,53 @@ class TaskModule(nn.Module):
                 f"self.log({name!r}, ...) was called outside a Trainer run.",
                 "call self.log only from methods the Trainer calls (forward, loss, split_batch...).")
         self.trainer.logs.current.log(name, value, prog_bar)
+
+
+    # ---- manual optimization and custom steps (docs/steps.md) ----------------------------------------------
+    def optimizers(self) -> Any:
+        """The optimizer (or list of them) of ``configure_optimizers``; with manual optimization each one's
+        ``step()`` goes through the precision (GradScaler), the hooks, the ddp gradient average and global_step."""
+        trainer = self._running_trainer("self.optimizers()")
+        found = trainer.manual_optimizers if trainer.manual else trainer.optimizers
+        if not found:
+            raise MisconfigurationError("self.optimizers() was called outside fit: there are no optimizers.",
+                                        "call it from training_step.")
+        return found[0] if len(found) == 1 else list(found)
+
+    def lr_schedulers(self) -> Any:
+        """The scheduler (or list of them) of ``configure_optimizers``, None without; with manual optimization
+        call their ``step()`` yourself."""
+        found = [c.scheduler for c in self._running_trainer("self.lr_schedulers()").schedulers.configs]
+        return None if not found else found[0] if len(found) == 1 else found
+
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` with the precision's loss scaling (16-mixed); use it instead of ``loss.backward()``."""
+        trainer = self._running_trainer("self.manual_backward(loss)")
+        trainer.precision.backward(loss)
+        for optimizer in trainer.manual_optimizers:  # ddp: their gradients are averaged before clipping/stepping
+            optimizer.synced = False
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float,
+                       gradient_clip_algorithm: str = "norm") -> None:
+        """Clip the gradients of ``optimizer``'s parameters (unscaled first under 16-mixed), before its step."""
+        if hasattr(optimizer, "sync_gradients"):  # a ManualOptimizer: clip the gradients averaged over ranks
+            optimizer.sync_gradients()
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        self._running_trainer("self.clip_gradients(...)").precision.unscale(optimizer)
+        gradient_clipper(optimizer, gradient_clip_val, gradient_clip_algorithm)()
+
+    @property
+    def stage_metrics(self) -> dict[str, Any]:
+        """This stage's copies of ``configure_metrics()`` (``{name: Metric}``): in your own validation_step/test_step
+        call ``self.stage_metrics["acc"].update(preds, targets)``; the Trainer computes, logs and resets them."""
+        trainer = self._running_trainer("self.stage_metrics")
+        return trainer.metrics.get({"sanity": "val"}.get(trainer.state.stage, trainer.state.stage), {})
+
+    def _running_trainer(self, what: str) -> Trainer:
+        if self.trainer is None:
+            raise MisconfigurationError(f"{what} was called outside a Trainer run.",
+                                        "call it from training_step (or another method the Trainer calls during fit).")
+        return self.trainer
 
 
 def predict_inputs(task: TaskModule, batch: Any) -> Any:

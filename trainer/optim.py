@@ -54,8 +54,8 @@ def _scheduler_config(value: Any) -> SchedulerConfig:
     return config
 
 
-def parse_optimizers(result: Any) -> tuple[torch.optim.Optimizer, list[SchedulerConfig]]:
-    """Validate the return value of ``configure_optimizers``; one clear error on anything else."""
+def _one(result: Any) -> tuple[torch.optim.Optimizer, list[SchedulerConfig]]:
+    """One optimizer with its schedulers: an optimizer, ``(optimizer, scheduler)`` or a dict."""
     optimizer, schedulers = result, []
     if isinstance(result, Mapping):
         if "optimizer" not in result:
@@ -64,11 +64,6 @@ def parse_optimizers(result: Any) -> tuple[torch.optim.Optimizer, list[Scheduler
         optimizer = result["optimizer"]
         if result.get("lr_scheduler") is not None:
             schedulers = [_scheduler_config(result["lr_scheduler"])]
-    elif isinstance(result, (tuple, list)) and result and all(isinstance(o, torch.optim.Optimizer) for o in result) \
-            and len(result) > 1:
-        raise TaskModuleError(f"configure_optimizers returned {len(result)} optimizers; taskfit steps one.",
-                              "combine the parameter groups into one optimizer: "
-                              "`torch.optim.AdamW([{'params': a.parameters()}, {'params': b.parameters(), 'lr': 1e-4}])`.")
     elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.optim.Optimizer):
         optimizer, schedulers = result[0], [_scheduler_config(result[1])]
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -77,14 +72,43 @@ def parse_optimizers(result: Any) -> tuple[torch.optim.Optimizer, list[Scheduler
     return optimizer, schedulers
 
 
+def parse_optimizers(result: Any, automatic: bool = True) -> tuple[list[torch.optim.Optimizer],
+                                                                   list[SchedulerConfig]]:
+    """Validate the return value of ``configure_optimizers``: the optimizers (several only with manual
+    optimization: a list of optimizers, ``([optimizers], [schedulers])`` or a list of dicts) and the schedulers."""
+    optimizers, configs = [], []
+    is_list = isinstance(result, (list, tuple)) and len(result) > 0
+    if is_list and all(isinstance(o, (torch.optim.Optimizer, Mapping)) for o in result) and not (
+            len(result) == 2 and isinstance(result[0], torch.optim.Optimizer) and not isinstance(
+                result[1], (torch.optim.Optimizer, Mapping))):
+        for item in result:  # [opt1, opt2] or [{"optimizer": ..., "lr_scheduler": ...}, ...]
+            optimizer, schedulers = _one(item)
+            optimizers.append(optimizer)
+            configs += schedulers
+    elif is_list and len(result) == 2 and all(isinstance(part, (list, tuple)) for part in result):
+        optimizers = [_one(o)[0] for o in result[0]]  # ([optimizers], [schedulers]), as Lightning accepts
+        configs = [_scheduler_config(s) for s in result[1]]
+    else:
+        optimizer, configs = _one(result)
+        optimizers = [optimizer]
+    if automatic and len(optimizers) > 1:
+        raise TaskModuleError(
+            f"configure_optimizers returned {len(optimizers)} optimizers; with automatic optimization taskfit "
+            "steps one (as Lightning 2 does).",
+            "set `automatic_optimization = False` on the TaskModule and step them yourself in training_step: "
+            "`opt_g, opt_d = self.optimizers()` (docs/steps.md), or combine the parameter groups into one "
+            "optimizer: `torch.optim.AdamW([{'params': a.parameters()}, {'params': b.parameters(), 'lr': 1e-4}])`.")
+    return optimizers, configs
+
+
 class Schedulers:
     """A fit's learning-rate schedulers and when each steps: ``interval="step"`` after every ``frequency``-th
     optimizer step (counted over the run), ``"epoch"`` after every ``frequency``-th completed epoch."""
 
-    def __init__(self, configs: list[SchedulerConfig]) -> None:
-        self.configs = configs
-        self.per_step = [c for c in configs if c.interval == "step"]  # the loop asks this list after each step
-        self.per_epoch = [c for c in configs if c.interval == "epoch"]
+    def __init__(self, configs: list[SchedulerConfig], automatic: bool = True) -> None:
+        self.configs = configs  # all of them (checkpointed); with manual optimization the task steps them itself
+        self.per_step = [c for c in configs if c.interval == "step" and automatic]  # asked after each step
+        self.per_epoch = [c for c in configs if c.interval == "epoch" and automatic]
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -108,12 +132,13 @@ class Schedulers:
             config.scheduler.load_state_dict(state)
 
 
-def lr_course(schedulers: Schedulers, optimizer: torch.optim.Optimizer, steps: int, epochs: int) -> list[str]:
+def lr_course(schedulers: Schedulers, steps: int, epochs: int) -> list[str]:
     """What each (restored) scheduler will do to the learning rate over the rest of a run of ``steps`` optimizer
     steps and ``epochs`` epochs: a copy steps on a stand-in optimizer (the real one and the model are untouched)."""
     lines = []
     for config in schedulers.configs:
-        if config.on_plateau:  # its course depends on the metrics to come
+        optimizer = getattr(config.scheduler, "optimizer", None)
+        if config.on_plateau or optimizer is None:  # its course depends on the metrics to come
             continue
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [torch.zeros(1, requires_grad=True)]}
                   for g in optimizer.param_groups]

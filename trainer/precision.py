@@ -42,6 +42,7 @@ class Precision:
     def __init__(self, precision: str, device: torch.device) -> None:
         self.precision = normalize_precision(precision)
         self.scaler: Any = None
+        self.unscaled: set[int] = set()  # optimizers unscaled since their last step (GradScaler refuses a second)
         if self.precision == "32":
             self.autocast: Any = contextlib.nullcontext()
         else:
@@ -56,9 +57,11 @@ class Precision:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Unscale gradients in place (before clipping), so clip values mean what they say."""
-        if self.scaler is not None:
+        """Unscale gradients in place (before clipping), so clip values mean what they say; once per step (a
+        manual ``self.clip_gradients`` unscales before ``opt.step()`` does)."""
+        if self.scaler is not None and id(optimizer) not in self.unscaled:
             self.scaler.unscale_(optimizer)
+            self.unscaled.add(id(optimizer))
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Step the optimizer; False when the scaler skipped it (inf/NaN gradients)."""
@@ -70,6 +73,7 @@ class Precision:
         before = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
+        self.unscaled.discard(id(optimizer))
         return self.scaler.get_scale() >= before
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 ``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here) and ``DDPStrategy`` (``ddp.py``)
 subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit of Lightning Fabric: ``launch``,
 ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``, ``module_state_dict``, ``no_sync``,
-``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``. See docs/strategies.md.
+``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``. See docs/strategies.md.
 """
 from __future__ import annotations
 
@@ -183,6 +183,10 @@ class Strategy:
     def no_sync(self, wrapped: nn.Module) -> contextlib.AbstractContextManager:
         """Context for micro-batches that do not step (ddp skips the gradient all-reduce there)."""
         return contextlib.nullcontext()
+
+    def average_gradients(self, params: list[torch.Tensor]) -> None:
+        """Average the gradients of ``params`` over ranks (manual optimization's ``opt.step()``); one process:
+        nothing to do."""
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """``tensor`` reduced over all ranks with ``op`` ("sum", "mean", "max" or "min"); itself on one process."""

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from .callbacks import (Callback, ModelCheckpoint, callback_states, drop_idle_batch_hooks, hook_table,
+from .callbacks import (Callback, Logger, ModelCheckpoint, callback_states, drop_idle_batch_hooks, hook_table,
                         load_callback_states, with_defaults)
 from .checkpoint import load_weights, next_version_dir, restore, save_checkpoint
-from .checks import check_arguments, check_loss, check_task, keywords_checked
+from .checks import check_arguments, check_loss, check_manual, check_task, keywords_checked
 from .data import (batch_size_of, data_position, empty_train_loader, eval_loader, fit_loaders, length,
                    limit_batches, restore_position, set_epoch)
 from .evaluation import evaluate, predict
@@ -34,6 +34,7 @@ from .schedule import ValidationSchedule, accumulation_group
 from .seed import deterministic_algorithms, run_seed, seed_everything
 from .serialization import CheckpointWriter
 from .state import TrainerState
+from .steps import ManualOptimizer, defines, detached, step_loss, training_step
 from .strategies import unwrap
 from .strategy_registry import select_strategy
 
@@ -86,12 +87,14 @@ class Trainer:
                                        checkpointing=enable_checkpointing, logger=logger)
         self.state, self.log_dir, self.task = TrainerState(), None, None  # fit starts each run with a new state
         self.model = self.optimizer = self.train_dataloader = self.val_loader = None  # set by a run
+        self.optimizers, self.manual_optimizers, self.manual = [], [], False  # set by fit
         self.checkpoint_writer = CheckpointWriter()  # fsyncs and renames checkpoint files off the training thread
 
     # ---- entry points -------------------------------------------------------------------------------
     def fit(self, task: TaskModule, ckpt_path: str | None = None) -> dict[str, float]:
         """Train ``task``; resume from ``ckpt_path`` ("last", "best" or a path). Returns the final metrics."""
         check_task(task, "fit", self.max_epochs, self.max_steps)
+        check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
         return self.strategy.launch(self._fit, task, ckpt_path)
 
     def validate(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
@@ -151,34 +154,37 @@ class Trainer:
             self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
             return dict(st.metrics)
 
-    def _train_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Forward, loss, backward; an optimizer step when the accumulation group is complete. Returns the
-        detached loss (the ``outputs`` of ``on_train_batch_end``)."""
-        task, model, optimizer, precision, st = self.task, self.model, self.optimizer, self.precision, self.state
+    def _train_step(self, batch: Any, batch_idx: int) -> Any:
+        """The training step (the default forward and loss, or the task's ``training_step``: steps.py), backward,
+        and an optimizer step when the accumulation group is complete. Returns the step's outputs, detached (the
+        ``outputs`` of ``on_train_batch_end``). With manual optimization the task's step does backward and steps."""
+        task, optimizer, precision, st = self.task, self.optimizer, self.precision, self.state
         if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
             batch = self.strategy.batch_to_device(batch)
-        inputs, targets = task.split_batch(batch)
-        self.logs.train.weight = batch_size_of(targets)  # samples: epoch means of logged values weigh by it
-        k = self.accumulate_grad_batches
+        self.logs.train.weight = batch_size_of(batch)  # samples: epoch means of logged values weigh by it
+        k, step = self.accumulate_grad_batches, st.global_step
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
-        with _NO_SYNC_NEEDED if steps else self.strategy.no_sync(model):  # ddp: no all-reduce for a waiting batch
+        with _NO_SYNC_NEEDED if steps else self.strategy.no_sync(self.model):  # ddp: no all-reduce while waiting
             with precision.autocast:  # the forward and the loss only, as torch.autocast asks
-                loss = task.loss(model(inputs), targets)
-            if not self._loss_checked:
-                check_loss(loss, task)  # once per fit: a scalar tensor that requires grad
+                out = self.training_step(batch, batch_idx)
+            loss = out if type(out) is torch.Tensor else step_loss(out, task, self.manual)
+            if not self._loss_checked and loss is not None:
+                check_loss(loss, task, not self.manual, "training_step" if defines(task, "training_step") else "loss")
                 self._loss_checked = True
-            detached = loss.detach()
-            self.logs.add_loss(detached)  # converted at the log interval, not here (no sync)
-            if self.nonfinite_loss == "skip" and not torch.isfinite(detached):  # a sync per step, opted into
+            if loss is not None:
+                self.logs.add_loss(loss.detach())  # converted at the log interval, not here (no sync)
+            if self.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
+                if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
+                    self._log_interval()
+                return detached(out)
+            if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
                 st.skipped_steps += 1
                 optimizer.zero_grad(set_to_none=True)
-                return detached
+                return detached(out)
             precision.backward(loss if group == 1 else loss / group)
         if not steps:
-            return detached
-        precision.unscale(optimizer)  # true gradients for the hooks and clipping (a no-op without a GradScaler)
-        for fn in self.hooks["on_before_optimizer_step"]:
-            fn(self, task, optimizer)
+            return detached(out)
+        self.before_optimizer_step(optimizer)
         if self.clip_gradients is not None:
             self.clip_gradients()
         stepped = precision.step(optimizer)  # False: the GradScaler skipped a step whose gradients overflowed
@@ -188,7 +194,14 @@ class Trainer:
             self.schedulers.after_step(st.global_step, st.metrics)
         if st.global_step % self.log_every_n_steps == 0:
             self._log_interval()
-        return detached
+        return detached(out)
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before every optimizer step (automatic, or a manual ``opt.step()``): true gradients (unscaled, a no-op
+        without a GradScaler), then the ``on_before_optimizer_step`` hooks."""
+        self.precision.unscale(optimizer)
+        for fn in self.hooks["on_before_optimizer_step"]:
+            fn(self, self.task, optimizer)
 
     def _log_interval(self) -> None:
         """This step's training values as floats (one tolist(): the sync point), ranks agree on stops, hooks."""
@@ -313,9 +326,12 @@ class Trainer:
 
     def _setup_fit(self, ckpt_path: str | None) -> None:
         task, strategy = self.task, self.strategy
-        self.optimizer, configs = parse_optimizers(task.configure_optimizers())
-        self.schedulers = Schedulers(configs)
+        self.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
+        self.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not self.manual)
+        self.optimizer, self.schedulers = self.optimizers[0], Schedulers(configs, automatic=not self.manual)
+        self.manual_optimizers = [ManualOptimizer(o, self) for o in self.optimizers] if self.manual else []
         self.clip_gradients = gradient_clipper(self.optimizer, self.gradient_clip_val, self.gradient_clip_algorithm)
+        self.training_step = training_step(task, self.model, self.manual, strategy.eval_module(self.model))
         self.train_dataloader, self.num_train_batches, self.val_loader, self.num_val_batches = fit_loaders(
             task, self.limits, bool(self.overfit_batches), self.data_seed, strategy, self.preempt_signals)
         self.val_schedule = ValidationSchedule(self.val_check_interval, self.check_val_every_n_epoch,
@@ -359,6 +375,15 @@ class Trainer:
         self.state.should_stop = bool(value)
 
     @property
+    def loggers(self) -> list[Logger]:
+        """The loggers among the callbacks; ``trainer.logger`` is the first (``.experiment``: TensorBoard's writer)."""
+        return [cb for cb in self.callbacks if isinstance(cb, Logger)]
+
+    @property
+    def logger(self) -> Logger | None:
+        return next(iter(self.loggers), None)
+
+    @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
@@ -370,7 +395,9 @@ class Trainer:
             raise CheckpointError("This Trainer has no training state: it has not run fit.",
                                   "call state_dict()/save_checkpoint(path) during or after trainer.fit(task).")
         st, logs = self.state, self.logs.state_dict()
-        return {"module": self.strategy.module_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
+        optimizers = [o.state_dict() for o in self.optimizers]
+        return {"module": self.strategy.module_state_dict(self.model),
+                "optimizer": optimizers[0] if len(optimizers) == 1 else optimizers,
                 "schedulers": self.schedulers.state_dict(),
                 "precision": self.precision.state_dict(),
                 "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
@@ -382,7 +409,9 @@ class Trainer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
         unwrap(self.model).load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved = state["optimizer"]
+        for optimizer, optimizer_state in zip(self.optimizers, saved if isinstance(saved, list) else [saved]):
+            optimizer.load_state_dict(optimizer_state)
         self.schedulers.load_state_dict(state["schedulers"])
         self.precision.load_state_dict(state["precision"])
         self.state.load_state_dict(state["loop"]["state"])
