@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .data import ResumableSampler, finite, stateful
+from .callbacks import callback_states, load_callback_states
+from .data import ResumableSampler, data_position, finite, restore_position, stateful
 from .errors import CheckpointError, NonFiniteLossError
 from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
 
+from .rng import gather_rng_states, set_rng_state
 from .strategies import unwrap
 from .version import __version__
 
@@ -257,3 +259,40 @@ def load_module(cls: type, path: str | os.PathLike, map_location: Any = "cpu", *
     weights = check_weights(module, weights, path)
     module.load_state_dict(weights)
     return module.to(map_location).eval()
+
+
+# ---- the run's state, as checkpoints hold it (Trainer.state_dict / load_state_dict) --------------------------
+def run_state(trainer: Trainer) -> dict[str, Any]:
+    """``trainer.state_dict()``: everything needed to continue a fit exactly, each part asked for its own state."""
+    if trainer.optimizer is None:
+        raise CheckpointError("This Trainer has no training state: it has not run fit.",
+                              "call state_dict()/save_checkpoint(path) during or after trainer.fit(task).")
+    st, logs = trainer.state, trainer.logs.state_dict()
+    optimizers = [o.state_dict() for o in trainer.optimizers]
+    return {"module": trainer.strategy.module_state_dict(trainer.model),
+            "optimizer": optimizers[0] if len(optimizers) == 1 else optimizers,
+            "schedulers": trainer.schedulers.state_dict(),
+            "precision": trainer.precision.state_dict(),
+            "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
+            "logbook": None if st.epoch_done else logs["book"],  # this epoch's values (none once complete)
+            "rng": gather_rng_states(trainer.strategy),
+            "data": data_position(trainer.train_dataloader, trainer.num_train_batches, st, trainer.data_seed, trainer),
+            "callbacks": callback_states(trainer.callbacks)}
+
+
+def load_run_state(trainer: Trainer, state: Mapping[str, Any]) -> None:
+    """``trainer.load_state_dict(state)``: every part continues where :func:`run_state` left it."""
+    unwrap(trainer.model).load_state_dict(state["module"])
+    saved = state["optimizer"]
+    for optimizer, optimizer_state in zip(trainer.optimizers, saved if isinstance(saved, list) else [saved]):
+        optimizer.load_state_dict(optimizer_state)
+    trainer.schedulers.load_state_dict(state["schedulers"])
+    trainer.precision.load_state_dict(state["precision"])
+    trainer.state.load_state_dict(state["loop"]["state"])
+    fold_mark = state["loop"].get("fold_mark", (trainer.state.global_step, trainer.state.batches_done))
+    trainer.logs.load_state_dict({"book": state["logbook"], "fold_mark": fold_mark})
+    trainer.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
+    restore_position(trainer.train_dataloader, trainer.val_loader, state["data"])
+    load_callback_states(trainer.callbacks, state.get("callbacks", {}))
+    rng, rank = state["rng"], trainer.strategy.rank
+    set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers

@@ -163,6 +163,7 @@ class TaskModule(nn.Module):
         stage = None if self.trainer is None else self.trainer.state.stage
         return {"sanity": "val", "idle": None}.get(stage, stage)  # type: ignore[arg-type]
 
+    @torch.compiler.disable  # under compile=True: run eagerly (a graph break), not traced into guards per key
     def log(self, name: str, value: torch.Tensor | float, prog_bar: bool = False) -> None:
         """Record ``value`` under ``name``; averaged over the epoch (and across ddp ranks).
 

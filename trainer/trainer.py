@@ -15,27 +15,22 @@ from typing import Any
 
 import torch
 
-from .callbacks import (Callback, Logger, ModelCheckpoint, callback_states, drop_idle_batch_hooks, hook_table,
-                        load_callback_states, with_defaults)
-from .checkpoint import load_weights, next_version_dir, restore, save_checkpoint
+from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, hook_table, with_defaults
+from .checkpoint import load_run_state, load_weights, next_version_dir, restore, run_state, save_checkpoint
 from .checks import check_arguments, check_loss, check_manual, check_task, keywords_checked
-from .data import (batch_size_of, data_position, empty_train_loader, eval_loader, fit_loaders, length,
-                   limit_batches, restore_position, set_epoch)
+from .data import batch_size_of, empty_train_loader, eval_loader, fit_loaders, length, limit_batches, set_epoch
 from .evaluation import evaluate, predict
-from .errors import CheckpointError
 from .logbook import LogBuffer
 from .metrics import build_metrics
 from .module import TaskModule, flatten
 from .optim import Schedulers, gradient_clipper, parse_optimizers
 from .precision import Precision, normalize_precision
 from .preemption import Preemption, normalize_signals, preempt
-from .rng import gather_rng_states, set_rng_state
 from .schedule import ValidationSchedule, accumulation_group
 from .seed import deterministic_algorithms, run_seed, seed_everything
 from .serialization import CheckpointWriter
 from .state import TrainerState
 from .steps import ManualOptimizer, defines, detached, step_loss, training_step
-from .strategies import unwrap
 from .strategy_registry import select_strategy
 
 _NO_SYNC_NEEDED = contextlib.nullcontext()  # reusable: the step enters it instead of ddp's no_sync
@@ -133,12 +128,14 @@ class Trainer:
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
-                    loss = self._train_step(batch, batch_idx)
+                    outputs = self._train_step(batch, batch_idx)
+                    if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
+                        self._log_interval()  # every log_every_n_steps optimizer steps
                     st.batches_done = batch_idx + 1
                     if validating and self.val_schedule.due(st.epoch, batch_idx):
                         self._validate()
                     for fn in on_end:
-                        fn(self, task, loss, batch, batch_idx)
+                        fn(self, task, outputs, batch, batch_idx)
                     if st.global_step != step and (self.preemption.should_break(st) or self._max_steps_reached):
                         completed = st.batches_done >= n
                         break
@@ -155,35 +152,33 @@ class Trainer:
             return dict(st.metrics)
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
-        """The training step (the default forward and loss, or the task's ``training_step``: steps.py), backward,
-        and an optimizer step when the accumulation group is complete. Returns the step's outputs, detached (the
-        ``outputs`` of ``on_train_batch_end``). With manual optimization the task's step does backward and steps."""
+        """The step (forward and loss, or the task's own: steps.py), backward, and an optimizer step when the
+        accumulation group is complete (manual optimization: the task's step does both). Returns its outputs, detached."""
         task, optimizer, precision, st = self.task, self.optimizer, self.precision, self.state
         if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
             batch = self.strategy.batch_to_device(batch)
         self.logs.train.weight = batch_size_of(batch)  # samples: epoch means of logged values weigh by it
-        k, step = self.accumulate_grad_batches, st.global_step
+        k = self.accumulate_grad_batches
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
         with _NO_SYNC_NEEDED if steps else self.strategy.no_sync(self.model):  # ddp: no all-reduce while waiting
             with precision.autocast:  # the forward and the loss only, as torch.autocast asks
                 out = self.training_step(batch, batch_idx)
             loss = out if type(out) is torch.Tensor else step_loss(out, task, self.manual)
+            outputs = detached(out)  # what on_train_batch_end receives
             if not self._loss_checked and loss is not None:
                 check_loss(loss, task, not self.manual, "training_step" if defines(task, "training_step") else "loss")
                 self._loss_checked = True
-            if loss is not None:
-                self.logs.add_loss(loss.detach())  # converted at the log interval, not here (no sync)
+            if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
+                self.logs.add_loss(outputs if out is loss else loss.detach())
             if self.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
-                if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
-                    self._log_interval()
-                return detached(out)
+                return outputs
             if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
                 st.skipped_steps += 1
                 optimizer.zero_grad(set_to_none=True)
-                return detached(out)
+                return outputs
             precision.backward(loss if group == 1 else loss / group)
         if not steps:
-            return detached(out)
+            return outputs
         self.before_optimizer_step(optimizer)
         if self.clip_gradients is not None:
             self.clip_gradients()
@@ -192,13 +187,10 @@ class Trainer:
         st.global_step += 1
         if stepped and self.schedulers.per_step:
             self.schedulers.after_step(st.global_step, st.metrics)
-        if st.global_step % self.log_every_n_steps == 0:
-            self._log_interval()
-        return detached(out)
+        return outputs
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Before every optimizer step (automatic, or a manual ``opt.step()``): true gradients (unscaled, a no-op
-        without a GradScaler), then the ``on_before_optimizer_step`` hooks."""
+        """Before every optimizer step (also a manual ``opt.step()``): unscaled gradients, then the hooks."""
         self.precision.unscale(optimizer)
         for fn in self.hooks["on_before_optimizer_step"]:
             fn(self, self.task, optimizer)
@@ -375,12 +367,11 @@ class Trainer:
         self.state.should_stop = bool(value)
 
     @property
-    def loggers(self) -> list[Logger]:
-        """The loggers among the callbacks; ``trainer.logger`` is the first (``.experiment``: TensorBoard's writer)."""
+    def loggers(self) -> list[Logger]:  # the loggers among the callbacks
         return [cb for cb in self.callbacks if isinstance(cb, Logger)]
 
     @property
-    def logger(self) -> Logger | None:
+    def logger(self) -> Logger | None:  # the first logger: ``trainer.logger.experiment`` is TensorBoard's writer
         return next(iter(self.loggers), None)
 
     @property
@@ -389,39 +380,13 @@ class Trainer:
 
     # ---- the run's state, as checkpoints hold it ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this fit exactly, each part asked for its own state (docs/checkpointing.md).
-        During fit only; every rank calls it (the RNG states are gathered from all ranks)."""
-        if self.optimizer is None:
-            raise CheckpointError("This Trainer has no training state: it has not run fit.",
-                                  "call state_dict()/save_checkpoint(path) during or after trainer.fit(task).")
-        st, logs = self.state, self.logs.state_dict()
-        optimizers = [o.state_dict() for o in self.optimizers]
-        return {"module": self.strategy.module_state_dict(self.model),
-                "optimizer": optimizers[0] if len(optimizers) == 1 else optimizers,
-                "schedulers": self.schedulers.state_dict(),
-                "precision": self.precision.state_dict(),
-                "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
-                "logbook": None if st.epoch_done else logs["book"],  # this epoch's values (none once complete)
-                "rng": gather_rng_states(self.strategy),
-                "data": data_position(self.train_dataloader, self.num_train_batches, st, self.data_seed, self),
-                "callbacks": callback_states(self.callbacks)}
+        """Everything needed to continue this fit exactly, each part asked for its own state (checkpoint.py's
+        ``run_state``; docs/checkpointing.md). During fit only; every rank calls it (RNG states are gathered)."""
+        return run_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
-        unwrap(self.model).load_state_dict(state["module"])
-        saved = state["optimizer"]
-        for optimizer, optimizer_state in zip(self.optimizers, saved if isinstance(saved, list) else [saved]):
-            optimizer.load_state_dict(optimizer_state)
-        self.schedulers.load_state_dict(state["schedulers"])
-        self.precision.load_state_dict(state["precision"])
-        self.state.load_state_dict(state["loop"]["state"])
-        fold_mark = state["loop"].get("fold_mark", (self.state.global_step, self.state.batches_done))
-        self.logs.load_state_dict({"book": state["logbook"], "fold_mark": fold_mark})
-        self.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
-        restore_position(self.train_dataloader, self.val_loader, state["data"])
-        load_callback_states(self.callbacks, state.get("callbacks", {}))
-        rng, rank = state["rng"], self.strategy.rank
-        set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers
+        load_run_state(self, state)
 
     def save_checkpoint(self, path: str, background: bool = False) -> None:
         """Write :meth:`state_dict` atomically to ``path`` on rank 0 (every rank calls it). ``background=True``: the
