@@ -94,6 +94,7 @@ class MLFlowLogger(Logger):
         try:
             from mlflow.tracking import MlflowClient
 
+            _connect(uri)  # a server that is down: seconds, not MLflow's minutes of retries
             self._client = MlflowClient(tracking_uri=uri)
             experiment = self._client.get_experiment_by_name(self.experiment_name)
             experiment_id = experiment.experiment_id if experiment is not None else \
@@ -151,6 +152,21 @@ class MLFlowLogger(Logger):
         paths = (callback.best_model_path, callback.last_model_path)
         for path in dict.fromkeys(p for p in paths if p and os.path.isfile(p)):
             self._client.log_artifact(self._run_id, path, artifact_path="checkpoints")
+
+
+def _connect(uri: str) -> None:
+    """Open (and close) a TCP connection to an ``http(s)://`` tracking server that is reached directly (no proxy);
+    raise OSError when it cannot be opened within 5 s."""
+    import socket
+    import urllib.request
+
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    if urllib.request.getproxies().get(parsed.scheme) and not urllib.request.proxy_bypass(parsed.hostname):
+        return  # MLflow's requests go through the proxy: let them
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    socket.create_connection((parsed.hostname, port), timeout=5).close()
 
 
 def _name(key: str) -> str:

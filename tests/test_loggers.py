@@ -1,0 +1,341 @@
+"""Loggers: the Logger interface, Trainer(logger=...), CSVLogger and MLFlowLogger read back from their files and
+store (csv module, MlflowClient), errors at fit start, rank 0 only under ddp, and the `taskfit logger=...` groups.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks import ClassifierTask, RaiseAtStep, RegressionTask
+from taskfit import MisconfigurationError, Trainer
+from taskfit.callbacks import (Callback, CSVLogger, EarlyStopping, LearningRateMonitor, Logger, MLFlowLogger,
+                               TensorBoardLogger, ThroughputMonitor)
+
+ROOT = Path(__file__).resolve().parents[1]
+MLFLOW = importlib.util.find_spec("mlflow")
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+class Recorder(Callback):
+    """Every ``on_log`` call as (global step, values): what a logger must have written."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, dict[str, float]]] = []
+
+    def on_log(self, trainer, task, metrics):
+        self.calls.append((trainer.state.global_step, dict(metrics)))
+
+
+class RankCSV(CSVLogger):
+    """A CSVLogger that leaves a file per rank whose hook or setup ran (for the ddp test; pickled by reference)."""
+
+    def __init__(self, probe_dir: str) -> None:
+        super().__init__()
+        self.probe_dir = probe_dir
+
+    def on_log(self, trainer, task, metrics):
+        Path(self.probe_dir, f"on_log-rank{trainer.strategy.rank}").touch()
+        super().on_log(trainer, task, metrics)
+
+    def setup(self, trainer):
+        Path(self.probe_dir, f"setup-rank{trainer.strategy.rank}").touch()
+        super().setup(trainer)
+
+
+def read_csv(path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def kinds(trainer) -> list[type]:
+    return [type(cb) for cb in trainer.callbacks]
+
+
+# ---- Trainer(logger=...) -----------------------------------------------------------------------------------
+def test_logger_argument_takes_one_a_list_true_or_false():
+    csv_logger, tb = CSVLogger(), TensorBoardLogger()
+    one = Trainer(max_epochs=1, logger=csv_logger, **QUIET)
+    assert csv_logger in one.callbacks and TensorBoardLogger not in kinds(one)
+    assert {LearningRateMonitor, ThroughputMonitor} <= set(kinds(one))  # any logger brings the monitors
+    both = Trainer(max_epochs=1, logger=[tb, CSVLogger()], **QUIET)
+    assert kinds(both).count(TensorBoardLogger) == 1 and CSVLogger in kinds(both)
+    assert TensorBoardLogger in kinds(Trainer(max_epochs=1, **QUIET))  # True: the default
+    assert not [cb for cb in Trainer(max_epochs=1, logger=False, **QUIET).callbacks if isinstance(cb, Logger)]
+    assert not [cb for cb in Trainer(max_epochs=1, logger=[], **QUIET).callbacks if isinstance(cb, Logger)]
+    mine = Trainer(max_epochs=1, callbacks=[csv_logger], **QUIET)  # a Logger among the callbacks replaces TB
+    assert kinds(mine).count(CSVLogger) == 1 and TensorBoardLogger not in kinds(mine)
+    same = Trainer(max_epochs=1, callbacks=[csv_logger], logger=csv_logger, **QUIET)
+    assert [cb for cb in same.callbacks if cb is csv_logger] == [csv_logger]  # not twice
+    from taskfit import callbacks
+
+    assert callbacks.Logger is Logger and isinstance(tb, Logger) and issubclass(MLFlowLogger, Logger)
+
+
+def test_logger_argument_of_a_wrong_type_is_explained():
+    with pytest.raises(MisconfigurationError, match=r"Trainer\(logger='csv'\) is not valid: expected True, False, "
+                                                    r"a Logger or a list of Loggers[\s\S]*HINT: .*logger=csv"):
+        Trainer(max_epochs=1, logger="csv")
+    with pytest.raises(MisconfigurationError, match=r"logger=<class .*CSVLogger'>\) is not valid"):
+        Trainer(max_epochs=1, logger=CSVLogger)  # the class, not an instance
+    with pytest.raises(MisconfigurationError, match=r"got .*\(EarlyStopping\), not a Logger instance[\s\S]*"
+                                                    r"callbacks=\[\.\.\.\]"):
+        Trainer(max_epochs=1, logger=[CSVLogger(), EarlyStopping()])
+
+
+# ---- CSVLogger ---------------------------------------------------------------------------------------------
+def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
+    recorder, logger = Recorder(), CSVLogger()
+    task = ClassifierTask()  # 6 steps per epoch; validation at 6 and 12
+    trainer = Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), logger=logger,
+                      callbacks=[recorder], **QUIET)
+    trainer.fit(task)
+    path = tmp_path / "version_0" / "metrics.csv"
+    assert logger.metrics_path == str(path) and logger.log_dir == trainer.log_dir and logger.experiment is None
+    header, rows = read_csv(path)
+    expected: dict[int, dict[str, float]] = {}
+    for step, values in recorder.calls:
+        expected.setdefault(step, {}).update(values)
+    assert header[0] == "step" and set(header[1:]) == {k for v in expected.values() for k in v}
+    assert [int(r["step"]) for r in rows] == sorted(expected) == [2, 4, 6, 8, 10, 12]  # one row per step
+    for row in rows:
+        values = expected[int(row["step"])]
+        assert {k for k, v in row.items() if v != "" and k != "step"} == set(values)
+        assert all(float(row[k]) == v for k, v in values.items())  # repr of a float: exact
+    assert yaml.safe_load((path.parent / "hparams.yaml").read_text()) == task.hparams
+
+    trainer.test(task)  # into the same run: the header grows, the rows before stay as they were
+    header2, rows2 = read_csv(path)
+    assert header2[:len(header)] == header and "test/loss" in header2 and rows2[:-1] == [
+        {**r, **{k: "" for k in header2[len(header):]}} for r in rows]
+    assert rows2[-1]["step"] == "12" and float(rows2[-1]["test/loss"]) == trainer.state.metrics["test/loss"]
+
+    (validated,) = Trainer(default_root_dir=str(tmp_path), logger=CSVLogger(), **QUIET).validate(task)
+    _, rows3 = read_csv(tmp_path / "version_1" / "metrics.csv")  # a validate on its own: a run of its own
+    assert len(rows3) == 1 and float(rows3[0]["val/loss"]) == validated["val/loss"]
+
+
+class KillAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        if trainer.state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_csv_is_valid_after_the_process_is_killed(tmp_path):
+    """SIGKILL mid-fit (in a forked child), after the first validation widened the header: every row is whole."""
+    trainer = Trainer(max_epochs=3, log_every_n_steps=1, logger=CSVLogger(), callbacks=[KillAt(9)],
+                      default_root_dir=str(tmp_path), **QUIET)
+    pid = os.fork()
+    if pid == 0:  # the child trains until it kills itself; it never returns into pytest
+        try:
+            trainer.fit(ClassifierTask())
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    header, rows = read_csv(tmp_path / "version_0" / "metrics.csv")
+    assert "val/loss" in header and "train/loss_epoch" in header
+    assert [int(r["step"]) for r in rows] == list(range(1, 9))  # step 9's row was not complete yet
+    assert all(None not in r and None not in r.values() for r in rows)  # every row as wide as the header
+    assert all(r["train/loss"] for r in rows) and rows[5]["val/loss"] and not rows[4]["val/loss"]
+
+
+def test_an_unwritable_directory_fails_at_fit_start_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    recorder = Recorder()
+    trainer = Trainer(max_epochs=1, default_root_dir=str(blocker / "runs"), logger=CSVLogger(), callbacks=[recorder],
+                      **QUIET)
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger cannot write to .*a_file.*NotADirectoryError"):
+        trainer.fit(RegressionTask())
+    assert trainer.state.global_step == 0 and recorder.calls == []
+
+
+def test_a_custom_logger_gets_rank0_calls_in_order(tmp_path):
+    calls = []
+
+    class Memory(Logger):
+        def setup(self, trainer):
+            calls.append(("setup", trainer.log_dir))
+
+        def log_hyperparams(self, params):
+            calls.append(("hparams", params))
+
+        def log_metrics(self, metrics, step):
+            calls.append(("metrics", step, sorted(metrics)))
+
+        def save(self):
+            calls.append(("save",))
+
+        def finalize(self, status):
+            calls.append(("finalize", status))
+
+    task = RegressionTask(n=16, lr=0.1)  # 2 steps
+    trainer = Trainer(max_epochs=1, logger=Memory(), default_root_dir=str(tmp_path), **QUIET)
+    trainer.fit(task)
+    assert calls[:2] == [("setup", trainer.log_dir), ("hparams", task.hparams)] and task.hparams["lr"] == 0.1
+    assert ("save",) in calls and calls[-1] == ("finalize", "success")
+    assert any(c[:2] == ("metrics", 2) and "train/loss_epoch" in c[2] for c in calls)
+    calls.clear()
+    with pytest.raises(ValueError, match="boom"):
+        Trainer(max_epochs=2, logger=Memory(), callbacks=[RaiseAtStep(1, 0)], **QUIET).fit(RegressionTask(n=16))
+    assert calls[-1] == ("finalize", "failed")
+
+
+def test_ddp_writes_from_rank_0_only(tmp_path):
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, log_every_n_steps=1,
+                      logger=RankCSV(str(probes)), default_root_dir=str(tmp_path / "runs"), **QUIET)
+    trainer.fit(ClassifierTask(batch_size=8))  # 96 samples, 2 ranks x 8: 6 steps per epoch
+    assert sorted(p.name for p in probes.iterdir()) == ["on_log-rank0", "on_log-rank1", "setup-rank0"]
+    header, rows = read_csv(Path(trainer.log_dir) / "metrics.csv")
+    assert [int(r["step"]) for r in rows] == list(range(1, 13))  # each step once: rank 1 wrote nothing
+    assert "val/acc" in header and float(rows[-1]["val/loss"]) == pytest.approx(trainer.state.metrics["val/loss"])
+    assert sorted(os.listdir(trainer.log_dir)) == ["hparams.yaml", "metrics.csv"]
+
+
+# ---- MLFlowLogger ------------------------------------------------------------------------------------------
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    """A local file store in tmp_path (MLflow 3 keeps file stores behind MLFLOW_ALLOW_FILE_STORE)."""
+    pytest.importorskip("mlflow", reason="mlflow-skinny is not installed (pip install -e '.[mlflow]')")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return f"file:{tmp_path / 'mlruns'}"
+
+
+def test_mlflow_run_has_params_metrics_tags_and_checkpoints(tmp_path, mlflow_store, monkeypatch):
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    batches = []
+    real = MlflowClient.log_batch
+    monkeypatch.setattr(MlflowClient, "log_batch", lambda self, run_id, metrics=(), **kw: (
+        batches.append(len(metrics)), real(self, run_id, metrics=metrics, **kw))[1])
+    recorder = Recorder()
+    logger = MLFlowLogger(experiment_name="exp", run_name="first", tracking_uri=mlflow_store, tags={"team": "vision"},
+                          log_model_checkpoints=True, flush_secs=3600)
+    config = {"task": {"lr": 0.1, "note": "x" * (MAX_PARAM_VAL_LENGTH + 10), "layers": [1, 2]}, "seed": None}
+    trainer = Trainer(max_epochs=2, log_every_n_steps=2, logger=logger, callbacks=[recorder], config=config,
+                      default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(ClassifierTask())
+    client = MlflowClient(tracking_uri=mlflow_store)
+    run = client.get_run(logger.run_id)
+    assert logger.experiment is not None and logger.save_dir == str(tmp_path / "mlruns") and logger.log_dir is None
+    assert run.info.status == "FINISHED" and run.info.run_name == "first"
+    assert client.get_experiment(run.info.experiment_id).name == "exp"
+    assert run.data.tags["team"] == "vision" and run.data.tags["taskfit.log_dir"] == trainer.log_dir
+    params = run.data.params
+    assert params["task.lr"] == "0.1" and params["seed"] == "None" and len(params["task.note"]) == MAX_PARAM_VAL_LENGTH
+    history = [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "val/loss")]
+    assert history == [(s, pytest.approx(v["val/loss"])) for s, v in recorder.calls if "val/loss" in v]
+    logged = sum(len(v) for _, v in recorder.calls)
+    assert sum(batches) == logged and len([b for b in batches if b]) == 3  # 2 epoch ends and the end, not per step
+    artifacts = sorted(a.path for a in client.list_artifacts(logger.run_id, "checkpoints"))
+    assert artifacts == sorted(f"checkpoints/{Path(p).name}" for p in {trainer.checkpoint_callback.best_model_path,
+                                                                      trainer.checkpoint_callback.last_model_path})
+
+
+def test_mlflow_run_of_a_failed_fit_is_failed_and_keeps_its_metrics(tmp_path, mlflow_store):
+    from mlflow.tracking import MlflowClient
+
+    logger = MLFlowLogger(tracking_uri=mlflow_store, flush_secs=3600)
+    with pytest.raises(ValueError, match="boom at step 9"):
+        Trainer(max_epochs=3, log_every_n_steps=1, logger=logger, callbacks=[RaiseAtStep(9, 0)],
+                default_root_dir=str(tmp_path), **QUIET).fit(ClassifierTask())
+    client = MlflowClient(tracking_uri=mlflow_store)
+    assert client.get_run(logger.run_id).info.status == "FAILED"
+    assert [m.step for m in client.get_metric_history(logger.run_id, "train/loss")] == list(range(1, 10))
+
+
+def test_mlflow_bad_uri_fails_at_fit_start_before_training(tmp_path, mlflow_store):
+    start = time.monotonic()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with socket.socket() as sock:  # a port nobody listens on: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for uri in ("nosuchscheme://nowhere", f"file:{blocker}/mlruns", down):
+        recorder = Recorder()
+        trainer = Trainer(max_epochs=1, logger=MLFlowLogger(tracking_uri=uri), callbacks=[recorder],
+                          default_root_dir=str(tmp_path), **QUIET)
+        with pytest.raises(MisconfigurationError, match=rf"MLFlowLogger cannot start a run in the tracking store "
+                                                        rf"'{uri}'[\s\S]*HINT: check MLFlowLogger\(tracking_uri"):
+            trainer.fit(RegressionTask())
+        assert trainer.state.global_step == 0 and recorder.calls == []
+    assert time.monotonic() - start < 30  # a server that is down: not MLflow's minutes of retries
+
+
+def test_mlflow_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
+    with pytest.raises(MisconfigurationError, match=r"MLFlowLogger needs MLflow's client, which is not installed"
+                                                    r"[\s\S]*pip install \"taskfit\[mlflow\]\""):
+        MLFlowLogger()
+
+
+# ---- the command line ------------------------------------------------------------------------------------
+TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1", "trainer.num_sanity_val_steps=0", "trainer.enable_model_summary=false",
+        "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "test=false"]
+
+
+def taskfit(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("TASKFIT_SEED", "HYDRA_FULL_ERROR", "RANK")}
+    full_env.update(OMP_NUM_THREADS="1", **env)
+    result = subprocess.run([sys.executable, "-m", "taskfit", *args, *TINY], cwd=cwd, env=full_env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def test_cli_logger_groups(tmp_path, monkeypatch):
+    """`taskfit logger=csv` and `logger=mlflow` compose to their callbacks (in this process); one real `taskfit`
+    run with a list of groups writes TensorBoard, CSV and (if installed) MLflow."""
+    from taskfit.cli import build_callbacks, compose_config
+
+    for group, cls in (("csv", CSVLogger), ("mlflow", MLFlowLogger)):
+        config = compose_config([f"logger={group}"], run_dir=str(tmp_path))
+        if cls is MLFlowLogger and MLFLOW is None:
+            continue
+        built = build_callbacks(config)
+        assert [type(cb) for cb in built if isinstance(cb, Logger)] == [cls], group
+        assert TensorBoardLogger not in kinds(Trainer(callbacks=built, max_epochs=1))  # replaces the default
+    assert compose_config(["logger=mlflow"], run_dir=str(tmp_path))["logger"]["mlflow"]["experiment_name"] == "digits"
+
+    groups, uri = ["tensorboard", "csv"], f"file:{tmp_path / 'mlruns'}"
+    if MLFLOW is not None:
+        groups.append("mlflow")
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores behind it
+    extra = [f"logger.mlflow.tracking_uri={uri}", "logger.mlflow.run_name=cli"] if MLFLOW else []
+    result = taskfit(f"logger=[{','.join(groups)}]", *extra, cwd=tmp_path)
+    (run,) = (tmp_path / "logs" / "digits" / "runs").iterdir()
+    version = run / "version_0"
+    assert list(version.glob("events.out.tfevents.*")), sorted(os.listdir(version))
+    header, rows = read_csv(version / "metrics.csv")
+    assert [r["step"] for r in rows] == ["1", "2"] and "val/loss" in header and rows[-1]["val/loss"]
+    assert yaml.safe_load((version / "hparams.yaml").read_text())["trainer.max_epochs"] == 1
+    assert f"CSV:             {version / 'metrics.csv'}" in result.stdout
+    if MLFLOW is None:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (found,) = client.search_runs([client.get_experiment_by_name("digits").experiment_id])
+    assert found.info.status == "FINISHED" and found.info.run_name == "cli" and found.info.run_id in result.stdout
+    assert found.data.params["trainer.max_epochs"] == "1" and "task.optimizer.lr" in found.data.params
+    history = [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "val/loss")]
+    assert history == [(2, pytest.approx(float(rows[-1]["val/loss"])))]
