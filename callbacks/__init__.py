@@ -16,6 +16,7 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "EarlyStopping": ".early_stopping",
     "LearningRateMonitor": ".lr_monitor",
     "ThroughputMonitor": ".throughput",
+    "PredictionWriter": ".prediction_writer",
     "CSVLogger": ".csv_logger",
     "MLFlowLogger": ".mlflow_logger",
 }

@@ -13,6 +13,7 @@
       on_fit_end                    (on_exception instead, when any entry point raises or is interrupted)
     validate:  on_validation_start, on_validation_end
     test:      on_test_start, on_test_end
+    predict:   on_predict_start, per batch on_predict_batch_end, on_predict_end
     on_log whenever values are written out (log interval, after each validation/epoch/test, callbacks' values)
 
 Every hook receives ``(trainer, task, ...)``; read ``trainer.state`` for where the run is (``state.fn`` is the
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 
 HOOKS = ("on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start",
          "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
-         "on_log_interval", "on_validation_start", "on_validation_end", "on_test_start", "on_test_end", "on_log",
-         "on_exception")
+         "on_log_interval", "on_validation_start", "on_validation_end", "on_test_start", "on_test_end",
+         "on_predict_start", "on_predict_batch_end", "on_predict_end", "on_log", "on_exception")
 
 
 class Callback:
@@ -61,10 +62,11 @@ class Callback:
     def on_train_batch_start(self, trainer: Trainer, task: TaskModule, batch: Any, batch_idx: int) -> None:
         """Before each training batch (``batch`` as the DataLoader gave it, before it moves to the device)."""
 
-    def on_train_batch_end(self, trainer: Trainer, task: TaskModule, outputs: torch.Tensor, batch: Any,
+    def on_train_batch_end(self, trainer: Trainer, task: TaskModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        """After each training batch, its optimizer step and any validation due at this batch; ``outputs`` is the
-        batch's loss, detached (a device tensor: reading it on the host is a sync)."""
+        """After each training batch, its optimizer step and any validation due at this batch; ``outputs`` is what
+        the step returned, detached: the loss, or a ``training_step``'s dict (device tensors: reading one on the
+        host is a sync)."""
 
     def on_before_optimizer_step(self, trainer: Trainer, task: TaskModule, optimizer: torch.optim.Optimizer) -> None:
         """Gradients are ready (unscaled, before clipping); ``optimizer`` steps next."""
@@ -84,6 +86,16 @@ class Callback:
 
     def on_test_end(self, trainer: Trainer, task: TaskModule) -> None:
         """After a test pass; its metrics are in ``trainer.state.metrics``."""
+
+    def on_predict_start(self, trainer: Trainer, task: TaskModule) -> None:
+        """Before a predict pass (``trainer.predict_dataloader`` is the loader, sharded under ddp)."""
+
+    def on_predict_batch_end(self, trainer: Trainer, task: TaskModule, outputs: Any, batch: Any,
+                             batch_idx: int) -> None:
+        """After each predict batch; ``outputs`` is its prediction (what ``PredictionWriter`` writes to disk)."""
+
+    def on_predict_end(self, trainer: Trainer, task: TaskModule) -> None:
+        """After a predict pass, on every rank."""
 
     def on_log(self, trainer: Trainer, task: TaskModule, metrics: dict[str, float]) -> None:
         """Values to write out, already Python floats, at ``trainer.state.global_step``."""

@@ -214,6 +214,13 @@ def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
                           pin_memory=strategy.device.type == "cuda")
 
 
+def sample_order(loader: Any) -> Sequence[int] | None:
+    """The dataset indices this rank's evaluation loader visits, in order (None when taskfit does not choose
+    them: a sampler or an IterableDataset of the user's)."""
+    sampler = getattr(loader, "sampler", None)
+    return sampler.indices() if isinstance(sampler, ResumableSampler) else None
+
+
 def stateful(loader: Any) -> bool:
     """A loader that keeps its own position (``torchdata``'s ``StatefulDataLoader``, or any loader with
     ``state_dict``/``load_state_dict``) and that taskfit does not re-create: its own state is saved and restored."""

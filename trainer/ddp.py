@@ -181,6 +181,13 @@ class DDPStrategy(Strategy):
         for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
             grad.copy_(mean.view_as(grad))
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if self.world_size == 1 or not dist.is_initialized():
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if self.world_size == 1 or not dist.is_initialized():
             return obj

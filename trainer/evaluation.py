@@ -3,12 +3,12 @@ over all ranks) and a predict pass, each with the task's own step or the default
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .checks import check_loss
-from .data import batch_size_of, set_epoch
+from .data import batch_size_of, sample_order, set_epoch
 from .errors import MisconfigurationError
 from .logbook import LogBuffer
 from .metrics import metric_values
@@ -84,15 +84,88 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
 
 
 def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, strategy: Strategy,
-            precision: Precision) -> list[Any]:
-    """``predict_step(batch, batch_idx)``, or ``module(inputs)``, for at most ``limit`` batches of ``loader``."""
+            precision: Precision, on_batch_end: list[Callable[..., None]], keep: bool = True) -> list[Any] | None:
+    """``predict_step(batch, batch_idx)``, or ``module(inputs)``, for at most ``limit`` batches of ``loader``; each
+    batch's prediction goes to the ``on_predict_batch_end`` hooks, and is kept only when ``keep``. Under ddp the
+    kept predictions of every rank come back in dataset order (see :func:`in_dataset_order`)."""
     module.eval()
-    predictions = []
+    predictions: list[Any] = []
     step = eval_step(task, module, "predict", {})
     with torch.no_grad():
         for i, batch in enumerate(loader):
             if i >= limit:
                 break
+            batch = strategy.batch_to_device(batch)
             with precision.autocast:
-                predictions.append(step(strategy.batch_to_device(batch), i))
-    return predictions
+                out = step(batch, i)
+            for fn in on_batch_end:
+                fn(out, batch, i)
+            if keep:
+                predictions.append(out)
+    if not keep:
+        return None
+    if strategy.world_size == 1:
+        return predictions
+    order = sample_order(loader)
+    gathered = strategy.all_gather_object((None if order is None else list(order), to_cpu(predictions)))
+    return in_dataset_order(gathered, getattr(loader, "batch_size", None))
+
+
+def to_cpu(tree: Any) -> Any:
+    """Tensors (in tuples, lists, dicts) on the CPU: what crosses process boundaries and goes to disk."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    if isinstance(tree, Mapping):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    return tree
+
+
+def _concat(batches: list[Any]) -> Any:
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(batches)
+    if isinstance(first, (list, tuple)):
+        return type(first)(_concat([b[i] for b in batches]) for i in range(len(first)))
+    return {k: _concat([b[k] for b in batches]) for k in first}
+
+
+def _take(tree: Any, index: torch.Tensor) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree[index]
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_take(v, index) for v in tree)
+    return {k: _take(v, index) for k, v in tree.items()}
+
+
+def _per_sample(tree: Any) -> bool:
+    """A prediction made of tensors with a batch dimension (in tuples, lists, dicts): it can be reordered."""
+    if isinstance(tree, torch.Tensor):
+        return tree.dim() > 0
+    if isinstance(tree, (list, tuple)):
+        return len(tree) > 0 and all(_per_sample(v) for v in tree)
+    return isinstance(tree, Mapping) and len(tree) > 0 and all(_per_sample(v) for v in tree.values())
+
+
+def in_dataset_order(gathered: list[tuple[list[int] | None, list[Any]]], batch_size: int | None) -> list[Any]:
+    """Every rank's ``(sample order, predictions)`` as one process would have returned them: batches of
+    ``batch_size`` in dataset order. Evaluation shards samples ``rank, rank + world, ...``, so per-sample tensors
+    are concatenated, sorted by sample index and split again. Predictions that are not per-sample tensors, or a
+    loader whose order taskfit does not know, come back rank after rank (docs/strategies.md)."""
+    batches = [b for _, predictions in gathered for b in predictions]
+    if not batches or any(order is None for order, _ in gathered) or not all(map(_per_sample, batches)):
+        return batches
+    indices = torch.tensor([i for order, predictions in gathered
+                            for i in order[:len(_first_leaf(_concat(predictions))) if predictions else 0]])
+    samples = _concat([_concat(predictions) for _, predictions in gathered if predictions])
+    ordered = _take(samples, torch.argsort(indices))
+    size = batch_size or len(_first_leaf(gathered[0][1][0]))
+    total = len(indices)
+    return [_take(ordered, torch.arange(start, min(start + size, total))) for start in range(0, total, size)]
+
+
+def _first_leaf(tree: Any) -> torch.Tensor:
+    while not isinstance(tree, torch.Tensor):
+        tree = tree[0] if isinstance(tree, (list, tuple)) else next(iter(tree.values()))
+    return tree

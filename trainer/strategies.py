@@ -1,9 +1,11 @@
 """Device strategies: where the module and the data live. The loop only talks to this small interface.
 
-``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here) and ``DDPStrategy`` (``ddp.py``)
-subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit of Lightning Fabric: ``launch``,
+``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here), ``DDPStrategy`` (``ddp.py``) and
+``FSDPStrategy`` (``fsdp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit of Lightning Fabric: ``launch``,
 ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``, ``module_state_dict``, ``no_sync``,
-``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``. See docs/strategies.md.
+``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``; checkpoints ask it for
+the module's and the optimizers' state (``optimizer_state_dict``, ``load_*``, ``full_state_dict``). See
+docs/strategies.md.
 """
 from __future__ import annotations
 
@@ -180,6 +182,32 @@ class Strategy:
         """The state dict of the user's module: never prefixed with ``module.`` or ``_orig_mod.``."""
         return unwrap(module).state_dict()
 
+    # ---- state in checkpoints (fsdp.py overrides these: its parameters and optimizer states are sharded) ----
+    sharded_checkpoints = False  # True: checkpoints are directories of per-rank shards (sharded_checkpoint.py)
+
+    def optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``optimizer``'s state dict (keyed by parameter index, as ``torch.optim`` writes it)."""
+        return optimizer.state_dict()
+
+    def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any]) -> None:
+        """Load ``state`` (a full, unprefixed state dict) into the user's module."""
+        unwrap(module).load_state_dict(state)
+
+    def load_optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: Mapping[str, Any]) -> None:
+        """Load ``state`` (what :meth:`optimizer_state_dict` returned, or a full one) into ``optimizer``."""
+        optimizer.load_state_dict(state)
+
+    def checkpoint_templates(self, module: nn.Module, optimizers: list[torch.optim.Optimizer],
+                             shapes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Tensors to read a sharded checkpoint's entries into, by entry name (``shapes`` holds a meta tensor of
+        each entry's full shape and dtype); entries left out are read whole. Here: all of them, whole."""
+        return {}
+
+    def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The user's module's full state dict on the CPU, on rank 0 (every rank calls it; others may get ``{}``)."""
+        return {k: v.detach().cpu() for k, v in unwrap(module).state_dict().items()}
+
     def no_sync(self, wrapped: nn.Module) -> contextlib.AbstractContextManager:
         """Context for micro-batches that do not step (ddp skips the gradient all-reduce there)."""
         return contextlib.nullcontext()
@@ -191,6 +219,10 @@ class Strategy:
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """``tensor`` reduced over all ranks with ``op`` ("sum", "mean", "max" or "min"); itself on one process."""
         return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        return [obj]
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s ``obj`` on every rank (a picklable object, e.g. the run directory)."""

@@ -9,6 +9,7 @@ per step reads a device value on the host: the loss stays a tensor, converted on
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -81,7 +82,7 @@ class Trainer:
         self.callbacks = with_defaults(callbacks, progress=enable_progress_bar, summary=enable_model_summary,
                                        checkpointing=enable_checkpointing, logger=logger)
         self.state, self.log_dir, self.task = TrainerState(), None, None  # fit starts each run with a new state
-        self.model = self.optimizer = self.train_dataloader = self.val_loader = None  # set by a run
+        self.model = self.optimizer = self.train_dataloader = self.val_loader = self.predict_dataloader = None
         self.optimizers, self.manual_optimizers, self.manual = [], [], False  # set by fit
         self.checkpoint_writer = CheckpointWriter()  # fsyncs and renames checkpoint files off the training thread
 
@@ -102,10 +103,11 @@ class Trainer:
         check_task(task, "test")
         return self.strategy.launch(self._run_eval, "test", task, ckpt_path)
 
-    def predict(self, task: TaskModule, ckpt_path: str | None = None) -> list[Any]:
-        """Return ``task(inputs)`` for every batch of ``task.predict_dataloader()``."""
+    def predict(self, task: TaskModule, ckpt_path: str | None = None, return_predictions: bool = True) -> list[Any]:
+        """``predict_step`` (default: ``task(inputs)``) for every batch of ``task.predict_dataloader()``; under ddp
+        every rank's, in dataset order. ``return_predictions=False``: keep none (a ``PredictionWriter`` saves them)."""
         check_task(task, "predict")
-        return self.strategy.launch(self._run_eval, "predict", task, ckpt_path)
+        return self.strategy.launch(self._run_eval, "predict", task, ckpt_path, return_predictions)
 
     # ---- fit: epochs and batches ----------------------------------------------------------------------
     def _fit(self, task: TaskModule, ckpt_path: str | None) -> dict[str, float]:
@@ -259,21 +261,23 @@ class Trainer:
                         strategy=self.strategy, precision=self.precision, logs=self.logs,
                         metrics=self.metrics.get(prefix, {}), data_seed=self.data_seed)
 
-    def _run_eval(self, fn: str, task: TaskModule, ckpt_path: str | None) -> list[Any]:
+    def _run_eval(self, fn: str, task: TaskModule, ckpt_path: str | None, keep: bool = True) -> list[Any] | None:
         """One pass of ``validate``/``test`` (returns ``[metrics]``) or ``predict`` (returns the predictions)."""
         with self._running(task, fn, ckpt_path):
             loader = eval_loader(task, fn, self.data_seed, self.strategy)
             stage = {"validate": "val", "test": "test", "predict": "predict"}[fn]
             limit, self.state.stage = limit_batches(length(loader), self.limits[stage]), stage
+            hook = {"validate": "validation", "test": "test", "predict": "predict"}[fn]
+            self.predict_dataloader = loader if fn == "predict" else None
+            self._call(f"on_{hook}_start")
             if fn == "predict":
+                on_batch_end = [functools.partial(fn, self, task) for fn in self.hooks["on_predict_batch_end"]]
                 result = predict(task, self.strategy.eval_module(self.model), loader, limit, strategy=self.strategy,
-                                 precision=self.precision)
+                                 precision=self.precision, on_batch_end=on_batch_end, keep=keep)
             else:
-                hook = "validation" if fn == "validate" else "test"
-                self._call(f"on_{hook}_start")
                 result = [self._evaluate(stage, loader, limit)]
                 self._publish(result[0])
-                self._call(f"on_{hook}_end")
+            self._call(f"on_{hook}_end")
             self.state.stage = "idle"
             return result
 
