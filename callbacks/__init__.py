@@ -79,7 +79,16 @@ def _loggers(logger: Any) -> list[Logger]:
     for item in items:
         if not isinstance(item, Logger):
             raise MisconfigurationError(
-                f"Trainer(logger=[...]) got {item!r} ({type(item).__name__}), not a Logger instance.",
+                f"Trainer(logger=[...]) got {_describe(item)}, not a Logger instance.",
                 "list instances of taskfit.callbacks.Logger subclasses, e.g. logger=[TensorBoardLogger(), "
                 "CSVLogger()]; other callbacks go in callbacks=[...].")
     return items
+
+
+def _describe(value: Any) -> str:
+    """``'csv'``, ``the class CSVLogger``, ``an object of type EarlyStopping``: what an error says it got."""
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    if value is None or isinstance(value, (str, int, float)):
+        return repr(value)
+    return f"an object of type {type(value).__name__}"

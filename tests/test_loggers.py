@@ -88,9 +88,11 @@ def test_logger_argument_of_a_wrong_type_is_explained():
         Trainer(max_epochs=1, logger="csv")
     with pytest.raises(MisconfigurationError, match=r"logger=<class .*CSVLogger'>\) is not valid"):
         Trainer(max_epochs=1, logger=CSVLogger)  # the class, not an instance
-    with pytest.raises(MisconfigurationError, match=r"got .*\(EarlyStopping\), not a Logger instance[\s\S]*"
+    with pytest.raises(MisconfigurationError, match=r"got an object of type EarlyStopping, not a Logger instance[\s\S]*"
                                                     r"callbacks=\[\.\.\.\]"):
         Trainer(max_epochs=1, logger=[CSVLogger(), EarlyStopping()])
+    with pytest.raises(MisconfigurationError, match=r"got the class CSVLogger, not a Logger instance"):
+        Trainer(max_epochs=1, logger=[CSVLogger])
 
 
 # ---- CSVLogger ---------------------------------------------------------------------------------------------
