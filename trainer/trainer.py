@@ -52,7 +52,7 @@ class Trainer:
         fast_dev_run: bool | int = False, overfit_batches: int | float = 0, deterministic: bool = False,
         callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
         enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
-        logger: bool = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
+        logger: bool | Logger | Sequence[Logger] = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
         channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
         preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None,
     ) -> None:
