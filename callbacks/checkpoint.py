@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import CheckpointError, MisconfigurationError
 from ..serialization import atomic_copy, remove_files
+from ..sharded_checkpoint import checkpoint_exists
 from .base import Callback
 
 _FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
@@ -194,9 +195,9 @@ class ModelCheckpoint(Callback):
         if not trainer.is_main:
             return
         kept = {**self._evicted, **self.best_k_models}  # a file whose removal was skipped is still ranked
-        self.best_k_models = {p: s for p, s in kept.items() if os.path.isfile(p)}
+        self.best_k_models = {p: s for p, s in kept.items() if checkpoint_exists(p)}
         self._update_best()
-        if self.last_model_path and not os.path.isfile(self.last_model_path):
+        if self.last_model_path and not checkpoint_exists(self.last_model_path):
             self.last_model_path = ""
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
@@ -249,7 +250,7 @@ class ModelCheckpoint(Callback):
                    and old not in (path, self.last_model_path)]
         # Until their removal has run (after the new file is in place), evicted files and their scores are kept
         # in mind: if that write fails, the removal is skipped and on_exception ranks them again.
-        self._evicted = {p: s for p, s in self._evicted.items() if os.path.isfile(p)}
+        self._evicted = {p: s for p, s in self._evicted.items() if checkpoint_exists(p)}
         self._evicted.update((old, scores[old]) for old in evicted)
         if trainer.is_main and evicted:
             writer.submit(remove_files, evicted)  # old files go only once their replacement is in place

@@ -54,7 +54,7 @@ def test_under_torchrun_auto_is_ddp_with_the_launchers_ranks(monkeypatch, quiet)
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(strategy="fsdp"), r"Unknown strategy 'fsdp'"),
+    (dict(strategy="deepspeed"), r"Unknown strategy 'deepspeed'"),
     (dict(devices=0), r"Trainer\(devices=0\) is not valid"),
     (dict(devices="two"), r"Trainer\(devices='two'\) is not valid"),
     (dict(devices=[0, 0]), r"Trainer\(devices=\[0, 0\]\) names a device twice"),

@@ -3,7 +3,8 @@
 A checkpoint is a dict that ``torch.load(path, weights_only=True)`` reads: tensors, plain containers and
 primitives only (RNG states are stored as tensors and lists, never as pickled objects). What is in it, how
 ``fit(ckpt_path=...)`` continues from it, and how a preemption signal becomes one: docs/checkpointing.md.
-File handling (atomic writes, safe reads, weight checks) is in trainer/serialization.py.
+File handling (atomic writes, safe reads, weight checks) is in trainer/serialization.py; under fsdp a checkpoint is
+a directory of per-rank shards with the same contents (trainer/sharded_checkpoint.py).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
+from .sharded_checkpoint import checkpoint_exists, is_sharded, meta_entries, read_shards, save_sharded
 
 from .rng import gather_rng_states, set_rng_state
 from .strategies import unwrap
@@ -56,7 +58,9 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
     state = trainer.state_dict()  # on every rank: the RNG states are gathered
-    if trainer.is_main:
+    if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
+        save_sharded(trainer.strategy, _contents(trainer, state), path, writer if background else None)
+    elif trainer.is_main:
         checkpoint = _contents(trainer, state)
         size = check_plain(checkpoint, "checkpoint")
         atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
@@ -70,7 +74,7 @@ def _check_losses(trainer: Trainer, path: str) -> None:
         trainer.logs.check_pending(trainer.state.epoch)
     except NonFiniteLossError as exc:
         cb = trainer.checkpoint_callback
-        good = [p for p in ((cb.last_model_path, cb.best_model_path) if cb else ()) if p and os.path.isfile(p)]
+        good = [p for p in ((cb.last_model_path, cb.best_model_path) if cb else ()) if p and checkpoint_exists(p)]
         raise NonFiniteLossError(
             f"{exc.what} Nothing was saved to {path}; the last good checkpoint is {good[0] if good else 'none yet'}.",
             f"resume from it with fit(ckpt_path={good[0]!r}) after the fix: {exc.hint}" if good else exc.hint) from None
@@ -98,13 +102,13 @@ def last_checkpoint(root: str | os.PathLike) -> str | None:
     """The newest ``last.ckpt`` under ``root``: of ``root`` itself, else of the highest ``version_N/checkpoints``."""
     root = os.fspath(root)
     direct = os.path.join(root, LAST)
-    if os.path.isfile(direct):
+    if checkpoint_exists(direct):
         return os.path.abspath(direct)
     versions = sorted(((int(m.group(1)), d) for d in (os.listdir(root) if os.path.isdir(root) else [])
                        if (m := re.fullmatch(r"version_(\d+)", d))), reverse=True)
     for _, d in versions:
         candidate = os.path.join(root, d, "checkpoints", LAST)
-        if os.path.isfile(candidate):
+        if checkpoint_exists(candidate):
             return os.path.abspath(candidate)
     return None
 
@@ -118,7 +122,7 @@ def resolve(trainer: Trainer, ckpt_path: Any) -> str:
         return os.path.abspath(os.path.expanduser(os.fspath(ckpt_path)))
     cb = trainer.checkpoint_callback
     looked = []
-    if cb is not None and cb.last_model_path and os.path.isfile(cb.last_model_path):
+    if cb is not None and cb.last_model_path and checkpoint_exists(cb.last_model_path):
         last = cb.last_model_path  # written by this Trainer
     else:
         roots = ([cb.dirpath_arg] if cb is not None and cb.dirpath_arg else []) + [os.path.dirname(trainer.log_dir)]
@@ -141,7 +145,7 @@ def resolve(trainer: Trainer, ckpt_path: Any) -> str:
         states = load_checkpoint(last).get("callbacks", {})
         best = next((s.get("best_model_path") for s in states.values()
                      if isinstance(s, Mapping) and s.get("best_model_path")), None)
-    if not best or not os.path.isfile(best):
+    if not best or not checkpoint_exists(best):
         raise CheckpointError(
             f"ckpt_path=\"best\" but no best checkpoint is known (last: {last}, best: {best}).",
             "train first with a ModelCheckpoint that saves top-k files (save_top_k >= 1, monitor=\"val/loss\" to "
@@ -167,6 +171,9 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
     for optimizer, state in zip(trainer.optimizers, saved):
         check_optimizer_state(optimizer, state, path)
     _warn_changes(trainer, ckpt, path)
+    if is_sharded(path):  # each rank reads its part of every tensor (any number of ranks may have written them)
+        templates = trainer.strategy.checkpoint_templates(trainer.model, trainer.optimizers, meta_entries(ckpt))
+        ckpt = read_shards(path, ckpt, templates)
     trainer.load_state_dict(ckpt)
     _warn_schedule(trainer, ckpt["data"], path)
     if trainer.is_main:
@@ -231,10 +238,11 @@ def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
 def load_weights(trainer: Trainer, ckpt_path: Any) -> str:
     """Load only the module weights (validate/test/predict with ``ckpt_path``)."""
     path = resolve(trainer, ckpt_path)
-    module = unwrap(trainer.model)
-    weights = module_state(load_file(path), path)
-    weights = check_weights(module, weights, path)
-    module.load_state_dict(weights)
+    weights = check_weights(unwrap(trainer.model), module_state(load_file(path), path), path)
+    if is_sharded(path):
+        templates = trainer.strategy.checkpoint_templates(trainer.model, [], meta_entries({"module": weights}))
+        weights = read_shards(path, {"module": weights}, templates, parts=("module",))["module"]
+    trainer.strategy.load_module_state_dict(trainer.model, weights)
     return path
 
 
@@ -243,6 +251,8 @@ def load_module(cls: type, path: str | os.PathLike, map_location: Any = "cpu", *
     path = os.path.abspath(os.fspath(path))
     ckpt = load_file(path)
     weights = module_state(ckpt, path)
+    if is_sharded(path):  # read whole, in this process
+        weights = read_shards(path, {"module": weights}, parts=("module",))["module"]
     recorded = ckpt.get("task", {}).get("hparams", {}) if isinstance(ckpt, Mapping) else {}
     params = inspect.signature(cls.__init__).parameters
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -268,29 +278,43 @@ def run_state(trainer: Trainer) -> dict[str, Any]:
         raise CheckpointError("This Trainer has no training state: it has not run fit.",
                               "call state_dict()/save_checkpoint(path) during or after trainer.fit(task).")
     st, logs = trainer.state, trainer.logs.state_dict()
-    optimizers = [o.state_dict() for o in trainer.optimizers]
-    return {"module": trainer.strategy.module_state_dict(trainer.model),
+    strategy = trainer.strategy
+    optimizers = [strategy.optimizer_state_dict(trainer.model, o) for o in trainer.optimizers]
+    book = None if st.epoch_done else logs["book"]  # this epoch's values (none once complete)
+    return {"module": strategy.module_state_dict(trainer.model),
             "optimizer": optimizers[0] if len(optimizers) == 1 else optimizers,
             "schedulers": trainer.schedulers.state_dict(),
             "precision": trainer.precision.state_dict(),
             "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
-            "logbook": None if st.epoch_done else logs["book"],  # this epoch's values (none once complete)
+            "logbook": book,  # rank 0's; under ddp/fsdp every rank's too, so that epoch means resume exactly
+            "logbooks": None if book is None or strategy.world_size == 1 else strategy.all_gather_object(_cpu(book)),
             "rng": gather_rng_states(trainer.strategy),
             "data": data_position(trainer.train_dataloader, trainer.num_train_batches, st, trainer.data_seed, trainer),
             "callbacks": callback_states(trainer.callbacks)}
 
 
+def _cpu(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, Mapping):
+        return {k: _cpu(v) for k, v in tree.items()}
+    return type(tree)(_cpu(v) for v in tree) if isinstance(tree, (list, tuple)) else tree
+
+
 def load_run_state(trainer: Trainer, state: Mapping[str, Any]) -> None:
     """``trainer.load_state_dict(state)``: every part continues where :func:`run_state` left it."""
-    unwrap(trainer.model).load_state_dict(state["module"])
-    saved = state["optimizer"]
+    strategy, saved = trainer.strategy, state["optimizer"]
+    strategy.load_module_state_dict(trainer.model, state["module"])
     for optimizer, optimizer_state in zip(trainer.optimizers, saved if isinstance(saved, list) else [saved]):
-        optimizer.load_state_dict(optimizer_state)
+        strategy.load_optimizer_state_dict(trainer.model, optimizer, optimizer_state)
     trainer.schedulers.load_state_dict(state["schedulers"])
     trainer.precision.load_state_dict(state["precision"])
     trainer.state.load_state_dict(state["loop"]["state"])
     fold_mark = state["loop"].get("fold_mark", (trainer.state.global_step, trainer.state.batches_done))
-    trainer.logs.load_state_dict({"book": state["logbook"], "fold_mark": fold_mark})
+    books, book = state.get("logbooks"), state["logbook"]
+    if books and len(books) == strategy.world_size:  # the same ranks: each continues its own values
+        book = books[strategy.rank]
+    trainer.logs.load_state_dict({"book": book, "fold_mark": fold_mark})
     trainer.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
     restore_position(trainer.train_dataloader, trainer.val_loader, state["data"])
     load_callback_states(trainer.callbacks, state.get("callbacks", {}))

@@ -28,7 +28,6 @@ from torch.multiprocessing.spawn import ProcessException
 
 from .errors import MisconfigurationError
 from .seed import current_seed, seed_everything
-from .strategies import unwrap
 
 if TYPE_CHECKING:
     from .ddp import DDPStrategy
@@ -47,15 +46,16 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
         torch.save((strategy, fn, args), buffer)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise MisconfigurationError(
-            f"strategy='ddp' sends the Trainer and the task to {strategy.world_size} new processes, but they "
-            f"cannot be pickled ({exc}).",
+            f"strategy={strategy.name!r} sends the Trainer and the task to {strategy.world_size} new processes, but "
+            f"they cannot be pickled ({exc}).",
             "define the TaskModule, its data and any callbacks at the top level of a module or script (not "
             "inside a function or a notebook cell), guard the script with `if __name__ == '__main__':`, "
             "or start the processes with `torchrun --nproc-per-node=N script.py`.") from exc
     out = tempfile.mkdtemp(prefix="taskfit-ddp-")
     try:
         if strategy.start_method == "forkserver":  # imported once by the server, not by every worker of every launch
-            multiprocessing.get_context("forkserver").set_forkserver_preload(list(_PRELOAD))
+            multiprocessing.get_context("forkserver").set_forkserver_preload(
+                list(dict.fromkeys((*_PRELOAD, type(strategy).__module__))))  # taskfit.fsdp: FSDP2 and DCP too
         # The parent's environment and stdout/stderr as they are now (a forkserver child has the server's).
         parent = (dict(os.environ), _ParentFd(1), _ParentFd(2))
         context = mp.start_processes(_worker, args=(buffer.getvalue(), parent, out, port),
@@ -68,7 +68,7 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
                 while not context.join(grace_period=5.0):
                     pass
         except ProcessException as exc:
-            _reraise_worker_error(out, exc, strategy.world_size, context.processes)
+            _reraise_worker_error(out, exc, strategy.world_size, context.processes, strategy.name)
         finally:  # KeyboardInterrupt in the parent: do not leave workers behind
             for process in context.processes:
                 if process.is_alive():
@@ -102,8 +102,9 @@ def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, 
         seed_everything(current_seed())
     try:
         result = fn(*args)
+        weights = _final_weights(strategy, fn, args)  # every rank: under fsdp the shards are gathered to rank 0
         if local_rank == 0:
-            torch.save({"result": result, "snapshot": _snapshot(fn, args)}, os.path.join(out, _RESULT))
+            torch.save({"result": result, "snapshot": _snapshot(fn, args, weights)}, os.path.join(out, _RESULT))
     except BaseException as exc:  # report, then leave at once: the peers may be gone, so wait for nothing
         _write_error(out, local_rank, exc)
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
@@ -113,7 +114,7 @@ def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, 
     # Free DDP while the process group is still registered: if DDP held the group's last reference, the group's
     # destructor would join gloo's threads while holding the GIL, and a thread that needs the GIL to free a
     # finished collective's tensors would deadlock with it.
-    del fn, args, result
+    del fn, args, result, weights
     gc.collect()
     strategy.teardown()
 
@@ -140,13 +141,21 @@ def _no_fd() -> None:
     return None
 
 
-def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
-    """What the parent should see of rank 0's run: the Trainer's state and, after fit, the task's weights."""
+def _final_weights(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any] | None:
+    """After fit, the task's full weights on rank 0 (``strategy.full_state_dict``: every rank calls it)."""
     trainer = getattr(fn, "__self__", None)
     task = next((a for a in args if isinstance(a, nn.Module)), None)
+    if task is None or getattr(getattr(trainer, "state", None), "fn", None) != "fit":
+        return None
+    return strategy.full_state_dict(task)
+
+
+def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...], weights: dict[str, Any] | None) -> dict[str, Any]:
+    """What the parent should see of rank 0's run: the Trainer's state and, after fit, the task's weights."""
+    trainer = getattr(fn, "__self__", None)
     snapshot: dict[str, Any] = {}
-    if task is not None and getattr(getattr(trainer, "state", None), "fn", None) == "fit":
-        snapshot["weights"] = {k: v.detach().cpu() for k, v in unwrap(task).state_dict().items()}
+    if weights is not None:
+        snapshot["weights"] = weights
     if trainer is not None and hasattr(trainer, "state") and hasattr(trainer, "callbacks"):
         snapshot["state"] = dataclasses.asdict(trainer.state)  # every field, fn and resumed included
         snapshot["log_dir"] = trainer.log_dir
@@ -192,7 +201,8 @@ class _RemoteTraceback(Exception):
         return self.text
 
 
-def _reraise_worker_error(out: str, exc: ProcessException, world_size: int, processes: list[Any]) -> None:
+def _reraise_worker_error(out: str, exc: ProcessException, world_size: int, processes: list[Any],
+                          strategy: str = "ddp") -> None:
     records = []
     for name in os.listdir(out):
         if name.startswith("error_rank"):
@@ -204,13 +214,13 @@ def _reraise_worker_error(out: str, exc: ProcessException, world_size: int, proc
     if killed:  # a rank killed by a signal (the out-of-memory killer: SIGKILL) is the cause; the errors of the
         rank, code = killed[0]  # others ("connection closed by peer" in a collective) are its consequences
         try:
-            name = signal.Signals(-code).name
+            signame = signal.Signals(-code).name
         except ValueError:
-            name = f"signal {-code}"
+            signame = f"signal {-code}"
         after = "; ".join(f"rank {r['rank']} then failed: {r['type']}: {str(r['message']).splitlines()[0][:160]}"
                           for r in sorted(records, key=lambda r: r["time"]))
         raise RuntimeError(
-            f"ddp rank {rank} of {world_size} was killed by {name} (pid {processes[rank].pid})"
+            f"{strategy} rank {rank} of {world_size} was killed by {signame} (pid {processes[rank].pid})"
             + (f"; {after} (a consequence: its peer was gone)" if after else "") + ". HINT: SIGKILL with no "
             "error is usually the out-of-memory killer (see `dmesg`): lower the batch size or num_workers, or use "
             "fewer processes per machine.") from None
@@ -224,7 +234,7 @@ def _reraise_worker_error(out: str, exc: ProcessException, world_size: int, proc
     if first["type"] == "SystemExit":  # a preempted run exits with its exit code, in the parent too
         raise SystemExit(error.code if isinstance(error, SystemExit) else 1)
     if hasattr(error, "add_note"):
-        error.add_note(f"(raised on ddp rank {first['rank']} of {world_size}; the other ranks were stopped)")
+        error.add_note(f"(raised on {strategy} rank {first['rank']} of {world_size}; the other ranks were stopped)")
     raise error from _RemoteTraceback(f'\n"""\n{first["traceback"]}"""')
 
 

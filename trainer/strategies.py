@@ -1,11 +1,11 @@
 """Device strategies: where the module and the data live. The loop only talks to this small interface.
 
 ``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here), ``DDPStrategy`` (``ddp.py``) and
-``FSDPStrategy`` (``fsdp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit of Lightning Fabric: ``launch``,
-``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``, ``module_state_dict``, ``no_sync``,
-``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``; checkpoints ask it for
-the module's and the optimizers' state (``optimizer_state_dict``, ``load_*``, ``full_state_dict``). See
-docs/strategies.md.
+``FSDPStrategy`` (``fsdp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit
+of Lightning Fabric: ``launch``, ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``,
+``module_state_dict``, ``no_sync``, ``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``,
+``teardown``; checkpoints ask it for the module's and the optimizers' state (``optimizer_state_dict``, ``load_*``,
+``full_state_dict``). See docs/strategies.md.
 """
 from __future__ import annotations
 
@@ -205,7 +205,9 @@ class Strategy:
         return {}
 
     def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
-        """The user's module's full state dict on the CPU, on rank 0 (every rank calls it; others may get ``{}``)."""
+        """The user's module's full state dict on the CPU, on rank 0 (every rank calls it; the others get ``{}``)."""
+        if not self.is_main:
+            return {}
         return {k: v.detach().cpu() for k, v in unwrap(module).state_dict().items()}
 
     def no_sync(self, wrapped: nn.Module) -> contextlib.AbstractContextManager:

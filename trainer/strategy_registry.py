@@ -1,5 +1,6 @@
-"""The strategies by name: ``Trainer(strategy="ddp")`` is built here. strategies.py and ddp.py import nothing
-from this module; ddp.py (torch.distributed, DDP and torch._dynamo: about a second) loads only when asked for."""
+"""The strategies by name: ``Trainer(strategy="ddp")`` is built here. strategies.py, ddp.py and fsdp.py import
+nothing from this module; ddp.py (torch.distributed, DDP and torch._dynamo: about a second) and fsdp.py (FSDP2 and
+torch.distributed.checkpoint: about a second more) load only when asked for."""
 from __future__ import annotations
 
 import os
@@ -15,11 +16,19 @@ def _ddp(accelerator: str, devices: Any) -> Strategy:
     return DDPStrategy(accelerator, devices)
 
 
-STRATEGIES: dict[str, Callable[[str, Any], Strategy]] = {"single": Strategy, "dp": DataParallelStrategy, "ddp": _ddp}
+def _fsdp(accelerator: str, devices: Any) -> Strategy:
+    from .fsdp import FSDPStrategy  # lazy: see the module docstring
+
+    return FSDPStrategy(accelerator, devices)
+
+
+STRATEGIES: dict[str, Callable[[str, Any], Strategy]] = {"single": Strategy, "dp": DataParallelStrategy, "ddp": _ddp,
+                                                         "fsdp": _fsdp}
+_MULTIPROCESS = ("ddp", "fsdp")  # the strategies that run one process per device (and under torchrun)
 
 
 def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
-    """Build the strategy named by ``strategy`` ("auto", "single", "dp", "ddp") or take a Strategy instance.
+    """Build the strategy named by ``strategy`` ("auto", "single", "dp", "ddp", "fsdp") or take a Strategy instance.
 
     "auto" is ddp under torchrun (WORLD_SIZE > 1) or when ``devices`` asks for more than one device, else single.
     """
@@ -27,13 +36,13 @@ def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
         return strategy
     if not isinstance(strategy, str) or strategy not in ("auto", *STRATEGIES):
         raise MisconfigurationError(f"Unknown strategy {strategy!r}.",
-                                    'use "auto", "single", "dp" or "ddp" (or pass a Strategy instance).')
+                                    'use "auto", "single", "dp", "ddp" or "fsdp" (or pass a Strategy instance).')
     distributed = launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1
     if strategy == "auto":
         parsed = parse_devices(devices)
         several = (len(parsed) if isinstance(parsed, list) else parsed or 1) > 1
         strategy = "ddp" if distributed or several else "single"
-    if distributed and strategy != "ddp":
+    if distributed and strategy not in _MULTIPROCESS:
         raise MisconfigurationError(
             f"This process was started by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}, but "
             f"strategy={strategy!r} would train a separate copy of the model in every process.",

@@ -1,0 +1,367 @@
+"""Sharded checkpoints: one directory per checkpoint, each rank writing its own shards with
+``torch.distributed.checkpoint`` (DCP); read back on any number of processes (resharded), never running code.
+
+``<name>.ckpt/`` holds:
+
+* ``checkpoint.pt``: everything a single-file checkpoint holds, each module and optimizer tensor replaced by a
+  *meta* tensor of its full shape and dtype (``torch.load(weights_only=True)`` reads it; it is what is checked
+  against the model before anything is loaded);
+* ``.metadata`` and ``__<rank>_0.distcp``: DCP's index and each rank's shards (entries ``module/<name>`` and
+  ``optimizer[/<i>]/state/<index>/<state>``); the index is read by an unpickler that builds DCP's metadata classes
+  and nothing else, and the shards with ``torch.load(weights_only=True)``;
+* ``COMPLETE``: written last; a directory without it is refused.
+
+The directory is written under a hidden temporary name beside its target, then renamed into place (an existing
+checkpoint of that name is swapped out atomically), so a process killed at any instant leaves the previous
+checkpoint whole. ``consolidate`` turns one into today's single-file format. Format: docs/checkpointing.md.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import pickle
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import CheckpointError
+from .serialization import CheckpointWriter, atomic_save, check_plain, load_file
+
+if TYPE_CHECKING:
+    from .strategies import Strategy
+
+STATE_FILE, MARKER = "checkpoint.pt", "COMPLETE"
+_SHARDED_PARTS = ("module", "optimizer")  # what is written as shards; the rest goes into STATE_FILE
+
+
+def is_sharded(path: str) -> bool:
+    """``path`` is a sharded checkpoint directory (complete or not)."""
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, n)) for n in (STATE_FILE, MARKER, ".metadata"))
+
+
+def checkpoint_exists(path: str) -> bool:
+    """A checkpoint file, or a complete sharded checkpoint directory, is at ``path``."""
+    return os.path.isfile(path) or os.path.isfile(os.path.join(path, MARKER))
+
+
+# ---- writing --------------------------------------------------------------------------------------------
+def split(contents: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``contents`` with every tensor of its module and optimizer parts replaced by a meta tensor of the same
+    (full) shape and dtype, and those tensors by entry name."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(obj: Any, key: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            tensors[key] = obj
+            return torch.empty(obj.shape, dtype=obj.dtype, device="meta")
+        if isinstance(obj, Mapping):
+            return type(obj)((k, walk(v, f"{key}/{k}")) for k, v in obj.items())
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(walk(v, f"{key}/{i}") for i, v in enumerate(obj))
+        return obj
+
+    skeleton = {k: walk(v, k) if k in _SHARDED_PARTS else v for k, v in contents.items()}
+    return skeleton, tensors
+
+
+def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
+                 writer: CheckpointWriter | None = None) -> None:
+    """Write ``contents`` as a sharded checkpoint directory at ``path`` (every rank calls it; each writes its shards).
+
+    Rank 0 writes the rest and, after every shard is on disk, the completion marker, then renames the directory
+    into place (on ``writer``'s thread when given).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    skeleton, tensors = split(contents)
+    tmp = None
+    if strategy.is_main:
+        check_plain(skeleton, "checkpoint")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    tmp = strategy.broadcast(tmp)
+    try:
+        try:
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
+                     no_dist=strategy.world_size == 1 and not _distributed())
+        except BaseException as exc:  # DCP wraps each rank's error (a full disk: OSError) in a CheckpointException
+            cause = _cause(exc)
+            if isinstance(cause, OSError):
+                raise _write_error(path, cause) from None
+            raise
+        strategy.barrier()  # every rank's shards are on disk
+        if strategy.is_main:
+            atomic_save(skeleton, os.path.join(tmp, STATE_FILE))
+            _write_marker(tmp, strategy.world_size)
+            if writer is None:
+                publish(tmp, path)
+            else:
+                writer.submit(publish, tmp, path)
+    except BaseException:
+        if strategy.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The first rank's error inside DCP's ``CheckpointException`` (a ``BaseException``), else ``exc``."""
+    failures = getattr(exc, "failures", None)
+    if type(exc).__name__ == "CheckpointException" and failures:
+        return next(iter(failures.values()))[0]
+    return exc
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _write_marker(directory: str, world_size: int) -> None:
+    with open(os.path.join(directory, MARKER), "w") as fh:
+        fh.write(f"taskfit sharded checkpoint, {world_size} shard file(s); complete\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def publish(tmp: str, path: str) -> None:
+    """Move the finished directory ``tmp`` to ``path``: a rename, or, over an existing checkpoint (a file or a
+    directory), an atomic exchange (Linux ``renameat2``), after which the old one is removed."""
+    try:
+        if os.path.isdir(tmp):
+            _fsync_dir(tmp)
+        if os.path.isdir(path) and not is_sharded(path):  # never replace (and delete) a folder of something else
+            raise IsADirectoryError(errno.EISDIR, "a directory that is not a checkpoint has its name", path)
+        if not os.path.lexists(path):
+            os.rename(tmp, path)
+        elif not _exchange(tmp, path):  # no atomic exchange here: move the old one aside first
+            aside = tmp + ".old"
+            os.rename(path, aside)
+            os.rename(tmp, path)
+            tmp = aside
+        _fsync_dir(os.path.dirname(path))
+    except OSError as exc:
+        remove_checkpoint(tmp)
+        raise _write_error(path, exc) from exc
+    remove_checkpoint(tmp)  # the replaced checkpoint (nothing, after a plain rename)
+
+
+def copy_checkpoint(src: str, dst: str) -> None:
+    """Make ``dst`` a copy of the checkpoint directory ``src``: hard links of its files (free), or copies."""
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", suffix=".tmp", dir=os.path.dirname(dst))
+    try:
+        for name in os.listdir(src):
+            try:
+                os.link(os.path.join(src, name), os.path.join(tmp, name))
+            except OSError:
+                shutil.copyfile(os.path.join(src, name), os.path.join(tmp, name))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish(tmp, dst)
+
+
+def remove_checkpoint(path: str) -> None:
+    """Delete a checkpoint file or directory (already gone: fine)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where the system cannot."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # this file system or kernel cannot exchange
+        return False
+    raise OSError(code, os.strerror(code), b)
+
+
+def _fsync_dir(directory: str) -> None:
+    if hasattr(os, "O_DIRECTORY"):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_error(path: str, exc: OSError) -> CheckpointError:
+    return CheckpointError(f"Could not write the sharded checkpoint {path}: {exc}.",
+                           "check that its folder is writable by every process, has free space, and is on a file "
+                           "system every rank can reach; the previous checkpoint there is intact.")
+
+
+# ---- reading --------------------------------------------------------------------------------------------
+def load_skeleton(path: str) -> dict[str, Any]:
+    """``checkpoint.pt`` of a complete sharded checkpoint: the run's state, meta tensors in place of the shards."""
+    if not os.path.isfile(os.path.join(path, MARKER)):
+        raise CheckpointError(
+            f"{path} is an incomplete sharded checkpoint (no {MARKER} marker): it was being written, copied or "
+            "deleted when that stopped.",
+            "use another checkpoint of the same folder (last.ckpt, or a complete epoch=...-step=... directory); "
+            "taskfit never gives an unfinished checkpoint a checkpoint's name, so copy the directory again.")
+    return load_file(os.path.join(path, STATE_FILE))
+
+
+def meta_entries(skeleton: Mapping[str, Any], parts: tuple[str, ...] = _SHARDED_PARTS) -> dict[str, torch.Tensor]:
+    """Every entry still to be read in ``parts`` of ``skeleton``: its name and meta tensor."""
+    found = {}
+
+    def walk(obj: Any, key: str) -> None:
+        if isinstance(obj, torch.Tensor) and obj.is_meta:
+            found[key] = obj
+        elif isinstance(obj, Mapping):
+            for k, v in obj.items():
+                walk(v, f"{key}/{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, f"{key}/{i}")
+
+    for part in parts:
+        if part in skeleton:
+            walk(skeleton[part], part)
+    return found
+
+
+def read_shards(path: str, skeleton: Mapping[str, Any], templates: Mapping[str, torch.Tensor] | None = None,
+                parts: tuple[str, ...] = _SHARDED_PARTS) -> dict[str, Any]:
+    """``skeleton`` with the meta tensors of ``parts`` replaced by the checkpoint's tensors.
+
+    ``templates`` (by entry name) may give a DTensor to read only this rank's part into; every other entry is read
+    whole, on the CPU. Each process reads on its own (no collective), so any number of processes can read a
+    checkpoint written by any other number.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    entries = meta_entries(skeleton, parts)
+    templates = dict(templates or {})
+    request = {k: templates[k] if k in templates else torch.empty(m.shape, dtype=m.dtype) for k, m in entries.items()}
+    if request:
+        try:
+            with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process"
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(request, storage_reader=SafeReader(path), no_dist=True)
+        except BaseException as exc:  # DCP wraps a missing or damaged shard file in a CheckpointException
+            cause = _cause(exc)
+            if isinstance(cause, CheckpointError) or not isinstance(cause, Exception):
+                raise cause from None
+            reason = " ".join(str(cause).split())[:300]
+            raise CheckpointError(
+                f"Cannot read the shards of {path}: {type(cause).__name__}: {reason}",
+                "a shard file (__<rank>_0.distcp) or .metadata is missing or damaged: copy the whole directory "
+                "again, or use another checkpoint of the same folder.") from None
+
+    def fill(obj: Any, key: str) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.is_meta:
+            return request[key]
+        if isinstance(obj, Mapping):
+            return type(obj)((k, fill(v, f"{key}/{k}")) for k, v in obj.items())
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(fill(v, f"{key}/{i}") for i, v in enumerate(obj))
+        return obj
+
+    return {k: fill(v, k) if k in parts else v for k, v in skeleton.items()}
+
+
+def _safe_reader_class() -> type:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    class SafeFileSystemReader(FileSystemReader):
+        """DCP's file reader, except that its index is unpickled by :class:`_MetadataUnpickler` and no entry
+        stored as pickled bytes (which DCP would unpickle with ``weights_only=False``) is ever read."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            where = os.path.join(os.fspath(self.path), ".metadata")
+            try:
+                with open(where, "rb") as fh:
+                    metadata = _MetadataUnpickler(fh).load()
+            except pickle.UnpicklingError as exc:
+                raise CheckpointError(f"Refused to load {where}: {exc}. Nothing in it was executed.",
+                                      "load only sharded checkpoints written by taskfit.") from None
+            pickled = [k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)]
+            if pickled:
+                raise _pickled_entries(self.path, pickled)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            pickled = [item.dest_index.fqn for item in plan.items if item.type == LoadItemType.BYTE_IO]
+            if pickled:  # never planned (the metadata check comes first): a second lock on the same door
+                raise _pickled_entries(self.path, pickled)
+            return super().read_data(plan, planner)
+
+    return SafeFileSystemReader
+
+
+def _pickled_entries(path: Any, names: list[str]) -> CheckpointError:
+    return CheckpointError(f"Refused to load {os.fspath(path)}: its entries {names[:4]} are pickled objects, which "
+                           "loading would execute. Nothing in it was executed.",
+                           "load only sharded checkpoints written by taskfit (tensors only).")
+
+
+def SafeReader(path: str) -> Any:  # noqa: N802 - a factory standing for the class (torch is imported lazily)
+    """A ``FileSystemReader`` of ``path`` that never runs code from the checkpoint."""
+    return _safe_reader_class()(path)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata records (dataclasses of sizes, offsets, dtypes, file names) and refuses any other
+    global, as ``torch.load(weights_only=True)`` does for tensors."""
+
+    _ALLOWED = {("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "MetadataIndex",
+        "StorageMeta", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")} | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+        ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                                                (torch.dtype, torch.layout))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it needs to import and call `{module}.{name}`, which a checkpoint index "
+                                     "never needs")
+
+
+# ---- consolidation ------------------------------------------------------------------------------------------
+def consolidate(src: str, dst: str) -> str:
+    """Write the sharded checkpoint ``src`` as one single-file checkpoint ``dst`` (full tensors, on the CPU).
+
+    The file is today's format: ``torch.load(dst, weights_only=True)`` reads it, ``TaskModule.load_from_checkpoint``
+    builds the task from it, and ``fit(ckpt_path=dst)`` resumes from it under any strategy. Returns ``dst``.
+    """
+    src, dst = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(dst))
+    if not is_sharded(src):
+        raise CheckpointError(f"{src} is not a sharded checkpoint directory (no {STATE_FILE}, {MARKER} or "
+                              ".metadata in it).", "pass the directory an fsdp run wrote (e.g. "
+                              ".../checkpoints/last.ckpt); a single-file checkpoint needs no consolidation.")
+    if os.path.abspath(dst) == src or os.path.isdir(dst):
+        raise CheckpointError(f"Cannot consolidate {src} into {dst}: the output is a directory.",
+                              "give the path of the file to write, e.g. model.ckpt beside the directory.")
+    full = read_shards(src, load_skeleton(src))
+    check_plain(full, "checkpoint")
+    atomic_save(full, dst)
+    return dst
+
+
+__all__ = ["STATE_FILE", "MARKER", "is_sharded", "checkpoint_exists", "split", "save_sharded", "publish",
+           "copy_checkpoint", "remove_checkpoint", "load_skeleton", "meta_entries", "read_shards", "SafeReader",
+           "consolidate"]
