@@ -120,6 +120,9 @@ class ManualTwoOptimizers(MLPTask):
         body, _ = self(inputs)
         return F.cross_entropy(body, targets)
 
+    def configure_metrics(self):  # its own validation_step logs the loss only
+        return {}
+
 
 class HeadOutsideForward(ManualTwoOptimizers):
     """Calls a submodule of the root's own unit directly, outside the task's forward: refused under fsdp."""
@@ -131,10 +134,17 @@ class HeadOutsideForward(ManualTwoOptimizers):
 
 class ShardProbe(Callback):
     """At fit end, writes what this rank holds: the local (sharded) and global element counts of the parameters and
-    of the optimizer states, the wrapped units, and the module class, to ``<out>/shards_rank<r>.pt``."""
+    of the optimizer states, the wrapped units, the module class and the number of evaluation forwards it ran, to
+    ``<out>/shards_rank<r>.pt``."""
 
     def __init__(self, out: str) -> None:
-        self.out = out
+        self.out, self.eval_forwards = out, 0
+
+    def on_fit_start(self, trainer, task) -> None:
+        def count(module, args, output):
+            self.eval_forwards += not module.training
+
+        task.register_forward_hook(count)
 
     def on_fit_end(self, trainer, task) -> None:
         from torch.distributed.fsdp import FSDPModule
@@ -149,7 +159,8 @@ class ShardProbe(Callback):
         torch.save({"param_local": sum(map(local, params)), "param_global": sum(p.numel() for p in params),
                     "state_local": sum(map(local, states)), "state_global": sum(v.numel() for v in states),
                     "units": sorted(n or "<root>" for n, m in task.named_modules() if isinstance(m, FSDPModule)),
-                    "class": type(task).__name__, "sharded": all(isinstance(p, DTensor) for p in params)},
+                    "class": type(task).__name__, "sharded": all(isinstance(p, DTensor) for p in params),
+                    "eval_forwards": self.eval_forwards, "gather_dtype": str(trainer.strategy._mp_policy().param_dtype)},
                    os.path.join(self.out, f"shards_rank{trainer.strategy.rank}.pt"))
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -67,6 +70,10 @@ def test_fsdp_equals_one_process_and_ddp(runs):
         assert runs["metrics"][key] == pytest.approx(runs["single_metrics"][key], abs=1e-6), key
         assert runs["metrics"][key] == pytest.approx(runs["ddp_metrics"][key], abs=1e-6), key
     assert runs["trainer"].state.global_step == 6 and runs["trainer"].strategy.name == "fsdp"
+    # the sanity check (2 batches each), then 2 validations of 3 batches (23 samples) on rank 0, 2 (22) on rank 1:
+    # the ranks ran different numbers of forwards, which FSDP's all-gathers would deadlock on if not gathered first
+    forwards = [torch.load(runs["root"] / f"shards_rank{r}.pt", weights_only=True)["eval_forwards"] for r in (0, 1)]
+    assert forwards == [2 + 2 * 3, 2 + 2 * 2]
 
 
 def test_each_rank_holds_half_of_the_parameters_and_optimizer_state(runs):
@@ -167,6 +174,52 @@ def test_transformer_equals_one_process_and_ddp_with_layer_units(tmp_path):
     assert ranks[0]["param_global"] == 144 + 2 * 2224 + 51 == 4643  # embed, 2 layers, head
     assert [r["param_local"] for r in ranks] == [2330, 2313]  # 50.2% and 49.8%: odd row counts round up on rank 0
     assert [r["state_local"] for r in ranks] == [2 * 2330, 2 * 2313]  # AdamW: two moments, sharded like the weights
+
+
+def test_under_torchrun_equals_one_process(runs, tmp_path):
+    """torchrun starts the 2 processes; the task stays sharded after fit, and full_state_dict gathers it on rank 0."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import torch
+        from fsdp_tasks import MLPTask
+        from taskfit import Trainer, seed_everything
+
+        seed_everything(0)
+        task = MLPTask(batch_size=8)
+        trainer = Trainer(strategy="fsdp", accelerator="cpu", enable_checkpointing=False, default_root_dir=sys.argv[1],
+                          **{COMMON!r})
+        metrics = trainer.fit(task)
+        weights = trainer.strategy.full_state_dict(task)  # every rank calls it; rank 0 gets the full tensors
+        if trainer.is_main:
+            torch.save({{"weights": weights, "metrics": metrics, "world": trainer.strategy.world_size,
+                        "class": type(task).__name__}}, sys.argv[1] + "/result.pt")
+    """))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([os.path.dirname(__file__),
+                                                                           os.environ.get("PYTHONPATH", "")]))
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKFIT_SEED"):
+        env.pop(key, None)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    saved = torch.load(tmp_path / "result.pt", weights_only=True)
+    assert (saved["world"], saved["class"]) == (2, "FSDPMLPTask")
+    _close(saved["weights"], runs["single"].state_dict())
+    assert saved["metrics"]["val/acc"] == pytest.approx(runs["single_metrics"]["val/acc"], abs=1e-6)
+
+
+def test_bf16_mixed_gathers_and_computes_in_bfloat16(tmp_path):
+    """precision="bf16-mixed": FSDP all-gathers bfloat16 parameters and reduces gradients in float32 (the shards stay
+    float32); the run stays within bfloat16's rounding of the single-process one."""
+    single, expected, _ = _fit(TransformerTask, 16, tmp_path / "single", enable_checkpointing=False,
+                               precision="bf16-mixed")
+    task, metrics, _ = _fit(TransformerTask, 8, tmp_path / "fsdp", _fsdp(), precision="bf16-mixed",
+                            enable_checkpointing=False, callbacks=[ShardProbe(str(tmp_path))])
+    assert torch.load(tmp_path / "shards_rank1.pt", weights_only=True)["gather_dtype"] == "torch.bfloat16"
+    assert all(v.dtype == torch.float32 for v in task.state_dict().values())
+    _close(task.state_dict(), single.state_dict(), atol=0.05)
+    assert metrics["val/loss"] == pytest.approx(expected["val/loss"], abs=0.01)
 
 
 def test_manual_optimization_with_two_optimizers(tmp_path):
