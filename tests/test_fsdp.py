@@ -24,7 +24,9 @@ from taskfit.callbacks import ModelCheckpoint
 from taskfit.checkpoint import load_checkpoint
 from taskfit.consolidate import main as consolidate_main
 from taskfit.fsdp import FSDPStrategy
-from taskfit.sharded_checkpoint import MARKER, STATE_FILE, consolidate, read_shards
+from taskfit import Strategy
+from taskfit import sharded_checkpoint
+from taskfit.sharded_checkpoint import MARKER, STATE_FILE, consolidate, load_skeleton, read_shards, save_sharded
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
 COMMON = dict(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5, **QUIET)
@@ -292,3 +294,33 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
+
+
+def test_a_process_killed_while_it_writes_a_sharded_checkpoint_leaves_the_previous_one_whole(tmp_path):
+    """A real process death (os._exit) just before COMPLETE would be written: the checkpoint under the name is the
+    previous one, the partial one sits in a hidden .tmp directory and is refused. A complete save over an existing
+    checkpoint swaps it in at once."""
+    target = str(tmp_path / "last.ckpt")
+
+    def save(value):
+        save_sharded(Strategy("cpu"), {"module": {"w": torch.full((3,), value)}, "loop": {"step": value}}, target)
+
+    save(1.0)
+    pid = os.fork()
+    if pid == 0:  # the child: dies in the middle of its save
+        code = 1
+        try:
+            sharded_checkpoint._write_marker = lambda *args: os._exit(9)
+            save(2.0)
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 9
+    assert read_shards(target, load_skeleton(target))["module"]["w"].tolist() == [1.0, 1.0, 1.0]
+    (partial,) = [p for p in os.listdir(tmp_path) if p != "last.ckpt"]
+    assert partial.startswith(".last.ckpt.") and partial.endswith(".tmp")
+    assert "__0_0.distcp" in os.listdir(tmp_path / partial) and MARKER not in os.listdir(tmp_path / partial)
+    with pytest.raises(CheckpointError, match="incomplete sharded checkpoint"):
+        load_skeleton(str(tmp_path / partial))
+    save(3.0)  # over the existing directory: exchanged, the old one removed
+    assert read_shards(target, load_skeleton(target))["module"]["w"].tolist() == [3.0, 3.0, 3.0]
+    assert sorted(os.listdir(tmp_path)) == sorted([partial, "last.ckpt"])

@@ -88,8 +88,10 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
     tmp = strategy.broadcast(tmp)
     try:
         try:
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
-                     no_dist=strategy.world_size == 1 and not _distributed())
+            with warnings.catch_warnings():  # one process without a group: "assuming ... a single process", yes
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
+                         no_dist=strategy.world_size == 1 and not _distributed())
         except BaseException as exc:  # DCP wraps each rank's error (a full disk: OSError) in a CheckpointException
             cause = _cause(exc)
             if isinstance(cause, OSError):
