@@ -3,9 +3,11 @@
     python benchmarks/gpu.py            # the full table on one GPU, in about 3-4 minutes (dp rows need 2+ GPUs)
     python benchmarks/gpu.py --quick    # a tiny smoke run; also runs on the CPU (no compile there)
 
-For each setting, fp32 / bf16-mixed / bf16-mixed + torch.compile, single device and DataParallel ("dp"), the
-hand-written loop and the Trainer train the same model with the same optimizer (SGD, momentum 0.9), batch size,
-data and precision. Batches come from a DataLoader over pre-made pinned CPU batches (no collate cost), so each
+For each setting, fp32 / bf16-mixed / bf16-mixed + torch.compile, single device, DataParallel ("dp") and FSDP2
+("fsdp": ``FSDPStrategy`` on one device, every BasicBlock a unit, against the hand-written single-device loop: what
+sharding's machinery costs per step, and its memory), the hand-written loop and the Trainer train the same model
+with the same optimizer (SGD, momentum 0.9), batch size, data and precision. Batches come from a DataLoader over
+pre-made pinned CPU batches (no collate cost), so each
 step includes its host-to-device copy, as in real training. Printed: samples/s, step time (after warm-up steps,
 timed between two ``torch.cuda.synchronize()``), peak device memory (``torch.cuda.max_memory_allocated``) and
 the Trainer/hand step-time ratio. The Trainer runs with its defaults (progress bar to a non-terminal stream,
@@ -98,10 +100,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def hand_loop(args: argparse.Namespace, device: torch.device, precision: str, compiled: bool, dp: bool) -> float:
-    """The loop one would write: returns the seconds of ``args.steps`` steps after ``args.warmup`` steps."""
+def hand_loop(args: argparse.Namespace, device: torch.device, precision: str, compiled: bool, strategy: str) -> float:
+    """The loop one would write: returns the seconds of ``args.steps`` steps after ``args.warmup`` steps (fsdp's
+    reference is the single-device loop)."""
     model = make_model(args).to(device)
-    if dp:
+    if strategy == "dp":
         model = nn.DataParallel(model)
     optimizer = make_optimizer(model.parameters())
     step_model = torch.compile(model) if compiled else model
@@ -126,7 +129,8 @@ def hand_loop(args: argparse.Namespace, device: torch.device, precision: str, co
     return time.perf_counter() - start
 
 
-def trainer_loop(args: argparse.Namespace, device: torch.device, precision: str, compiled: bool, dp: bool) -> float:
+def trainer_loop(args: argparse.Namespace, device: torch.device, precision: str, compiled: bool,
+                 strategy: str) -> float:
     from taskfit.callbacks import Callback
     from taskfit import TaskModule, Trainer
 
@@ -162,9 +166,13 @@ def trainer_loop(args: argparse.Namespace, device: torch.device, precision: str,
                 self.end = time.perf_counter()
 
     clock = StepClock()
-    strategy = "dp" if dp else "auto"
+    dp, chosen = strategy == "dp", "dp" if strategy == "dp" else "auto"
+    if strategy == "fsdp":  # one process (a 1-rank mesh), so that the task and callbacks need not be pickled
+        from taskfit.fsdp import FSDPStrategy
+
+        chosen = FSDPStrategy(device.type, 1, auto_wrap_policy={BasicBlock})
     with tempfile.TemporaryDirectory() as root, contextlib.redirect_stdout(io.StringIO()):
-        trainer = Trainer(max_steps=args.warmup + args.steps, accelerator=device.type, strategy=strategy,
+        trainer = Trainer(max_steps=args.warmup + args.steps, accelerator=device.type, strategy=chosen,
                           devices=torch.cuda.device_count() if dp else "auto", precision=precision,
                           compile=compiled, channels_last=args.channels_last, default_root_dir=root,
                           callbacks=[clock])
@@ -212,7 +220,7 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="channels_last in both loops")
     parser.add_argument("--configs", default="fp32,bf16,bf16+compile",
                         help="comma-separated subset of fp32, bf16, bf16+compile")
-    parser.add_argument("--strategies", default="single,dp", help="comma-separated subset of single, dp")
+    parser.add_argument("--strategies", default="single,dp,fsdp", help="comma-separated subset of single, dp, fsdp")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
     args = parser.parse_args()
     if args.quick:
@@ -228,8 +236,8 @@ def main() -> None:
         if c not in known:
             parser.error(f"unknown config {c!r}: use a subset of {', '.join(known)}")
     for s in strategies:
-        if s not in ("single", "dp"):
-            parser.error(f"unknown strategy {s!r}: use single and/or dp")
+        if s not in ("single", "dp", "fsdp"):
+            parser.error(f"unknown strategy {s!r}: use a subset of single, dp, fsdp")
 
     cuda = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -263,7 +271,7 @@ def main() -> None:
             for loop, fn in (("hand", hand_loop), ("taskfit", trainer_loop)):
                 reset(device)
                 try:
-                    seconds[loop] = fn(args, device, precision, compiled, strategy == "dp")
+                    seconds[loop] = fn(args, device, precision, compiled, strategy)
                 except Exception as exc:  # one failing setting (e.g. compile + dp) must not hide the others
                     print(f"| {config} | {strategy} | {loop} | failed: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:120]} ||||")
@@ -274,6 +282,10 @@ def main() -> None:
                     else ""
                 print(f"| {config} | {strategy} | {loop} | {args.batch_size / step:,.0f} | {step * 1e3:.1f} | "
                       f"{'-' if mem is None else f'{mem:.2f}'} | {ratio} |", flush=True)
+    if "fsdp" in strategies:
+        notes.append("fsdp runs on one device here (its hand row is the single-device loop): the cost of sharding's "
+                     "machinery and its memory, not its scaling; on N GPUs run a script with "
+                     "Trainer(strategy=\"fsdp\") under torchrun --nproc-per-node=N (docs/strategies.md, fsdp).")
     copy = copy_time(args, device)
     if copy is not None:
         notes.append(f"one batch's pinned host-to-device copy takes {copy * 1e3:.2f} ms: the most a one-batch "

@@ -83,6 +83,14 @@ class TransformerTask(MLPTask):
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01, eps=1e-4)
 
 
+class BatchNormTask(MLPTask):
+    """An MLP with BatchNorm: under bf16-mixed its running statistics stay float32, so its weights must too."""
+
+    def __init__(self, batch_size: int = 16) -> None:
+        super().__init__(batch_size=batch_size)
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
+
+
 class ManualTwoOptimizers(MLPTask):
     """Manual optimization with two optimizers (the body's SGD, the head's Adam), each stepping on its own loss;
     the step calls only ``self(...)``, as FSDP requires."""
@@ -160,7 +168,8 @@ class ShardProbe(Callback):
                     "state_local": sum(map(local, states)), "state_global": sum(v.numel() for v in states),
                     "units": sorted(n or "<root>" for n, m in task.named_modules() if isinstance(m, FSDPModule)),
                     "class": type(task).__name__, "sharded": all(isinstance(p, DTensor) for p in params),
-                    "eval_forwards": self.eval_forwards, "gather_dtype": str(trainer.strategy._mp_policy().param_dtype)},
+                    "eval_forwards": self.eval_forwards,
+                    "gather_dtype": str(trainer.strategy._mp_policy().param_dtype)},
                    os.path.join(self.out, f"shards_rank{trainer.strategy.rank}.pt"))
 
 

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 import torch
-from fsdp_tasks import HeadOutsideForward, KillAt, ManualTwoOptimizers, MLPTask, ShardProbe, TransformerTask
+from fsdp_tasks import BatchNormTask, HeadOutsideForward, KillAt, ManualTwoOptimizers, MLPTask, ShardProbe, TransformerTask
 from torch import nn
 
 from taskfit import CheckpointError, MisconfigurationError, TaskModuleError, Trainer, seed_everything
@@ -222,6 +222,16 @@ def test_bf16_mixed_gathers_and_computes_in_bfloat16(tmp_path):
     assert all(v.dtype == torch.float32 for v in task.state_dict().values())
     _close(task.state_dict(), single.state_dict(), atol=0.05)
     assert metrics["val/loss"] == pytest.approx(expected["val/loss"], abs=0.01)
+
+
+def test_bf16_mixed_keeps_batchnorm_in_float32(tmp_path):
+    """bfloat16 BatchNorm weights against its float32 running statistics fail in forward ("expected scalar type
+    BFloat16 but found Float"): each BatchNorm becomes a unit of its own that gathers in float32."""
+    probe = ShardProbe(str(tmp_path))
+    metrics = Trainer(strategy=FSDPStrategy("cpu", 1), precision="bf16-mixed", max_epochs=1, callbacks=[probe],
+                      default_root_dir=str(tmp_path), **QUIET).fit(BatchNormTask())
+    assert metrics["val/loss"] < 1.5
+    assert torch.load(tmp_path / "shards_rank0.pt", weights_only=True)["units"] == ["<root>", "net.1"]
 
 
 def test_manual_optimization_with_two_optimizers(tmp_path):

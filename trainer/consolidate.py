@@ -29,7 +29,8 @@ def consolidate_checkpoint(src: str | os.PathLike, dst: str | os.PathLike | None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taskfit.consolidate",
                                      description="Write a sharded (fsdp) checkpoint directory as one checkpoint file.")
-    parser.add_argument("src", help="the sharded checkpoint directory, e.g. taskfit_logs/version_0/checkpoints/last.ckpt")
+    parser.add_argument("src", help="the sharded checkpoint directory, e.g. "
+                        "taskfit_logs/version_0/checkpoints/last.ckpt")
     parser.add_argument("dst", nargs="?", help="the file to write (default: <src>-consolidated.ckpt beside it)")
     args = parser.parse_args(argv)
     try:

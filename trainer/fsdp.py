@@ -33,6 +33,7 @@ from .strategies import resolve_accelerator, unwrap
 DEFAULT_WRAP = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 WrapPolicy = Iterable[type] | int | Callable[[nn.Module], bool] | None
 _GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # roots whose parameters evaluation has gathered
+_FLOAT32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)  # BatchNorm under bf16-mixed
 _RESHARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()  # root -> reshard_after_forward
 
 
@@ -117,8 +118,14 @@ class FSDPStrategy(DDPStrategy):
         options = dict(mesh=mesh, mp_policy=self._mp_policy(),
                        offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy())
         units = wrapped_units(module, self.auto_wrap_policy)
+        if options["mp_policy"].param_dtype is not None:  # BatchNorm's running statistics stay float32, so its
+            norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)  # weights must
+                     and m is not module and not any(m is u for u in units)]  # too: units of their own, float32
+            units = norms + units  # innermost first: a normalisation layer has no submodules
         for unit in units:
-            fully_shard(unit, reshard_after_forward=self.reshard_after_forward, **options)
+            fp32 = isinstance(unit, nn.modules.batchnorm._BatchNorm) and options["mp_policy"].param_dtype is not None
+            fully_shard(unit, reshard_after_forward=self.reshard_after_forward,
+                        **{**options, "mp_policy": _FLOAT32} if fp32 else options)
         fully_shard(module, **options)
         _lazy_init(module)
         _RESHARD[module] = self.reshard_after_forward
