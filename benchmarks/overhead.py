@@ -1,12 +1,16 @@
 """What taskfit's Trainer costs over a hand-written PyTorch loop (and PyTorch Lightning, when it is installed).
 
-    python benchmarks/overhead.py               # the full benchmark (~10 minutes on 2 busy CPU cores)
+    python benchmarks/overhead.py               # the full benchmark (~15 minutes on 2 busy CPU cores)
+    python benchmarks/overhead.py --workload "tiny MLP" --no-interleaved --no-alternating --no-memory --no-import
+                                                # only the separate-process runs (what a user sees), ~3 minutes
     python benchmarks/overhead.py --breakdown   # + interleaved runs with the defaults switched on one by one
     python benchmarks/overhead.py --quick       # a smoke run (fewer rounds and epochs)
 
 Every variant trains the same model on the same data (``shuffle=False``, so the data order is the same), with
-the same optimizer, batch size, seed and thread count (1), in this one process. Reported:
+the same optimizer, batch size, seed and thread count (1). Reported:
 
+- separate processes (``separate.py``): the hand-written loop and the Trainer with its defaults (and with all of
+  them off), each in a fresh process, as a user benchmarks a framework: what a user sees;
 - alternating runs: the variants take turns (hand, taskfit, lightning, then the next round in a rotated
   order); median epoch time (the first epoch of every run dropped), wall and process CPU time, and the ratio
   to the hand-written loop;
@@ -49,6 +53,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from interleaved import HARNESS_CHECK, run_harness_check, run_interleaved  # noqa: E402
+from separate import measure as measure_separate, print_table as print_separate  # noqa: E402
 from workloads import (WORKLOADS, make_data, make_hand, make_loader, make_net, make_optimizer,  # noqa: E402
                        make_task)
 
@@ -260,8 +265,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: per workload)")
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     parser.add_argument("--breakdown", action="store_true",
-                        help="interleaved runs of the Trainer with its defaults switched on one at a time, too")
+                        help="runs of the Trainer with its defaults switched on one at a time, too")
     parser.add_argument("--no-lightning", action="store_true", help="skip PyTorch Lightning even if installed")
+    parser.add_argument("--no-separate", action="store_true", help="skip the separate-process runs")
+    parser.add_argument("--shuffle", action="store_true", help="separate-process runs: shuffle the data (the orders "
+                        "then differ between the hand-written loop and the Trainer)")
     parser.add_argument("--no-alternating", action="store_true", help="skip the alternating runs")
     parser.add_argument("--no-interleaved", action="store_true", help="skip the interleaved runs")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
@@ -296,6 +304,13 @@ def main() -> None:
           f"first epoch of each run dropped.\n")
     for note in notes:
         print(f"- {note}")
+
+    if not args.no_separate:
+        epochs = {name: 3 if args.quick else (args.epochs or 2 * WORKLOADS[name]["epochs"]) for name in workloads}
+        separate_rounds = 2 if args.quick else max(3, rounds - 2)
+        results = {name: measure_separate(name, epochs[name], separate_rounds, args.shuffle, args.breakdown)
+                   for name in workloads}
+        print_separate(results, epochs, separate_rounds, args.shuffle)
 
     if not args.no_alternating:
         print("\n| workload | variant | steps/epoch | median epoch, wall (ms) | ratio to hand, wall | median epoch, "

@@ -51,7 +51,9 @@ def make_optimizer(params: Any, spec: dict[str, Any]) -> torch.optim.Optimizer:
 
 
 def make_loader(data: TensorDataset, spec: dict[str, Any]) -> DataLoader:
-    return DataLoader(data, batch_size=spec["batch_size"], shuffle=False)
+    """``shuffle`` off unless the spec says so (separate-process runs with ``--shuffle``): then the orders differ
+    between the hand-written loop (torch's RandomSampler) and the Trainer (its resumable sampler)."""
+    return DataLoader(data, batch_size=spec["batch_size"], shuffle=spec.get("shuffle", False))
 
 
 class Model(nn.Module):
