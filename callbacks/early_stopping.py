@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..console import echo
 from ..errors import MisconfigurationError
 
 from .base import Callback
@@ -97,8 +98,8 @@ class EarlyStopping(Callback):
         trainer.state.should_stop = True
         trainer.state.stop_reason = f"EarlyStopping: {reason}"
         if self.verbose and trainer.is_main:
-            print(f"EarlyStopping: stopping at epoch {epoch} (global step {trainer.state.global_step}): {reason}",
-                  flush=True)
+            echo(f"EarlyStopping: stopping at epoch {epoch} (global step {trainer.state.global_step}): {reason}",
+                 name="taskfit.early_stopping")
 
     def _reason(self, value: float) -> str | None:
         """Update best/wait with ``value``; return why training should stop, or None."""

@@ -1,10 +1,12 @@
-"""ProgressBar: a tqdm bar on a terminal; one plain line per epoch when stdout is a file or a CI log."""
+"""ProgressBar: a tqdm bar on a terminal; one plain line per epoch when stdout is a file or a CI log. Either way the
+epoch's line also goes to the ``taskfit`` logger (the ``taskfit`` command's taskfit.log), the bar itself does not."""
 from __future__ import annotations
 
 import sys
 import time
 from typing import Any, TextIO
 
+from ..console import echo
 from .base import Callback
 
 
@@ -55,20 +57,20 @@ class ProgressBar(Callback):
             self._bar.set_postfix(self._postfix(trainer), refresh=False)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix(self._postfix(trainer))
-            self._bar.close()
-            self._bar = None
-        elif trainer.is_main:
-            from tqdm import tqdm
+        if not trainer.is_main:
+            return
+        bar, self._bar = self._bar, None
+        if bar is not None:  # the bar stays on the terminal; the log gets the epoch's line
+            bar.set_postfix(self._postfix(trainer))
+            bar.close()
+        from tqdm import tqdm
 
-            done = trainer.state.batch_idx + 1
-            total = trainer.num_train_batches
-            postfix = ", ".join(f"{k}={v}" for k, v in self._postfix(trainer).items())
-            line = tqdm.format_meter(done, None if total == float("inf") else total,
-                                     time.perf_counter() - self._start, prefix=self._desc(trainer),
-                                     postfix=postfix or None)
-            print(line, file=self._out(), flush=True)
+        done = trainer.state.batch_idx + 1
+        total = trainer.num_train_batches
+        postfix = ", ".join(f"{k}={v}" for k, v in self._postfix(trainer).items())
+        line = tqdm.format_meter(done, None if total == float("inf") else total, time.perf_counter() - self._start,
+                                 prefix=self._desc(trainer), postfix=postfix or None)
+        echo(line, stream=self._out(), name="taskfit.progress", terminal=bar is None)
 
     def _postfix(self, trainer: Any) -> dict[str, str]:
         """The step and the ``prog_bar`` values logged this epoch (validation's included), formatted."""

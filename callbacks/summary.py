@@ -5,6 +5,7 @@ from typing import Any
 
 from torch import nn
 
+from ..console import echo
 from .base import Callback
 
 
@@ -28,11 +29,12 @@ def summarize(module: nn.Module, max_depth: int = 1) -> str:
 
 
 class ModelSummary(Callback):
-    """Prints :func:`summarize` of the task on rank 0 when fit starts (``enable_model_summary=False`` turns it off)."""
+    """Prints :func:`summarize` of the task on rank 0 when fit starts (``enable_model_summary=False`` turns it off);
+    also logged to the ``taskfit`` logger (the ``taskfit`` command's taskfit.log)."""
 
     def __init__(self, max_depth: int = 1) -> None:
         self.max_depth = max_depth
 
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         if trainer.is_main:
-            print(summarize(task, self.max_depth), flush=True)
+            echo(summarize(task, self.max_depth), name="taskfit.summary")

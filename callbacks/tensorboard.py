@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import MisconfigurationError
 from ..module import TaskModule
 
+from .hparams import BEST, config_text, experiment, loggable, metric_order, session_end, session_start
 from .logger import Logger, check_writable
 
 if TYPE_CHECKING:
@@ -44,7 +45,12 @@ class TensorBoardLogger(Logger):
     Args:
         hparam_metrics: what the HParams tab shows next to the hyperparameters. None (default): every ``val/*``
             key, ``train/loss_epoch`` and the ``monitor`` of callbacks such as EarlyStopping; or a list of keys;
-            or ``{key: "min" | "max"}``. Each metric shows its final value (its own tag) and ``best/<key>``.
+            or ``{key: "min" | "max"}``. Each metric shows its final value (its own tag) and its best value
+            (the scalar ``~best/<key>``, shown as ``best <key>``).
+        hparams: the HParams tab's hyperparameters, ``{name: value}``. None (default): ``trainer.hparams`` (the
+            TaskModule's init arguments, or the Trainer's ``config=`` flattened); the ``taskfit`` command gives
+            the task's arguments, the keys its command line set and the trainer settings that change results.
+        varying: names of hyperparameters a sweep varies: HParams lists them first, ticked (it ticks five).
         histogram_every_n_steps: write ``params/<name>`` and ``grads/<name>`` histograms every N optimizer steps
             (off by default: each costs a device-to-host copy of every parameter and gradient).
         log_graph: write the model graph once at fit start (traces ``task(task.example_input_array)``).
@@ -63,6 +69,7 @@ class TensorBoardLogger(Logger):
         return super().__new__(cls)
 
     def __init__(self, *, hparam_metrics: Sequence[str] | Mapping[str, str] | None = None,
+                 hparams: Mapping[str, Any] | None = None, varying: Sequence[str] = (),
                  histogram_every_n_steps: int | None = None, log_graph: bool = False,
                  flush_secs: int = 120) -> None:
         n = histogram_every_n_steps
@@ -79,7 +86,15 @@ class TensorBoardLogger(Logger):
             modes: dict[str, str] | None = dict(hparam_metrics)
         else:
             modes = None if hparam_metrics is None else {k: guess_mode(k) for k in hparam_metrics}
+        if hparams is not None and not isinstance(hparams, Mapping):
+            raise MisconfigurationError(f"TensorBoardLogger(hparams={hparams!r}) is not valid.",
+                                        "pass a dict {name: value} of the hyperparameters to show, or None "
+                                        "(trainer.hparams).")
+        if isinstance(varying, str) or not all(isinstance(k, str) for k in varying):
+            raise MisconfigurationError(f"TensorBoardLogger(varying={varying!r}) is not valid.",
+                                        'pass a list of hyperparameter names, e.g. ["task.optimizer.lr"].')
         self.hparam_metrics = modes
+        self.hparams, self.varying = (None if hparams is None else dict(hparams)), list(varying)
         self.histogram_every_n_steps, self.log_graph, self.flush_secs = n, log_graph, flush_secs
         self._writer: SummaryWriter | None = None
         self._flushed = 0.0  # time.monotonic() of the last flush
@@ -90,6 +105,7 @@ class TensorBoardLogger(Logger):
         self._hparams_step = 0  # the global step of the HParams session start (a resumed fit: its step)
         self._hparams: dict[str, Any] = {}
         self._modes: dict[str, str] = {}
+        self._monitors: list[str] = []
         self._final: dict[str, float] = {}
         self._best: dict[str, float] = {}
 
@@ -146,14 +162,12 @@ class TensorBoardLogger(Logger):
         self.writer(trainer)
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
-        """HParams' session start: the hyperparameters (numbers, strings, bools; anything else as text)."""
+        """HParams' session start: :attr:`hparams` if given, else ``params`` (numbers, strings, bools; anything
+        else as text)."""
         if self._writer is None:
             return
-        from torch.utils.tensorboard.summary import hparams
-
-        self._hparams = _loggable(params)
-        _, session_start, _ = hparams(self._hparams, {})
-        self._writer.file_writer.add_summary(session_start, self._hparams_step)
+        self._hparams = loggable(self.hparams if self.hparams is not None else params)
+        self._writer.file_writer.add_summary(session_start(self._hparams), self._hparams_step)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._collect(step, metrics)
@@ -181,10 +195,13 @@ class TensorBoardLogger(Logger):
         self._final, self._best = {}, {}
         self._modes = {k: m for k, m in ((getattr(cb, "monitor", None), getattr(cb, "mode", None))
                                          for cb in trainer.callbacks) if isinstance(k, str) and m in ("min", "max")}
+        self._monitors = list(self._modes)
         if self.hparam_metrics is not None:
             self._modes.update(self.hparam_metrics)
         super().on_fit_start(trainer, task)  # rank 0: the writer and the HParams session start
         self._session_open = True
+        if trainer.config is not None and self._writer is not None:  # the whole config, in the TEXT tab
+            self._writer.add_text("config", config_text(trainer.config), self._hparams_step)
         if example is not None and self._writer is not None:
             _write_graph(self._writer, trainer, task, example)
 
@@ -229,23 +246,21 @@ class TensorBoardLogger(Logger):
         return self._modes.get(key) or guess_mode(key)
 
     def _end_session(self, trainer: Any, task: Any, status: str) -> None:
-        """Write ``best/<key>``, the experiment (hparam and metric names) and the session end, then close."""
+        """Write ``~best/<key>``, the experiment (hparam and metric columns) and the session end, then close."""
         self._session_open = False
         writer = self.writer(trainer)
         if writer is None:
             return
-        from torch.utils.tensorboard.summary import hparams
-
         step = trainer.state.global_step
-        self._collect(step, {f"best/{key}": value for key, value in self._best.items()})
+        self._collect(step, {f"{BEST}{key}": value for key, value in self._best.items()})
         self._write_step()
-        names = sorted(self._final)
-        metrics = [name for key in names for name in (key, f"best/{key}")]
+        names = metric_order(self._final, self._monitors) if self.hparam_metrics is None else \
+            [key for key in self.hparam_metrics if key in self._final]  # the order the user gave
+        metrics = [column for key in names for column in ((key, key), (f"{BEST}{key}", f"best {key}"))]
         if _defines(task, "test_dataloader"):  # columns for a trainer.test that may follow, in this run
-            metrics += [f"test/{key[4:]}" for key in names if key.startswith("val/")]
-        experiment, _, _ = hparams(self._hparams, dict.fromkeys(metrics, 0.0))
-        writer.file_writer.add_summary(experiment, step)
-        writer.file_writer.add_summary(_session_end(status), step)
+            metrics += [(f"test/{key[4:]}",) * 2 for key in names if key.startswith("val/")]
+        writer.file_writer.add_summary(experiment(self._hparams, metrics, self.varying), step)
+        writer.file_writer.add_summary(session_end(status), step)
         self._close()
 
 
@@ -274,25 +289,8 @@ def summary_writer(trainer: Any) -> SummaryWriter | None:
     return None
 
 
-def _loggable(values: Mapping[str, Any]) -> dict[str, Any]:
-    """HParams accepts numbers, strings and bools; anything else (None, lists...) is shown as text."""
-    return {str(k): v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
-
-
 def _defines(task: Any, method: str) -> bool:
     return getattr(type(task), method, None) is not getattr(TaskModule, method)
-
-
-def _session_end(status: str) -> Any:
-    """The HParams SessionEndInfo summary with ``status`` (torch's ``hparams()`` always writes SUCCESS)."""
-    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
-
-    info = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value(status), end_time_secs=time.time())
-    content = plugin_data_pb2.HParamsPluginData(session_end_info=info, version=metadata.PLUGIN_DATA_VERSION)
-    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME,
-                                                                  content=content.SerializeToString()))
-    return Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=meta)])
 
 
 def _write_graph(writer: SummaryWriter, trainer: Any, task: Any, example: Any) -> None:

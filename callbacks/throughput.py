@@ -9,10 +9,10 @@ is the true wall time, and a data-bound loop shows up as data wait.
 """
 from __future__ import annotations
 
-import sys
 from time import perf_counter
 from typing import Any, TextIO
 
+from ..console import echo
 from ..errors import MisconfigurationError
 
 from .base import Callback
@@ -122,7 +122,7 @@ class ThroughputMonitor(Callback):
         if values:
             trainer.log_metrics({key.replace("perf/", "perf/fit/"): value for key, value in values.items()})
         if self.verbose and trainer.is_main:
-            print(self.report(), file=self.stream or sys.stdout, flush=True)
+            echo(self.report(), stream=self.stream, name="taskfit.throughput")
 
     # ---- numbers ------------------------------------------------------------------------------------
     def _fold(self) -> list:

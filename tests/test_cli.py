@@ -113,12 +113,15 @@ def test_multirun_with_an_experiment_makes_one_run_per_value_and_a_summary(tmp_p
                   cwd=tmp_path).stdout
     (sweep,) = (tmp_path / "logs" / "digits_fast" / "multiruns").iterdir()
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [j.name for j in jobs] == ["0", "1"]
+    assert [j.name for j in jobs] == ["0_lr=0.05", "1_lr=0.001"]  # the values the sweep varies name the jobs
     rates = []
     for job in jobs:
         assert list((job / "version_0").glob("events.out.tfevents.*"))
         hparams = start_hparams(job / "version_0")
-        assert hparams["task.channels"] == 16 and hparams["callbacks.model_checkpoint.monitor"] == "val/acc"
+        # HParams: the task's arguments and what the command line set (a group by its option), no callback internals
+        assert hparams["task.channels"] == 16 and hparams["experiment"] == "digits_fast"
+        assert hparams["trainer.max_epochs"] == 1 and hparams["task.optimizer"] == "AdamW"
+        assert not [k for k in hparams if k.startswith("callbacks.") or "_target_" in k]
         rates.append(hparams["task.optimizer.lr"])
     assert rates == pytest.approx([0.05, 0.001])
     summary = yaml.safe_load((sweep / "sweep_summary.yaml").read_text())

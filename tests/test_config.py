@@ -294,3 +294,29 @@ def test_find_last_checkpoint_picks_the_newest_run_of_the_name(tmp_path):
     assert old.exists()
     with pytest.raises(CheckpointError, match=r"ckpt_path=last found no last.ckpt in the runs named 'other'"):
         find_last_checkpoint(str(tmp_path), "other")
+
+
+# ---- sweeps: the keys a sweep varies, job names, HParams' hyperparameters ------------------------------------
+def test_swept_keys_job_names_and_hparams_of_a_run(tmp_path):
+    from taskfit.sweep import hparams_of, run_name, swept_keys
+
+    raw = ["task.optimizer.lr=0.1,0.01", "trainer.max_epochs=2", "task=digits", "task.channels=range(16,33,16)"]
+    assert swept_keys(raw, {"task.hidden": "64,128", "seed": "3"}) == ["task.optimizer.lr", "task.channels",
+                                                                      "task.hidden"]
+    job = ["task.optimizer.lr=0.1", "trainer.max_epochs=2", "task.channels=16",
+           "callbacks.model_checkpoint.monitor=val/acc", "+model.lr=3"]
+    assert run_name(job, ["task.optimizer.lr", "task.channels"]) == "lr=0.1,channels=16"
+    assert run_name(job, ["task.optimizer.lr", "model.lr"]) == "task.optimizer.lr=0.1,model.lr=3"  # same last part
+    assert run_name(job, ["callbacks.model_checkpoint.monitor"]) == "monitor=val-acc"  # a folder name, no "/"
+
+    config = composed(tmp_path, "task.optimizer.lr=0.1", "trainer.max_epochs=2", "callbacks.early_stopping.patience=9",
+                      "experiment=digits_fast")
+    hparams = hparams_of(config, ["task.optimizer.lr=0.1", "trainer.max_epochs=2",
+                                  "callbacks.early_stopping.patience=9", "experiment=digits_fast", "~task.scheduler"],
+                         {"experiment": "digits_fast", "task": "digits"})
+    assert hparams["task.optimizer.lr"] == 0.1 and hparams["task.optimizer"] == "AdamW"
+    assert hparams["task.channels"] == 16 and hparams["task.scheduler"] == "CosineAnnealingLR"
+    assert hparams["trainer.max_epochs"] == 2 and hparams["trainer.precision"] == "32" and hparams["trainer.seed"] == 0
+    assert hparams["callbacks.early_stopping.patience"] == 9 and hparams["experiment"] == "digits_fast"
+    assert not [k for k in hparams if "_target_" in k or "_partial_" in k or k.startswith(("paths.", "hydra"))]
+    assert "callbacks.model_checkpoint.monitor" not in hparams  # set by the preset, not the command line

@@ -73,7 +73,7 @@ def test_scalars_in_event_files_are_what_was_logged(tmp_path):
         for key, value in metrics.items():
             expected[key].append((step, value))
     tags = set(run.Tags()["scalars"])
-    assert tags - set(expected) == {"best/val/loss", "best/val/acc", "best/val/acc_batch", "best/train/loss_epoch"}
+    assert tags - set(expected) == {"~best/val/loss", "~best/val/acc", "~best/val/acc_batch", "~best/train/loss_epoch"}
     assert set(expected) <= tags
     for key, points in expected.items():  # event files store float32
         assert scalars(run, key) == [(s, pytest.approx(v, rel=1e-6, abs=1e-9)) for s, v in points], key
@@ -84,7 +84,7 @@ def test_scalars_in_event_files_are_what_was_logged(tmp_path):
         assert [s for s, _ in scalars(run, tag)] == [6, 12], tag
     assert scalars(run, "lr/SGD/pg0") == [(s, pytest.approx(0.1)) for s in (2, 4, 6, 8, 10, 12)]
     assert all(v > 0 for _, v in scalars(run, "perf/samples_per_sec"))
-    assert scalars(run, "best/val/loss")[0][1] == pytest.approx(min(v for _, v in scalars(run, "val/loss")))
+    assert scalars(run, "~best/val/loss")[0][1] == pytest.approx(min(v for _, v in scalars(run, "val/loss")))
 
     # The logged val/loss is what trainer.validate returns for the same weights; validate and test write
     # into the same run directory, at the run's last global step.
@@ -146,15 +146,15 @@ def test_hparams_plugin_has_hyperparameters_and_metric_values(tmp_path):
     assert {h.name for h in experiment.hparam_infos} == set(task.hparams)
     metric_names = [m.name.tag for m in experiment.metric_infos]
     for key in ("val/loss", "val/acc", "train/loss_epoch", "test/loss", "test/acc"):
-        assert key in metric_names and (key.startswith("test/") or f"best/{key}" in metric_names), key
+        assert key in metric_names and (key.startswith("test/") or f"~best/{key}" in metric_names), key
 
     from tensorboard.plugins.hparams import api_pb2
 
     assert data["session_end_info"].session_end_info.status == api_pb2.STATUS_SUCCESS
     acc, loss = [v for _, v in scalars(run, "val/acc")], [v for _, v in scalars(run, "val/loss")]
     assert len(acc) == 3
-    assert scalars(run, "best/val/acc")[-1][1] == pytest.approx(max(acc))  # mode from EarlyStopping
-    assert scalars(run, "best/val/loss")[-1][1] == pytest.approx(min(loss))  # mode guessed from the name
+    assert scalars(run, "~best/val/acc")[-1][1] == pytest.approx(max(acc))  # mode from EarlyStopping
+    assert scalars(run, "~best/val/loss")[-1][1] == pytest.approx(min(loss))  # mode guessed from the name
 
 
 def test_hparams_are_the_flattened_config_when_given(tmp_path):
@@ -320,7 +320,7 @@ def test_tensorboard_serves_runs_tags_and_hparams(tmp_path):
         assert server.poll() is None, f"tensorboard exited: {server.stderr.read()[-2000:]}"
         assert {"version_0", "version_1"} <= set(tags), f"runs not listed within 90 s: {tags}"
         for run in ("version_0", "version_1"):
-            assert {"train/loss", "val/loss", "val/acc", "lr/SGD/pg0", "best/val/loss"} <= set(tags[run])
+            assert {"train/loss", "val/loss", "val/acc", "lr/SGD/pg0", "~best/val/loss"} <= set(tags[run])
 
         request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                    "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
@@ -331,7 +331,7 @@ def test_tensorboard_serves_runs_tags_and_hparams(tmp_path):
         for lr, metrics in results.items():
             assert by_lr[lr]["val/loss"] == pytest.approx(metrics["val/loss"], rel=1e-6)
             assert by_lr[lr]["val/acc"] == pytest.approx(metrics["val/acc"], rel=1e-6)
-            assert "best/val/loss" in by_lr[lr] and "train/loss_epoch" in by_lr[lr]
+            assert "~best/val/loss" in by_lr[lr] and "train/loss_epoch" in by_lr[lr]
     finally:
         server.terminate()
         try:
@@ -356,3 +356,38 @@ def test_custom_callback_example_writes_images_and_text(tmp_path):
     assert [t.step for t in texts] == [4, 8]
     table = texts[-1].tensor_proto.string_val[0].decode()
     assert table.startswith("| # | label | prediction | confidence |") and table.count("\n") == 17
+
+
+# ---- HParams as the tab opens: chosen hyperparameters, the varied ones first, metrics in order, the config ----
+def test_hparams_varying_keys_metric_order_and_the_config_text(tmp_path):
+    config = {"task": {"lr": 0.05, "hidden": 8}, "trainer": {"max_epochs": 2}, "paths": {"log_dir": "logs"}}
+    logger = TensorBoardLogger(hparams={"task.lr": 0.05, "task.hidden": 8, "trainer.max_epochs": 2, "act": None},
+                               varying=["task.lr"])
+    stopper = EarlyStopping(monitor="val/acc", mode="max", patience=10)
+    trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path), callbacks=[logger, stopper], config=config,
+                      **QUIET)
+    trainer.fit(ClassifierTask(lr=0.05, hidden=8))
+    run = read_run(trainer.log_dir)
+    data = hparams_data(run)
+    start = data["session_start_info"].session_start_info.hparams
+    assert set(start) == {"task.lr", "task.hidden", "trainer.max_epochs", "act"}  # not the whole config
+    assert start["act"].string_value == "None"
+    infos = {h.name: h for h in data["experiment"].experiment.hparam_infos}
+    assert [n for n, h in infos.items() if h.differs] == ["task.lr"]  # TensorBoard lists it first, ticked
+    from tensorboard.plugins.hparams import api_pb2
+
+    assert infos["act"].type == api_pb2.DATA_TYPE_STRING and infos["task.lr"].type == api_pb2.DATA_TYPE_FLOAT64
+    columns = [(m.name.tag, m.display_name) for m in data["experiment"].experiment.metric_infos]
+    # The monitored key first, then val/loss; each followed by its best value, a tag that sorts after val/.
+    assert columns[:4] == [("val/acc", "val/acc"), ("~best/val/acc", "best val/acc"), ("val/loss", "val/loss"),
+                           ("~best/val/loss", "best val/loss")]
+    assert max(run.Tags()["scalars"]).startswith("~best/")
+    texts = run.Tensors("config/text_summary")
+    assert [t.step for t in texts] == [0]
+    shown = texts[0].tensor_proto.string_val[0].decode()
+    assert "    task:\n      lr: 0.05" in shown and "log_dir: logs" in shown  # the whole config, as a code block
+
+    with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(hparams=\['lr'\]\) is not valid"):
+        TensorBoardLogger(hparams=["lr"])
+    with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(varying='lr'\) is not valid"):
+        TensorBoardLogger(varying="lr")

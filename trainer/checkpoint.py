@@ -178,8 +178,8 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
     _warn_schedule(trainer, ckpt["data"], path)
     if trainer.is_main:
         st = trainer.state
-        print(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.",
-              flush=True)
+        from .console import echo  # printed, and logged to `taskfit` (the taskfit command's taskfit.log)
+        echo(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.")
 
 
 def _warn_schedule(trainer: Trainer, data: Mapping[str, Any], path: str) -> None:

@@ -4,12 +4,15 @@ A run: compose the config (Hydra), resolve it, check every ``_target_`` and argu
 the resolved config as ``<run dir>/config.yaml``, build the task, the callbacks and the Trainer, fit, test
 when the task has test data, and print where the run directory, TensorBoard logs and best checkpoint are.
 The command line maps onto ``Trainer(**cfg.trainer, callbacks=[...cfg.callbacks, ...cfg.logger],
-config=<resolved cfg>)`` and ``trainer.fit(instantiate(cfg.task), ckpt_path=cfg.ckpt_path)``.
+config=<resolved cfg>)`` and ``trainer.fit(instantiate(cfg.task), ckpt_path=cfg.ckpt_path)``; ``mode=test``
+(``validate``, ``predict``) evaluates ``ckpt_path`` instead (trainer/modes.py). What the run prints also goes
+to ``<run dir>/taskfit.log`` (trainer/console.py); sweeps' job names and summary are in trainer/sweep.py.
 """
 from __future__ import annotations
 
 import glob
 import importlib.util
+import logging
 import os
 import shutil
 import sys
@@ -19,10 +22,10 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
 from . import callbacks as cbs
+from . import console, modes, sweep
 from .callbacks import TensorBoardLogger
 from .checkpoint import last_checkpoint
 from .config import check_targets, explain, locate
@@ -137,7 +140,13 @@ def compose_config(overrides: Sequence[str] = (), run_dir: str | None = None) ->
 
 # ---- the job ----------------------------------------------------------------------------------------------
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """One Hydra job: build, fit, test, report. Returns what the sweep summary shows."""
+    """One Hydra job: build, then fit and test (``mode=fit``) or evaluate a checkpoint (``mode=validate``, ``test``,
+    ``predict``), report. Returns what the sweep summary shows."""
+    with console.warnings_logged():  # warnings on stderr as ever, and in <run dir>/taskfit.log
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     started = time.perf_counter()
@@ -145,28 +154,78 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:  # a config that fails before training leaves no run directory behind (Hydra created it already)
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         check_targets(config)  # every _target_ imports, every key is an argument: before any work
+        mode = modes.check_mode(config)
+        if mode != "fit":
+            modes.check_checkpoint_arg(mode, config.get("ckpt_path"), str(config["name"]))
         if _is_leader():  # torchrun: only rank 0 writes; the others share its directory
             OmegaConf.save(OmegaConf.create(config), os.path.join(run_dir, "config.yaml"))
+        ckpt_path = _ckpt_path(config, run_dir)
+        if mode != "fit":
+            modes.check_checkpoint(ckpt_path)  # exists, readable, has weights: before the task is built
+        callbacks = build_callbacks(config)
+        _describe_run(callbacks, config)
+        if mode == "predict":
+            predict = config.get("predict") or {}
+            callbacks.append(cbs.PredictionWriter(predict.get("output_dir") or os.path.join(run_dir, "predictions"),
+                                                  predict.get("write_interval", "batch")))
         seed = config["trainer"].get("seed")
         if seed is not None:  # before the task is built: its initial weights depend on the seed
             seed_everything(seed)
-        ckpt_path = _ckpt_path(config, run_dir)
         task = instantiate(config["task"], _convert_="all")
-        trainer = build_trainer(config, build_callbacks(config))
+        trainer = build_trainer(config, callbacks)
     except Exception:
         if _is_leader():
             _discard_unused(run_dir)
         raise
+    with console.shared_with_workers():  # ddp workers append rank 0's lines to this run's taskfit.log
+        result = _fit(trainer, task, config, run_dir, ckpt_path) if mode == "fit" else \
+            _evaluate(trainer, task, config, run_dir, mode, ckpt_path, callbacks[-1])
+    if trainer.is_main:
+        _print_report(result, time.perf_counter() - started)
+    return result
+
+
+def _fit(trainer: Any, task: Any, config: dict[str, Any], run_dir: str, ckpt_path: str | None) -> dict[str, Any]:
     trainer.fit(task, ckpt_path=ckpt_path)
     cb = trainer.checkpoint_callback
     best = getattr(cb, "best_model_path", None) or None
     tested = None
     if config.get("test", True) and task.test_dataloader() is not None:
         tested = trainer.test(task, ckpt_path=best if best and os.path.isfile(best) else None)[0]
-    result = _result(trainer, run_dir, best, tested)
-    if trainer.is_main:
-        _print_report(result, time.perf_counter() - started)
+    return _result(trainer, run_dir, best, tested)
+
+
+def _evaluate(trainer: Any, task: Any, config: dict[str, Any], run_dir: str, mode: str, ckpt_path: str,
+              writer: Any) -> dict[str, Any]:
+    loader = modes.use_loader(task, (config.get("predict") or {}).get("dataloader")) if mode == "predict" else None
+    out = modes.evaluate(trainer, task, mode, ckpt_path)
+    tensorboard = any(isinstance(c, TensorBoardLogger) for c in trainer.callbacks) and mode != "predict"
+    result = {"run_dir": run_dir, "log_dir": trainer.log_dir if tensorboard else None, "best_checkpoint": None,
+              "ckpt_path": ckpt_path, "mode": out.get("mode", "min"), "run_mode": mode, "monitor": out.get("monitor"),
+              "score": out.get("score"), "kind": out.get("kind"), "metrics": out["metrics"],
+              "test": out["metrics"] if mode == "test" else None, "loggers": _logger_lines(trainer)}
+    if mode == "predict":
+        result.update(output_dir=writer.output_dir, predictions=modes.prediction_files(writer.output_dir),
+                      loader=f"{type(task).__name__}.{loader}")
     return result
+
+
+def _describe_run(callbacks: list[Any], config: dict[str, Any]) -> None:
+    """What TensorBoard's HParams tab shows of this job: the task's arguments, the keys the command line set and
+    the trainer settings that change results, the keys its sweep varies first (unless the config says)."""
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    varying = sweep.job_swept_keys(hydra_cfg) if hydra_cfg.mode == RunMode.MULTIRUN else []
+    if varying is None:  # a sweeper that did not save its command line: every override of the job
+        varying = [o.key_or_group for o in sweep.parse(overrides) if not o.is_delete()]
+    for cb in callbacks:
+        if isinstance(cb, TensorBoardLogger):
+            if cb.hparams is None:
+                cb.hparams = sweep.hparams_of(config, overrides, dict(hydra_cfg.runtime.choices))
+            if not cb.varying:
+                cb.varying = list(varying)
 
 
 def _discard_unused(run_dir: str) -> None:
@@ -189,8 +248,8 @@ def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, floa
     if monitor is None or score is None:  # nothing ranked checkpoints: show the final validation loss
         monitor = monitor or next((k for k in ("val/loss", "train/loss_epoch", "train/loss") if k in metrics), None)
         score, kind = metrics.get(monitor) if monitor else None, "final"
-    logging = any(isinstance(c, TensorBoardLogger) for c in trainer.callbacks)
-    return {"run_dir": run_dir, "log_dir": trainer.log_dir if logging else None, "best_checkpoint": best,
+    tensorboard = any(isinstance(c, TensorBoardLogger) for c in trainer.callbacks)
+    return {"run_dir": run_dir, "log_dir": trainer.log_dir if tensorboard else None, "best_checkpoint": best,
             "monitor": monitor, "mode": mode, "score": None if score is None else float(score), "kind": kind,
             "metrics": metrics, "test": tested, "loggers": _logger_lines(trainer)}
 
@@ -208,70 +267,28 @@ def _logger_lines(trainer: Any) -> list[str]:
 
 
 def _print_report(result: dict[str, Any], seconds: float) -> None:
+    mode = result.get("run_mode", "fit")
     score = "" if result["score"] is None else f"  ({result['monitor']}={result['score']:.4g})"
-    lines = [f"taskfit: done in {seconds:.1f} s",
-             f"  run directory:   {result['run_dir']}  (config.yaml: the resolved config)",
-             "  TensorBoard:     " + (f"{result['log_dir']}  (tensorboard --logdir {result['run_dir']})"
-                                      if result["log_dir"] else "off"),
-             f"  best checkpoint: {result['best_checkpoint'] or 'none'}{score if result['best_checkpoint'] else ''}"]
+    lines = [f"taskfit: {'done' if mode == 'fit' else mode} in {seconds:.1f} s",
+             f"  run directory:   {result['run_dir']}  (config.yaml: the resolved config)"]
+    if mode != "predict":
+        lines.append("  TensorBoard:     " + (f"{result['log_dir']}  (tensorboard --logdir {result['run_dir']})"
+                                              if result["log_dir"] else "off"))
+    if mode != "fit":
+        lines += modes.report_lines(mode, result)
+    else:
+        lines.append(f"  best checkpoint: {result['best_checkpoint'] or 'none'}"
+                     f"{score if result['best_checkpoint'] else ''}")
     lines += result.get("loggers") or []
-    if result["best_checkpoint"] is None and result["score"] is not None:
+    if mode == "fit" and result["best_checkpoint"] is None and result["score"] is not None:
         lines.append(f"  {result['kind']} {result['monitor']}: {result['score']:.4g}")
-    if result["test"]:
+    if mode == "fit" and result["test"]:
         lines.append("  test:            " + ", ".join(f"{k}={v:.4g}" for k, v in result["test"].items()))
-    print("\n".join(lines), flush=True)
+    console.echo("\n".join(lines), name="taskfit.cli")
 
 
 # ---- sweeps ------------------------------------------------------------------------------------------------
-class SweepSummary(HydraCallback):
-    """At the end of ``taskfit -m``: each job's overrides and its best monitored value (the checkpoint callback's
-    ``monitor``; the final ``val/loss`` when nothing is monitored), printed and saved as ``sweep_summary.yaml``."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.active = False
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.rows, self.active = [], True
-
-    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        if not self.active:
-            return
-        from hydra.core.utils import JobStatus
-
-        ok = job_return.status == JobStatus.COMPLETED
-        value = job_return.return_value if ok else None
-        row = {"job": int(job_return.hydra_cfg.hydra.job.num), "overrides": list(job_return.overrides or []),
-               "status": "ok" if ok else "failed", "run_dir": job_return.hydra_cfg.hydra.runtime.output_dir}
-        if isinstance(value, dict):
-            row.update({k: value.get(k) for k in ("monitor", "mode", "score", "kind", "best_checkpoint")})
-        self.rows.append(row)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        self.active = False
-        if not self.rows or not _is_leader():
-            return
-        sweep_dir = os.path.dirname(self.rows[0]["run_dir"])
-        scored = [r for r in self.rows if r.get("score") is not None]
-        best = None
-        if scored:
-            pick = min if scored[0].get("mode", "min") == "min" else max
-            best = pick(scored, key=lambda r: r["score"])
-        common = set.intersection(*(set(r["overrides"]) for r in self.rows)) if len(self.rows) > 1 else set()
-        lines = [f"Sweep summary: {len(self.rows)} job(s) in {sweep_dir}"]
-        if common:
-            lines.append("  every job: " + " ".join(o for o in self.rows[0]["overrides"] if o in common))
-        lines.append(f"{'job':>5}  {'value':>10}  {'metric':<20}overrides")
-        for r in self.rows:
-            value = "failed" if r["status"] != "ok" else "-" if r.get("score") is None else f"{r['score']:.4g}"
-            metric = f"{r.get('kind') or ''} {r.get('monitor') or ''}".strip()
-            varying = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
-            lines.append(f"{r['job']:>5}  {value:>10}  {metric:<20}{varying}{'  *' if r is best else ''}")
-        if best is not None:
-            lines.append(f"Best (*): job {best['job']}, {best['monitor']}={best['score']:.4g}: {best['run_dir']}")
-        print("\n".join(lines), flush=True)
-        OmegaConf.save(OmegaConf.create({"best_job": None if best is None else best["job"], "jobs": self.rows}),
-                       os.path.join(sweep_dir, "sweep_summary.yaml"))
+SweepSummary = sweep.SweepSummary  # conf/hydra/default.yaml's callback (taskfit.cli.SweepSummary), in sweep.py
 
 
 # ---- the command --------------------------------------------------------------------------------------------
@@ -288,7 +305,8 @@ def _follower_overrides() -> list[str]:
 
 
 def _fail(error: BaseException) -> None:
-    print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    """The error as one message (its HINT included) on stderr, and in the job's taskfit.log when a job started."""
+    console.echo(console.describe(error), stream=sys.stderr, level=logging.ERROR, name="taskfit.cli")
     sys.exit(1)
 
 

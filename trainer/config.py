@@ -121,6 +121,8 @@ class ThroughputMonitorConf:
 class TensorBoardLoggerConf:
     _target_: str = "taskfit.callbacks.TensorBoardLogger"
     hparam_metrics: Any = None
+    hparams: Optional[Dict[str, Any]] = None
+    varying: List[str] = field(default_factory=list)
     histogram_every_n_steps: Optional[int] = None
     log_graph: bool = False
     flush_secs: int = 120
@@ -181,9 +183,16 @@ def choice(group: str, *, _root_: Any) -> str:
     return str(value)
 
 
+def job_dir(*, _root_: Any) -> str:
+    """``${taskfit.job_dir:}``: a sweep job's folder name, ``0_lr=0.1`` (see :func:`trainer.sweep.job_dir`)."""
+    from .sweep import job_dir as name  # sweep.py imports this module
+
+    return name(_root_=_root_)
+
+
 def register() -> None:
-    """Store every schema in Hydra's ConfigStore as ``taskfit_<name>`` and register ``${taskfit.choice:...}``
-    (idempotent; done on import)."""
+    """Store every schema in Hydra's ConfigStore as ``taskfit_<name>`` and register ``${taskfit.choice:...}`` and
+    ``${taskfit.job_dir:}`` (idempotent; done on import)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -192,6 +201,8 @@ def register() -> None:
         store.store(name=f"taskfit_{name}", node=node)
     if not OmegaConf.has_resolver("taskfit.choice"):
         OmegaConf.register_new_resolver("taskfit.choice", choice)
+    if not OmegaConf.has_resolver("taskfit.job_dir"):
+        OmegaConf.register_new_resolver("taskfit.job_dir", job_dir)
 
 
 # ---- explaining Hydra's composition errors -----------------------------------------------------------------

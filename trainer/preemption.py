@@ -6,6 +6,7 @@ the flags are agreed with one tiny all-reduce per log interval, validation and e
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .checkpoint import save_checkpoint
+from .console import echo
 from .errors import MisconfigurationError
 from .serialization import LAST
 
@@ -64,8 +66,8 @@ class Preemption:
             raise KeyboardInterrupt  # a second Ctrl-C: abort at once, as Python would have
         self.signum = signum  # only a flag: the loop saves and exits at the next step boundary
         if signum == signal.SIGINT and self.strategy.is_main:
-            print("\ntaskfit: Ctrl-C: finishing this step, then saving a checkpoint and exiting (Ctrl-C again to "
-                  "abort at once).", file=sys.stderr, flush=True)
+            echo("\ntaskfit: Ctrl-C: finishing this step, then saving a checkpoint and exiting (Ctrl-C again to "
+                 "abort at once).", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
 
     def uninstall(self) -> None:
         for signum, handler in self._previous.items():
@@ -111,7 +113,7 @@ def preempt(trainer: Trainer) -> None:
         # A run of the `taskfit` command carries its config: say how to resume it there.
         how = "the same `taskfit` command with ckpt_path=last" if trainer.config is not None else \
             'trainer.fit(task, ckpt_path="last")'
-        print(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
-              f"step {st.global_step} to {path}. Exiting with status {code}. Resume with {how} (or "
-              f"ckpt_path=\"{path}\").", file=sys.stderr, flush=True)
+        echo(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
+             f"step {st.global_step} to {path}. Exiting with status {code}. Resume with {how} (or "
+             f"ckpt_path=\"{path}\").", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
     raise SystemExit(code)
