@@ -183,16 +183,9 @@ def choice(group: str, *, _root_: Any) -> str:
     return str(value)
 
 
-def job_dir(*, _root_: Any) -> str:
-    """``${taskfit.job_dir:}``: a sweep job's folder name, ``0_lr=0.1`` (see :func:`trainer.sweep.job_dir`)."""
-    from .sweep import job_dir as name  # sweep.py imports this module
-
-    return name(_root_=_root_)
-
-
 def register() -> None:
-    """Store every schema in Hydra's ConfigStore as ``taskfit_<name>`` and register ``${taskfit.choice:...}`` and
-    ``${taskfit.job_dir:}`` (idempotent; done on import)."""
+    """Store every schema in Hydra's ConfigStore as ``taskfit_<name>`` and register ``${taskfit.choice:...}``
+    (idempotent; done on import; ``${taskfit.job_dir:}`` is registered by trainer/sweep.py)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -201,8 +194,6 @@ def register() -> None:
         store.store(name=f"taskfit_{name}", node=node)
     if not OmegaConf.has_resolver("taskfit.choice"):
         OmegaConf.register_new_resolver("taskfit.choice", choice)
-    if not OmegaConf.has_resolver("taskfit.job_dir"):
-        OmegaConf.register_new_resolver("taskfit.job_dir", job_dir)
 
 
 # ---- explaining Hydra's composition errors -----------------------------------------------------------------

@@ -91,6 +91,10 @@ def job_dir(*, _root_: Any) -> str:
     return f"{num}_{name}" if name else num
 
 
+if not OmegaConf.has_resolver("taskfit.job_dir"):  # conf/hydra/default.yaml: hydra.sweep.subdir
+    OmegaConf.register_new_resolver("taskfit.job_dir", job_dir)
+
+
 # ---- what the HParams tab shows -------------------------------------------------------------------------
 def _short_class(path: Any) -> str:
     return str(path).rsplit(".", 1)[-1]
