@@ -155,6 +155,8 @@ def test_ddp_spawn_through_the_command_on_cpu(tmp_path):
     run = _single_run(tmp_path, "digits")
     last = load_ckpt(run / "version_0" / "checkpoints" / "last.ckpt")
     assert last["data"]["world_size"] == 2 and last["config"]["trainer"]["devices"] == 2
+    log = (run / "taskfit.log").read_text()  # the spawned rank 0 appended its lines to the command's log
+    assert "][taskfit.progress][INFO] - Epoch 0/0: 100%" in log and "][taskfit.cli][INFO] - taskfit: done" in log
 
 
 def test_ddp_torchrun_ranks_share_rank0s_run_directory(tmp_path):

@@ -134,6 +134,32 @@ def test_outside_the_command_the_output_is_printed_once_and_the_logger_gets_it(c
     assert messages[1].startswith("EarlyStopping: stopping at epoch 0") and messages[2].startswith("Epoch 0/1: 100%|")
 
 
+def test_on_a_terminal_the_bar_stays_there_and_the_log_gets_one_line_per_epoch(tmp_path):
+    import io
+    import logging
+
+    from taskfit import Trainer
+    from taskfit.callbacks import ProgressBar
+    from tasks import RegressionTask
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen, kept = Terminal(), []
+    collector = logging.Handler()
+    collector.emit = kept.append
+    logging.getLogger("taskfit").addHandler(collector)
+    try:
+        Trainer(max_epochs=2, enable_checkpointing=False, enable_model_summary=False, logger=False,
+                default_root_dir=str(tmp_path), callbacks=[ProgressBar(stream=screen)]).fit(RegressionTask(n=32))
+    finally:
+        logging.getLogger("taskfit").removeHandler(collector)
+    assert [r.getMessage()[:17] for r in kept] == ["Epoch 0/1: 100%|█", "Epoch 1/1: 100%|█"]
+    shown = screen.getvalue()
+    assert "\r" in shown and shown.count("\n") == 2  # the two bars (left on screen), no extra line per epoch
+
+
 # ---- mode=test and mode=predict ----------------------------------------------------------------------------
 def test_mode_test_and_predict_evaluate_a_checkpoint(trained, tmp_path):
     root, run, _ = trained
