@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from .callbacks.tensorboard import guess_mode
 from .errors import MisconfigurationError
 
 MODES = ("fit", "validate", "test", "predict")
@@ -97,8 +98,6 @@ def evaluate(trainer: Any, task: Any, mode: str, ckpt_path: str) -> dict[str, An
     metrics = (trainer.validate if mode == "validate" else trainer.test)(task, ckpt_path=ckpt_path)[0]
     stage = "val" if mode == "validate" else "test"
     monitor = f"{stage}/loss" if f"{stage}/loss" in metrics else next(iter(metrics), None)
-    from .callbacks.tensorboard import guess_mode
-
     return {"metrics": metrics, "monitor": monitor, "mode": guess_mode(monitor) if monitor else "min",
             "score": None if monitor is None else float(metrics[monitor]), "kind": "final"}
 
