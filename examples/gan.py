@@ -1,6 +1,6 @@
 """A small GAN on scikit-learn's bundled digits (8x8 images, no download): two optimizers, manual optimization.
 
-    python examples/gan.py                     # 200 epochs, ~35 s on 2 CPU cores
+    python examples/gan.py                     # 200 epochs, ~26 s on 2 CPU cores
     python examples/gan.py --quick             # a smoke run with small settings (what the test suite runs)
     python examples/gan.py --figure gan.png    # also write the final samples as a PNG
     tensorboard --logdir taskfit_logs          # IMAGES tab: gan/samples, one grid per epoch (the same 32 z)

@@ -1,6 +1,6 @@
 """A variational autoencoder on scikit-learn's bundled digits (8x8 images, no download), with its own steps.
 
-    python examples/vae.py                    # 60 epochs, ~10 s on 2 CPU cores: validation ELBO about -103 nats
+    python examples/vae.py                    # 60 epochs, ~8 s on 2 CPU cores: validation ELBO about -103 nats
     python examples/vae.py --quick            # a smoke run with small settings (what the test suite runs)
     python examples/vae.py --figure vae.png   # also write the final reconstructions and samples as a PNG
     tensorboard --logdir taskfit_logs         # IMAGES tab: vae/reconstructions, vae/samples, every epoch
@@ -9,7 +9,7 @@ The likelihood is exact, so the ELBO is a true lower bound of log p(image) in na
 an integer count 0..16, modelled as Binomial(16, p) with p from the decoder. For scale, on the validation images
 the untrained VAE scores -532 nats per image and the best model with independent pixels (each pixel's own
 Binomial, fitted to the training images) -250; the VAE reaches -103.2 after 60 epochs (reconstruction -88.4,
-KL 14.8; measured on 2 CPU cores, ~10 s). The training ELBO ends near -90: with 1,259 training images the
+KL 14.8; ~8 s on 2 CPU cores). The training ELBO ends near -90: with 1,259 training images the
 decoder starts to memorise, so the validation bound is the honest number.
 
 What it shows: ``training_step`` computing a loss from the inputs alone (reconstruction + KL, both logged, and
