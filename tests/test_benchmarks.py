@@ -22,11 +22,13 @@ def test_overhead_benchmark_trains_exactly_what_the_hand_written_loop_trains():
                "--no-memory", "--no-import")
     rows = [line for line in out.splitlines() if line.startswith("| tiny MLP |")]
     variants = [row.split("|")[2].strip() for row in rows]
-    # alternating: hand, taskfit; interleaved: taskfit and the harness check (hand in the Trainer's place)
-    assert variants == ["hand", "taskfit", "taskfit", "hand in the Trainer's place (harness check)"], out
+    # separate processes: hand, defaults, all off; alternating: hand, taskfit; interleaved: taskfit and the
+    # harness check (hand in the Trainer's place)
+    assert variants == ["hand", "taskfit, defaults", "taskfit, all off", "hand", "taskfit", "taskfit",
+                        "hand in the Trainer's place (harness check)"], out
     diffs = [row.rstrip(" |").rsplit("|", 1)[-1].strip() for row in rows]
-    assert diffs == ["0.0e+00"] * 4, out  # same data order, same arithmetic: bit-for-bit equal parameters
-    for row in rows[2:]:
+    assert diffs == ["0.0e+00"] * 7, out  # same data order, same arithmetic: bit-for-bit equal parameters
+    for row in rows[:3] + rows[5:]:
         ratios = re.findall(r"\| (\d+\.\d{3}) \[(\d+\.\d{3})-(\d+\.\d{3})\] \|", row)
         assert ratios and float(ratios[0][1]) <= float(ratios[0][0]) <= float(ratios[0][2]), row
 

@@ -181,3 +181,13 @@ def test_ddp_two_processes_equal_one_process_with_own_steps(task_cls, tmp_path):
     assert trainer.state.global_step == (24 if task_cls is ManualClassifier else 12)
     for key in ("val/acc", "val/loss", "train/loss_epoch"):
         assert metrics[key] == pytest.approx(expected[key], abs=1e-6), key
+
+
+def test_manual_optimization_whose_step_returns_nothing_logs_no_made_up_loss():
+    class Silent(ManualClassifier):
+        def training_step(self, batch, batch_idx):
+            super().training_step(batch, batch_idx)  # steps both optimizers; its loss is not returned
+
+    metrics = Trainer(max_epochs=1, **QUIET).fit(Silent())
+    assert "train/loss" not in metrics and "train/loss_epoch" not in metrics  # not a constant 0.0
+    assert "train/second_loss_epoch" in metrics

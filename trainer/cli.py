@@ -28,6 +28,7 @@ from . import callbacks as cbs
 from . import console, modes, sweep
 from .callbacks import TensorBoardLogger
 from .checkpoint import last_checkpoint
+from .checkpoint_dirs import checkpoint_exists
 from .config import check_targets, explain, locate
 from .errors import CheckpointError, MisconfigurationError, TaskfitError
 from .seed import seed_everything
@@ -191,7 +192,7 @@ def _fit(trainer: Any, task: Any, config: dict[str, Any], run_dir: str, ckpt_pat
     best = getattr(cb, "best_model_path", None) or None
     tested = None
     if config.get("test", True) and task.test_dataloader() is not None:
-        tested = trainer.test(task, ckpt_path=best if best and os.path.isfile(best) else None)[0]
+        tested = trainer.test(task, ckpt_path=best if best and checkpoint_exists(best) else None)[0]
     return _result(trainer, run_dir, best, tested)
 
 

@@ -154,7 +154,7 @@ class LogBook:
 
     def totals(self) -> tuple[list[str], list[Any]]:
         """Keys (sorted, identical on every rank) and their flattened ``[total, weight]`` pairs."""
-        keys = sorted(self.series)
+        keys = sorted(k for k, s in self.series.items() if s.pending or s.weight)  # never logged: not a 0.0
         flat: list[Any] = []
         for k in keys:  # peek, not fold: a partial epoch's end must not regroup the sums (exact resume)
             flat += list(self.series[k].peek())

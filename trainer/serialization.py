@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .checkpoint_dirs import STATE_FILE, copy_checkpoint, is_sharded, publish, require_complete
 from .errors import CheckpointError
 from .strategies import normalize_state_dict
 
@@ -70,8 +71,6 @@ def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None, in_
 def atomic_copy(src: str, dst: str) -> None:
     """Make ``dst`` a copy of the checkpoint ``src`` atomically: a hard link (free) or, where links fail, a copy."""
     if os.path.isdir(src):  # a sharded checkpoint: a directory of links
-        from .sharded_checkpoint import copy_checkpoint
-
         return copy_checkpoint(src, dst)
     tmp = _temp_beside(dst)
     try:
@@ -182,8 +181,6 @@ def _finish(tmp: str, path: str, sync: bool = True, data: memoryview | None = No
                 os.fsync(f.fileno())  # the data is on disk before the name points at it
         os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600 files; give the checkpoint the usual permissions
         if os.path.isdir(path):
-            from .sharded_checkpoint import is_sharded, publish
-
             if is_sharded(path):  # a sharded checkpoint of an earlier fsdp run had this name: swap it out
                 return publish(tmp, path)
         os.replace(tmp, path)
@@ -253,10 +250,9 @@ def load_file(path: str) -> Any:
                               "check the path (it is relative to the working directory), or pass "
                               "ckpt_path=\"last\" to resume from the newest checkpoint of the run directory.")
     if os.path.isdir(path):
-        from .sharded_checkpoint import is_sharded, load_skeleton
-
         if is_sharded(path):  # an fsdp checkpoint: its state, with meta tensors where the shards are
-            return load_skeleton(path)
+            require_complete(path)
+            return load_file(os.path.join(path, STATE_FILE))
         raise CheckpointError(f"Checkpoint {path} is a directory, not a file.",
                               f"pass a .ckpt file inside it (e.g. {os.path.join(path, LAST)}) or ckpt_path=\"last\".")
     try:
