@@ -52,7 +52,8 @@ class FSDPStrategy(DDPStrategy):
         mixed_precision: "auto" (``Trainer(precision="bf16-mixed")`` gathers and computes in bfloat16 and reduces
             gradients in float32), None (parameters as they are), or a ``MixedPrecisionPolicy``.
         cpu_offload: keep the shards, gradients and optimizer states in CPU memory (CUDA only).
-        timeout, start_method: as for :class:`~taskfit.ddp.DDPStrategy`.
+        timeout: as for :class:`~taskfit.ddp.DDPStrategy`.
+        start_method: as for :class:`~taskfit.ddp.DDPStrategy`.
     """
 
     name = "fsdp"
