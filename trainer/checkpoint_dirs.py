@@ -40,7 +40,7 @@ def publish(tmp: str, path: str) -> None:
     directory), an atomic exchange (Linux ``renameat2``), after which the old one is removed."""
     try:
         if os.path.isdir(tmp):
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
         if os.path.isdir(path) and not is_sharded(path):  # never replace (and delete) a folder of something else
             raise IsADirectoryError(errno.EISDIR, "a directory that is not a checkpoint has its name", path)
         if not os.path.lexists(path):
@@ -50,7 +50,7 @@ def publish(tmp: str, path: str) -> None:
             os.rename(path, aside)
             os.rename(tmp, path)
             tmp = aside
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
     except OSError as exc:
         remove_checkpoint(tmp)
         raise write_error(path, exc) from exc
@@ -95,7 +95,8 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(code, os.strerror(code), b)
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Make the renames inside ``directory`` durable (where the system can open a directory)."""
     if hasattr(os, "O_DIRECTORY"):
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint_dirs import STATE_FILE, copy_checkpoint, is_sharded, publish, require_complete
+from .checkpoint_dirs import STATE_FILE, copy_checkpoint, fsync_dir, is_sharded, publish, require_complete
 from .errors import CheckpointError
 from .strategies import normalize_state_dict
 
@@ -189,12 +189,7 @@ def _finish(tmp: str, path: str, sync: bool = True, data: memoryview | None = No
         if isinstance(exc, OSError):
             raise _write_error(path, exc) from exc
         raise
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    fsync_dir(os.path.dirname(path))  # make the rename itself durable
 
 
 def _write_error(path: str, exc: OSError) -> CheckpointError:
