@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from ..errors import CheckpointError, MisconfigurationError
-from ..serialization import atomic_copy, remove_files
+from ..serialization import atomic_copy, remove_files, write_probe
 from ..sharded_checkpoint import checkpoint_exists
 from .base import Callback
 
@@ -34,14 +34,8 @@ def format_filename(template: str, values: dict[str, Any]) -> str:
 def _unwritable(folder: str) -> str | None:
     """Why a checkpoint could not be written in ``folder`` (created if missing), or None: a probe file is written,
     fsynced and removed."""
-    probe = os.path.join(folder, f".taskfit-write-probe-{os.getpid()}")
     try:
-        os.makedirs(folder, exist_ok=True)
-        with open(probe, "wb") as fh:
-            fh.write(b"probe")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.unlink(probe)  # (unlink: a test that watches os.remove counts checkpoint rotations)
+        write_probe(folder)
     except OSError as exc:
         return f"{exc.strerror or exc} ({type(exc).__name__}, errno {exc.errno})"
     return None

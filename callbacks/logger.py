@@ -21,6 +21,7 @@ import warnings
 from typing import Any
 
 from ..errors import MisconfigurationError, TaskfitError
+from ..serialization import write_probe
 from .base import Callback
 
 STATUSES = ("success", "failed", "interrupted")
@@ -140,14 +141,8 @@ def _portable(problem: BaseException | None) -> BaseException | None:
 
 def check_writable(folder: str, who: str) -> None:
     """Create ``folder`` and write, fsync and remove a probe file in it; a MisconfigurationError says why not."""
-    probe = os.path.join(folder, f".taskfit-write-probe-{os.getpid()}")
     try:
-        os.makedirs(folder, exist_ok=True)
-        with open(probe, "wb") as fh:
-            fh.write(b"probe")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.unlink(probe)
+        write_probe(folder)
     except OSError as exc:
         raise MisconfigurationError(
             f"{who} cannot write to {folder}: {exc.strerror or exc} ({type(exc).__name__}).",

@@ -148,3 +148,14 @@ def checkpointing_trainer(root, **kwargs):
 def seeded_task(cls=RegressionTask, **kwargs):
     torch.manual_seed(0)
     return cls(**kwargs)
+
+
+def same_state(a, b) -> bool:
+    """Nested state (tensors, dicts, lists) equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    return a == b

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 import torch
 from fsdp_tasks import BatchNormTask, HeadOutsideForward, KillAt, ManualTwoOptimizers, MLPTask, ShardProbe, TransformerTask
+from tasks import same_state
 from torch import nn
 
 from taskfit import CheckpointError, MisconfigurationError, TaskModuleError, Trainer, seed_everything
@@ -116,7 +117,7 @@ def test_sigkill_mid_epoch_then_resume_from_last_is_bitwise_exact(runs, tmp_path
     reference = consolidate(str(runs["folder"] / "last.ckpt"), str(tmp_path / "reference.ckpt"))
     a, b = (torch.load(p, weights_only=True) for p in (resumed, reference))
     for key in ("module", "optimizer", "schedulers", "rng"):
-        assert _same(a[key], b[key]), key
+        assert same_state(a[key], b[key]), key
     assert {k: v for k, v in metrics.items() if k != "train/loss"} == \
         {k: v for k, v in runs["metrics"].items() if k != "train/loss"}
 
@@ -300,16 +301,6 @@ def test_damaged_or_hostile_sharded_checkpoints_are_refused(runs, tmp_path):
     assert not (tmp_path / "pwned").exists()
     with pytest.raises(CheckpointError, match="is not a sharded checkpoint directory"):
         consolidate(str(tmp_path), str(tmp_path / "out.ckpt"))
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def test_a_process_killed_while_it_writes_a_sharded_checkpoint_leaves_the_previous_one_whole(tmp_path):

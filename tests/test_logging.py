@@ -3,14 +3,11 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import torch
 
 from taskfit.callbacks import Callback, EarlyStopping, TensorBoardLogger
 from tasks import ClassifierTask, RegressionTask
+from tb_server import free_port, get
 from taskfit import MisconfigurationError, Trainer, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,25 +282,12 @@ def test_only_rank_zero_writes_event_files_under_ddp(tmp_path):
 
 
 # ---- a real TensorBoard serves the runs of a sweep ------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, body: dict | None = None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
 def test_tensorboard_serves_runs_tags_and_hparams(tmp_path):
     results = {}
     for lr in (0.05, 0.2):  # a two-run "sweep"
         trainer = Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), **QUIET)
         results[lr] = trainer.fit(ClassifierTask(lr=lr))
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path), "--port", str(port),
                "--host", "127.0.0.1", "--load_fast", "false", "--reload_interval", "1"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -311,7 +296,7 @@ def test_tensorboard_serves_runs_tags_and_hparams(tmp_path):
         tags, deadline = {}, time.monotonic() + 90
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                tags = _get(f"{base}/data/plugin/scalars/tags")
+                tags = get(f"{base}/data/plugin/scalars/tags")
                 if {"version_0", "version_1"} <= set(tags):
                     break
             except OSError:  # not listening yet
@@ -325,7 +310,7 @@ def test_tensorboard_serves_runs_tags_and_hparams(tmp_path):
         request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                    "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
                    "colParams": [{"hparam": "lr"}, {"metric": {"tag": "val/loss", "group": ""}}]}
-        groups = _get(f"{base}/data/plugin/hparams/session_groups", request)["sessionGroups"]
+        groups = get(f"{base}/data/plugin/hparams/session_groups", request)["sessionGroups"]
         by_lr = {g["hparams"]["lr"]: {m["name"]["tag"]: m["value"] for m in g["metricValues"]} for g in groups}
         assert set(by_lr) == {0.05, 0.2}
         for lr, metrics in results.items():

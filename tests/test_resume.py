@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 import torch
-from tasks import RegressionTask
+from tasks import RegressionTask, same_state
 from torch.utils.data import DataLoader, Dataset
 
 from taskfit.callbacks import Callback
@@ -263,16 +263,6 @@ def _ddp_task():
     return RegressionTask(n=64, batch_size=4, shuffle=True, dropout=0.2)
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 @pytest.mark.timeout(300)
 def test_ddp_preemption_and_resume_are_exact(tmp_path):
     """2 gloo processes. Run A is signalled (SIGTERM, rank 1 only) after step 5: both ranks stop at the next log
@@ -297,9 +287,9 @@ def test_ddp_preemption_and_resume_are_exact(tmp_path):
     b.fit(_ddp_task(), ckpt_path=str(mid))
     resumed = load_checkpoint(str(tmp_path / "b" / "version_0" / "checkpoints" / "last.ckpt"))
     for key in ("module", "optimizer", "schedulers", "rng", "logbook"):
-        assert _same(resumed[key], preempted[key]), key
+        assert same_state(resumed[key], preempted[key]), key
     run_length = ("max_epochs", "max_steps")  # B was given max_steps=6: where the data is, not how long the run is
-    assert _same({k: v for k, v in resumed["data"].items() if k not in run_length},
+    assert same_state({k: v for k, v in resumed["data"].items() if k not in run_length},
                  {k: v for k, v in preempted["data"].items() if k not in run_length})
     state = {k: v for k, v in resumed["loop"]["state"].items() if k != "metrics"}
     assert state == {k: v for k, v in preempted["loop"]["state"].items() if k != "metrics"}

@@ -68,6 +68,18 @@ def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None, in_
         writer.submit(_finish, tmp, path)
 
 
+def write_probe(folder: str) -> None:
+    """Create ``folder`` and write, fsync and remove a probe file in it: the OSError of a folder that cannot hold
+    a file (permissions, a read-only or full file system), found before any work (loggers, ModelCheckpoint)."""
+    probe = os.path.join(folder, f".taskfit-write-probe-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    with open(probe, "wb") as fh:
+        fh.write(b"probe")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.unlink(probe)  # (unlink: a test that watches os.remove counts checkpoint rotations)
+
+
 def atomic_copy(src: str, dst: str) -> None:
     """Make ``dst`` a copy of the checkpoint ``src`` atomically: a hard link (free) or, where links fail, a copy."""
     if os.path.isdir(src):  # a sharded checkpoint: a directory of links

@@ -271,7 +271,7 @@ class Trainer:
             self.predict_dataloader = loader if fn == "predict" else None
             self._call(f"on_{hook}_start")
             if fn == "predict":
-                on_batch_end = [functools.partial(fn, self, task) for fn in self.hooks["on_predict_batch_end"]]
+                on_batch_end = [functools.partial(call, self, task) for call in self.hooks["on_predict_batch_end"]]
                 result = predict(task, self.strategy.eval_module(self.model), loader, limit, strategy=self.strategy,
                                  precision=self.precision, on_batch_end=on_batch_end, keep=keep)
             else:
