@@ -14,6 +14,7 @@ import time
 import warnings
 from typing import Any
 
+from ..console import echo
 from ..errors import CheckpointError, MisconfigurationError
 from ..serialization import atomic_copy, remove_files, write_probe
 from ..sharded_checkpoint import checkpoint_exists
@@ -65,6 +66,10 @@ class ModelCheckpoint(Callback):
             epoch that did not validate is never ranked).
         train_time_interval: also save when this much time (seconds or a ``timedelta``) has passed since the
             last save, checked at step boundaries (under ddp at each ``log_every_n_steps``, with one broadcast).
+        min_epoch_interval: seconds (or a ``timedelta``) that must pass since the last save before an epoch save
+            is written, when only the newest file is kept (``monitor=None``, ``save_top_k`` 0 or 1): very short
+            epochs then do not pay a save each. A skipped state is saved at the end of fit (and by a preemption
+            signal); a SIGKILL can lose up to this long plus one epoch. 0 saves every epoch, as Lightning does.
 
     After fit: ``best_model_path``, ``best_model_score``, ``last_model_path``, ``best_k_models`` ({path: score}).
     Every rank runs this callback (a save gathers RNG states from all ranks); only rank 0 touches files.
@@ -76,7 +81,8 @@ class ModelCheckpoint(Callback):
                  monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
                  every_n_train_steps: int | None = None, every_n_epochs: int | None = 1,
                  train_time_interval: float | datetime.timedelta | None = None,
-                 save_on_train_epoch_end: bool | None = None) -> None:
+                 save_on_train_epoch_end: bool | None = None,
+                 min_epoch_interval: float | datetime.timedelta = 1.0) -> None:
         if mode not in ("min", "max"):
             raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
                                         'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
@@ -93,6 +99,13 @@ class ModelCheckpoint(Callback):
                                                 or train_time_interval <= 0):
             raise MisconfigurationError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}) is not valid.",
                                         "pass a number of seconds > 0 or a datetime.timedelta.")
+        if isinstance(min_epoch_interval, datetime.timedelta):
+            min_epoch_interval = min_epoch_interval.total_seconds()
+        if isinstance(min_epoch_interval, bool) or not isinstance(min_epoch_interval, (int, float)) \
+                or not min_epoch_interval >= 0:
+            raise MisconfigurationError(f"ModelCheckpoint(min_epoch_interval={min_epoch_interval!r}) is not valid.",
+                                        "pass a number of seconds >= 0 (0: save every epoch, as Lightning does) or "
+                                        "a datetime.timedelta.")
         stem = filename[:-5] if filename.endswith(".ckpt") else filename
         if not stem or stem == "last" or os.sep in _FIELD.sub("", stem):
             raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not valid.",
@@ -105,11 +118,13 @@ class ModelCheckpoint(Callback):
         self.every_n_epochs, self.train_time_interval = every_n_epochs or None, train_time_interval
         self.best_k_models: dict[str, float] = {}
         self.best_model_path, self.best_model_score, self.last_model_path = "", None, ""
-        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.save_on_train_epoch_end, self.min_epoch_interval = save_on_train_epoch_end, float(min_epoch_interval)
         self._evicted: dict[str, float] = {}  # files out of the top k whose removal may not have run yet
         self._last_step = self._saved_step = self._monitor_step = -1  # global steps of the last batch, save, score
         self._last_time = 0.0
         self._warned_missing = False
+        self._epoch_saves = self._skipped = 0  # this fit's due epoch saves and those skipped (in memory only)
+        self._skipped_since_save = False
 
     # ---- hooks ----------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
@@ -123,6 +138,8 @@ class ModelCheckpoint(Callback):
             self.best_k_models, self.best_model_path, self.best_model_score = {}, "", None
         self._last_step = self._saved_step = trainer.state.global_step  # after a restore: the resumed step
         self._last_time = time.monotonic()
+        self._epoch_saves = self._skipped = 0
+        self._skipped_since_save = False
 
     def needs_batch_hooks(self, trainer: Any) -> bool:
         return self.every_n_train_steps is not None or self.train_time_interval is not None
@@ -148,7 +165,7 @@ class ModelCheckpoint(Callback):
         if self.monitor is not None and self.monitor.startswith("val/"):
             self._check_monitor(trainer)
         if not self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
-            self.save(trainer)
+            self._epoch_save(trainer)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         # A partial epoch (max_steps, a stop, a signal) is saved by on_fit_end or the preemption handler.
@@ -157,7 +174,7 @@ class ModelCheckpoint(Callback):
         if self.monitor is not None and not self.monitor.startswith("val/"):
             self._check_monitor(trainer)  # training values are logged before on_train_epoch_end
         if self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
-            self.save(trainer)
+            self._epoch_save(trainer)
 
     def _saves_at_epoch_end(self, trainer: Any) -> bool:
         """Lightning's rule for where epoch saves happen (see ``save_on_train_epoch_end``)."""
@@ -171,6 +188,20 @@ class ModelCheckpoint(Callback):
         st = trainer.state
         return bool(self.every_n_epochs) and (st.epoch + 1) % self.every_n_epochs == 0 \
             and st.global_step != self._saved_step and not trainer.fast_dev_run
+
+    def _epoch_save(self, trainer: Any) -> None:
+        """An epoch save, skipped when it is too soon after the last one and would only replace the newest file
+        (a monitored save never is: a new best must be on disk). Under ddp rank 0 decides: a save is collective."""
+        self._epoch_saves += 1
+        if self.monitor is None and self.save_top_k in (0, 1) and self.min_epoch_interval > 0:
+            soon = time.monotonic() - self._last_time < self.min_epoch_interval
+            if trainer.strategy.world_size > 1:
+                soon = bool(trainer.strategy.broadcast(soon))
+            if soon:
+                self._skipped += 1
+                self._skipped_since_save = True
+                return
+        self.save(trainer)
 
     def _check_monitor(self, trainer: Any) -> None:
         """The monitored key was logged by now (the first validation, or the first epoch's end), else one error."""
@@ -195,9 +226,18 @@ class ModelCheckpoint(Callback):
             self.last_model_path = ""
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
-        if self.save_last and trainer.state.global_step != self._saved_step and not trainer.fast_dev_run:
-            trainer.save_checkpoint(self.prepare_last(trainer))  # training ended between two saves
-            self._saved_step = trainer.state.global_step
+        if trainer.state.global_step != self._saved_step and not trainer.fast_dev_run:
+            if self._skipped_since_save:  # the ranked file too: best_model_path must be the final state
+                self.save(trainer)
+            elif self.save_last:  # training ended between two saves
+                trainer.save_checkpoint(self.prepare_last(trainer))
+                self._saved_step = trainer.state.global_step
+        if self._skipped and trainer.is_main:
+            echo(f"ModelCheckpoint: {self._skipped} of {self._epoch_saves} epoch-end saves skipped (epochs shorter "
+                 f"than min_epoch_interval={self.min_epoch_interval} s); the final state is in "
+                 f"{'last.ckpt' if self.save_last else 'the ranked file'}. "
+                 "ModelCheckpoint(min_epoch_interval=0) saves every epoch, as Lightning does.",
+                 name="taskfit.checkpoint")
 
     def _time_due(self, trainer: Any, step: int) -> bool:
         if trainer.strategy.world_size > 1:  # ranks must agree: decide on rank 0, only where ranks sync anyway
@@ -248,7 +288,7 @@ class ModelCheckpoint(Callback):
         self._evicted.update((old, scores[old]) for old in evicted)
         if trainer.is_main and evicted:
             writer.submit(remove_files, evicted)  # old files go only once their replacement is in place
-        self._saved_step = trainer.state.global_step
+        self._saved_step, self._skipped_since_save = trainer.state.global_step, False
         self._last_time = time.monotonic()
 
     def _score(self, trainer: Any) -> float | None:
@@ -303,8 +343,9 @@ class ModelCheckpoint(Callback):
         self.best_model_path, self.best_model_score = (best, self.best_k_models[best]) if best else ("", None)
 
     def _new_path(self, trainer: Any) -> str:
-        st = trainer.state
-        values = {**st.metrics, "epoch": st.epoch, "step": st.global_step}
+        st = trainer.state  # between two epochs (the end of fit): named after the epoch it completed
+        epoch = st.epoch - 1 if st.epoch and not st.batches_done and not st.epoch_done else st.epoch
+        values = {**st.metrics, "epoch": epoch, "step": st.global_step}
         try:
             name = format_filename(self.filename, values)
         except KeyError as exc:

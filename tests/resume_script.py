@@ -88,9 +88,9 @@ SCENARIOS = {
               dict(every_n_train_steps=4, every_n_epochs=None, monitor="val/loss", save_top_k=2,
                    filename="{epoch}-{step}-{val/loss:.4f}"),
               [("kill", 0, 9), ("kill", 1, 7), ("finish",)]),
-    # epoch-end checkpoints only, 2 DataLoader worker processes, killed mid-epoch
+    # epoch-end checkpoints only (every epoch: min_epoch_interval=0), 2 DataLoader worker processes, killed mid-epoch
     "epochs": (dict(TASK, num_workers=2), dict(max_epochs=3, accumulate_grad_batches=2, log_every_n_steps=2),
-               dict(), [("kill", 1, 7), ("finish",)]),
+               dict(min_epoch_interval=0), [("kill", 1, 7), ("finish",)]),
     # SIGKILL while a checkpoint is being written
     "write": (dict(TASK, ballast_mb=24), dict(max_steps=9, log_every_n_steps=2),
               dict(every_n_train_steps=3, every_n_epochs=None), [("write",), ("finish",)]),

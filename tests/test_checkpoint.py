@@ -4,9 +4,11 @@ Killed processes and the exactness contract under real signals: tests/test_resum
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import pickle
+import re
 import threading
 
 import pytest
@@ -18,7 +20,7 @@ from taskfit.callbacks.checkpoint import format_filename
 from taskfit import CheckpointError, MisconfigurationError
 from taskfit.checkpoint import FORMAT_VERSION, last_checkpoint, load_checkpoint
 
-from tasks import checkpointing_trainer as _trainer, seeded_task as _task
+from tasks import checkpointing_trainer as _trainer, same_state, seeded_task as _task
 
 
 def _digest(folder) -> dict[str, str]:
@@ -43,7 +45,7 @@ class Values(Callback):
 
 # ---- what a checkpoint holds ------------------------------------------------------------------------------
 def test_checkpoint_holds_everything_and_loads_with_weights_only(tmp_path):
-    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer = _trainer(tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(min_epoch_interval=0)])  # an epoch-end file
     task = _task(shuffle=True, dropout=0.1, val_n=16)
     trainer.fit(task)
     path = trainer.checkpoint_callback.last_model_path
@@ -260,6 +262,117 @@ def test_train_time_interval(tmp_path):
     _trainer(tmp_path, max_steps=3, callbacks=[cb]).fit(_task())
     assert sorted(os.listdir(tmp_path / "version_0" / "checkpoints")) == [
         "last.ckpt", "step=1.ckpt", "step=2.ckpt", "step=3.ckpt"]
+
+
+# ---- min_epoch_interval: short epochs do not pay a save each -------------------------------------------------
+def _count_saves(trainer) -> list[str]:
+    """The paths ``trainer.save_checkpoint`` is called with (every save goes through it)."""
+    paths, real = [], trainer.save_checkpoint
+
+    def spy(path, *args, **kwargs):
+        paths.append(os.path.basename(path))
+        return real(path, *args, **kwargs)
+
+    trainer.save_checkpoint = spy
+    return paths
+
+
+def _step(path) -> int:
+    return torch.load(path, weights_only=True)["loop"]["state"]["global_step"]
+
+
+SKIPPED = re.compile(r"ModelCheckpoint: (\d+) of (\d+) epoch-end saves skipped \(epochs shorter than "
+                     r"min_epoch_interval=1\.0 s\); the final state is in last\.ckpt\. "
+                     r"ModelCheckpoint\(min_epoch_interval=0\) saves every epoch, as Lightning does\.")
+
+
+def test_short_epochs_skip_saves_and_fit_end_saves_the_final_state(tmp_path, capsys):
+    trainer = _trainer(tmp_path, max_epochs=5)  # the default ModelCheckpoint; epochs of a few ms
+    saves = _count_saves(trainer)
+    trainer.fit(_task())
+    cb, out = trainer.checkpoint_callback, capsys.readouterr().out
+    [(skipped, due)] = SKIPPED.findall(out)  # one line
+    assert due == "5" and int(skipped) >= 1 and len(saves) == 5 - int(skipped) + 1  # the skipped ones + fit end
+    folder = tmp_path / "version_0" / "checkpoints"
+    assert sorted(os.listdir(folder)) == ["epoch=4-step=40.ckpt", "last.ckpt"]  # named after its epoch
+    assert cb.best_model_path == str(folder / "epoch=4-step=40.ckpt") and cb.best_model_score == 40.0
+    assert _step(cb.last_model_path) == _step(cb.best_model_path) == trainer.state.global_step == 40
+
+
+class Clock:
+    """A fake ``time`` for ModelCheckpoint: each epoch start advances it by ``epoch_s`` seconds."""
+
+    def __init__(self, epoch_s: float) -> None:
+        self.now, self.epoch_s = 0.0, epoch_s
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class Tick(Callback):
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def on_train_epoch_start(self, trainer, task) -> None:
+        self.clock.now += self.clock.epoch_s
+
+
+def test_an_epoch_save_is_skipped_only_within_min_epoch_interval_of_the_last(tmp_path, monkeypatch, capsys):
+    clock = Clock(epoch_s=0.6)  # saves are due at 0.6, 1.2, 1.8, 2.4, 3.0 s: only 1.2 and 2.4 are 1 s after one
+    monkeypatch.setattr("taskfit.callbacks.checkpoint.time", clock)
+    trainer = _trainer(tmp_path, max_epochs=5, callbacks=[ModelCheckpoint(), Tick(clock)])
+    saves = _count_saves(trainer)
+    trainer.fit(_task())
+    assert saves == ["epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt", "epoch=4-step=40.ckpt"]  # the last: fit end
+    assert SKIPPED.findall(capsys.readouterr().out) == [("3", "5")]
+
+
+def test_min_epoch_interval_0_saves_every_epoch(tmp_path, capsys):
+    trainer = _trainer(tmp_path, max_epochs=5, callbacks=[ModelCheckpoint(min_epoch_interval=0)])
+    saves = _count_saves(trainer)
+    trainer.fit(_task())
+    assert saves == [f"epoch={e}-step={8 * (e + 1)}.ckpt" for e in range(5)]
+    assert "ModelCheckpoint:" not in capsys.readouterr().out
+
+
+def test_every_epoch_file_is_written_when_more_than_the_newest_are_kept(tmp_path, capsys):
+    _trainer(tmp_path, max_epochs=5, callbacks=[ModelCheckpoint(save_top_k=-1, filename="{epoch}")]).fit(_task())
+    assert sorted(os.listdir(tmp_path / "version_0" / "checkpoints")) == [f"epoch={e}.ckpt" for e in range(5)] + [
+        "last.ckpt"]
+    assert "ModelCheckpoint:" not in capsys.readouterr().out
+
+
+def test_a_monitored_epoch_save_is_never_skipped(tmp_path, capsys):
+    values = Values("val/loss")
+    cb = ModelCheckpoint(monitor="val/loss", filename="{epoch}")
+    trainer = _trainer(tmp_path, max_epochs=5, callbacks=[cb, values])
+    saves = _count_saves(trainer)
+    trainer.fit(_task(val_n=16))
+    assert len(saves) == 5  # every epoch: a ranked file when it is the best so far, else last.ckpt
+    best = values.values.index(min(values.values))
+    assert cb.best_model_path.endswith(f"epoch={best}.ckpt") and cb.best_model_score == min(values.values)
+    assert "ModelCheckpoint:" not in capsys.readouterr().out
+
+
+def test_min_epoch_interval_values():
+    assert ModelCheckpoint(min_epoch_interval=datetime.timedelta(seconds=2)).min_epoch_interval == 2.0
+    for bad in (-1, "x", None, float("nan")):
+        message = rf"ModelCheckpoint\(min_epoch_interval={re.escape(repr(bad))}\) is not valid\.\n  HINT: pass a " \
+                  r"number of seconds >= 0 \(0: save every epoch, as Lightning does\) or a datetime\.timedelta\."
+        with pytest.raises(MisconfigurationError, match=message):
+            ModelCheckpoint(min_epoch_interval=bad)
+
+
+def test_resume_after_skipped_epoch_saves_is_bitwise_exact(tmp_path, capsys):
+    reference = _task(shuffle=True, dropout=0.2)
+    _trainer(tmp_path / "ref", max_epochs=5, enable_checkpointing=False).fit(reference)
+    _trainer(tmp_path / "run", max_epochs=3).fit(_task(shuffle=True, dropout=0.2))
+    assert SKIPPED.search(capsys.readouterr().out)  # the run's epoch saves were skipped: fit end saved
+    resumed = _trainer(tmp_path / "run", max_epochs=5)
+    task = _task(shuffle=True, dropout=0.2)
+    resumed.fit(task, ckpt_path="last")
+    assert resumed.state.global_step == 40
+    assert same_state(task.state_dict(), reference.state_dict())
 
 
 class Threads(Callback):

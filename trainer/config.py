@@ -86,6 +86,7 @@ class ModelCheckpointConf:
     every_n_epochs: Optional[int] = 1
     train_time_interval: Optional[float] = None
     save_on_train_epoch_end: Optional[bool] = None
+    min_epoch_interval: float = 1.0
 
 
 @dataclass
