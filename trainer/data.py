@@ -138,6 +138,9 @@ def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True)
 
 def batch_size_of(batch: Any) -> int:
     """The number of samples in a batch: the first dimension of its first tensor (1 when there is none)."""
+    first = batch[0] if type(batch) in (tuple, list) and batch else batch  # the usual (inputs, targets): answered
+    if type(first) is torch.Tensor and first.dim() and first.shape[0]:  # here, without recursion, an ABC check or
+        return first.shape[0]  # Tensor.__len__ (Python code)
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else 1
     if isinstance(batch, Mapping):

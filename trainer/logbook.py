@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -210,14 +210,16 @@ class LogBuffer:
     def new_epoch(self, global_step: int) -> None:
         """An empty training book; :attr:`losses` is its loss series' pending list (the loop appends to it)."""
         self.train.reset()
-        self._loss = self.train.series_for("train/loss")
-        self.losses: list[Any] = self._loss.pending  # this epoch's losses since the last log (read, not written)
+        self._use_loss_series(self.train.series_for("train/loss"))
         self._checked = 0  # how many of them check_pending found finite
         self.fold_mark = (global_step, 0)
 
-    def add_loss(self, loss: torch.Tensor) -> None:
-        """A training step's detached loss, weighted by its batch's size (``train.weight``): kept, not converted."""
-        self._loss.add(loss, self.train.weight)
+    def _use_loss_series(self, series: _Series) -> None:
+        self._loss = series
+        self.losses: list[Any] = series.pending  # this epoch's losses since the last log (read, not written)
+        # add_loss(loss, samples): a step's detached loss, weighted by its batch's size, kept (not converted). The
+        # series' own method, bound here once per epoch: the loop's one call per step for its loss.
+        self.add_loss: Callable[[Any, float], None] = series.add
 
     def enter(self, stage: str) -> LogBook:
         """Make ``stage``'s book the one ``self.log`` writes to: the training book, or a new one per evaluation."""
@@ -328,7 +330,6 @@ class LogBuffer:
             if isinstance(series["total"], torch.Tensor):
                 series["total"] = series["total"].to(device)
         self.train.load_state_dict(book)
-        self._loss = self.train.series_for("train/loss")
-        self.losses = self._loss.pending
+        self._use_loss_series(self.train.series_for("train/loss"))
         self._checked = 0
         self.fold_mark = tuple(state["fold_mark"])

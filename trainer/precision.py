@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -52,6 +52,16 @@ class Precision:
                 self.scaler = torch.amp.GradScaler(device.type)
                 if device.type == "cpu":
                     warn_once(_SLOW_FP16_ON_CPU)
+
+    def autocasting(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """``step`` run under :attr:`autocast`; for "32" ``step`` itself (the loop enters no context per batch)."""
+        if self.precision == "32":
+            return step
+
+        def step_under_autocast(*args: Any) -> Any:
+            with self.autocast:
+                return step(*args)
+        return step_under_autocast
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()

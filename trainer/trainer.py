@@ -159,19 +159,18 @@ class Trainer:
         task, optimizer, precision, st = self.task, self.optimizer, self.precision, self.state
         if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
             batch = self.strategy.batch_to_device(batch)
-        self.logs.train.weight = batch_size_of(batch)  # samples: epoch means of logged values weigh by it
+        self.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
         k = self.accumulate_grad_batches
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
         with _NO_SYNC_NEEDED if steps else self.strategy.no_sync(self.model):  # ddp: no all-reduce while waiting
-            with precision.autocast:  # the forward and the loss only, as torch.autocast asks
-                out = self.training_step(batch, batch_idx)
+            out = self.training_step(batch, batch_idx)  # under autocast (forward and loss only: _setup_fit)
             loss = out if type(out) is torch.Tensor else step_loss(out, task, self.manual)
-            outputs = detached(out)  # what on_train_batch_end receives
+            outputs = out.detach() if type(out) is torch.Tensor else detached(out)  # what on_train_batch_end gets
             if not self._loss_checked and loss is not None:
                 check_loss(loss, task, not self.manual, "training_step" if defines(task, "training_step") else "loss")
                 self._loss_checked = True
             if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
-                self.logs.add_loss(outputs if out is loss else loss.detach())
+                self.logs.add_loss(outputs if out is loss else loss.detach(), samples)
             if self.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
                 return outputs
             if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
@@ -181,7 +180,8 @@ class Trainer:
             precision.backward(loss if group == 1 else loss / group)
         if not steps:
             return outputs
-        self.before_optimizer_step(optimizer)
+        if self.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
+            self.before_optimizer_step(optimizer)
         if self.clip_gradients is not None:
             self.clip_gradients()
         stepped = precision.step(optimizer)  # False: the GradScaler skipped a step whose gradients overflowed
@@ -327,12 +327,14 @@ class Trainer:
         self.optimizer, self.schedulers = self.optimizers[0], Schedulers(configs, automatic=not self.manual)
         self.manual_optimizers = [ManualOptimizer(o, self) for o in self.optimizers] if self.manual else []
         self.clip_gradients = gradient_clipper(self.optimizer, self.gradient_clip_val, self.gradient_clip_algorithm)
-        self.training_step = training_step(task, self.model, self.manual, strategy.eval_module(self.model))
+        self.training_step = self.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
+            training_step(task, self.model, self.manual, strategy.eval_module(self.model)))
         self.train_dataloader, self.num_train_batches, self.val_loader, self.num_val_batches = fit_loaders(
             task, self.limits, bool(self.overfit_batches), self.data_seed, strategy, self.preempt_signals)
         self.val_schedule = ValidationSchedule(self.val_check_interval, self.check_val_every_n_epoch,
                                                self.num_train_batches, self.val_loader is not None)
         self._loss_checked = False
+        self.before_step_work = self.precision.scaler is not None or bool(self.hooks["on_before_optimizer_step"])
         if ckpt_path is not None:
             restore(self, ckpt_path)
             self.state.resumed = True
