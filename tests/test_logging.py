@@ -118,6 +118,39 @@ def test_one_event_per_step_and_a_key_logged_twice_keeps_both_values(tmp_path):
     assert steps == [2, 4, 6, 6, 8, 10, 12, 12, 12], steps
 
 
+@pytest.mark.parametrize("send_secs", [3600.0, 0.0])
+def test_scalars_reach_the_writer_in_one_batch_every_send_secs(tmp_path, monkeypatch, send_secs):
+    """Each event handed to SummaryWriter wakes its thread, which takes the GIL from the loop (one wake-up per log
+    interval cost a 0.14 s epoch ~4%): the events are kept and handed over together every SEND_SECS, and at the end
+    nothing is missing. With SEND_SECS=0 every completed step's event goes over at the next log call."""
+    import taskfit.callbacks.tensorboard as tb
+    from torch.utils.tensorboard.writer import FileWriter
+
+    monkeypatch.setattr(tb, "SEND_SECS", send_secs)
+    handed: list[tuple[str, int]] = []  # (what happened, global step), in order
+    add_summary = FileWriter.add_summary
+
+    def spy(self, summary, global_step=None, *args, **kwargs):
+        if summary.value and all(v.HasField("simple_value") for v in summary.value):
+            handed.append(("scalars", global_step))
+        return add_summary(self, summary, global_step, *args, **kwargs)
+
+    monkeypatch.setattr(FileWriter, "add_summary", spy)
+
+    class Mark(Callback):
+        def on_train_epoch_end(self, trainer, task):
+            handed.append(("epoch end", trainer.state.global_step))
+
+    trainer = Trainer(max_epochs=3, log_every_n_steps=1, default_root_dir=str(tmp_path), callbacks=[Mark()], **QUIET)
+    trainer.fit(ClassifierTask())  # 6 steps per epoch
+    during = [step for what, step in handed[:handed.index(("epoch end", 18))] if what == "scalars"]
+    if send_secs:  # nothing handed over while training: all of it at the end
+        assert during == []
+    else:  # each step's event as soon as the next one starts
+        assert during == list(range(1, 18)), during
+    assert [s for s, _ in scalars(read_run(trainer.log_dir), "train/loss")] == list(range(1, 19))
+
+
 def test_each_fit_gets_its_own_version_directory(tmp_path):
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
     trainer.fit(RegressionTask(n=16))
