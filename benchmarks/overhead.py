@@ -6,8 +6,9 @@
     python benchmarks/overhead.py --breakdown   # + interleaved runs with the defaults switched on one by one
     python benchmarks/overhead.py --quick       # a smoke run (fewer rounds and epochs)
 
-Every variant trains the same model on the same data (``shuffle=False``, so the data order is the same), with
-the same optimizer, batch size, seed and thread count (1). Reported:
+Every variant trains the same model on the same data in the same order (``shuffle=False``; with ``--shuffle`` the
+separate-process runs shuffle, all in the same seeded order), with the same optimizer, batch size, seed and thread
+count (1). Reported:
 
 - separate processes (``separate.py``): the hand-written loop and the Trainer with its defaults (and with all of
   them off), each in a fresh process, as a user benchmarks a framework: what a user sees;
@@ -268,8 +269,8 @@ def main() -> None:
                         help="runs of the Trainer with its defaults switched on one at a time, too")
     parser.add_argument("--no-lightning", action="store_true", help="skip PyTorch Lightning even if installed")
     parser.add_argument("--no-separate", action="store_true", help="skip the separate-process runs")
-    parser.add_argument("--shuffle", action="store_true", help="separate-process runs: shuffle the data (the orders "
-                        "then differ between the hand-written loop and the Trainer)")
+    parser.add_argument("--shuffle", action="store_true", help="separate-process runs: shuffle the data (the hand-written "
+                        "loop with DistributedSampler's seeded order, the Trainer's: the weights still match)")
     parser.add_argument("--no-alternating", action="store_true", help="skip the alternating runs")
     parser.add_argument("--no-interleaved", action="store_true", help="skip the interleaved runs")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")

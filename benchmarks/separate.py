@@ -46,8 +46,10 @@ def child(workload: str, variant: str, epochs: int, shuffle: bool, out: str) -> 
     marks: list[float] = []
     if variant == "hand":
         model, optimizer, loader = make_hand(spec, data)
-        for _ in range(epochs):
+        for epoch in range(epochs):
             marks.append(time.perf_counter())
+            if shuffle:
+                loader.sampler.set_epoch(epoch)  # this epoch's order (workloads.make_hand_loader)
             for x, y in loader:
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(x), y)
@@ -81,8 +83,9 @@ def run_once(workload: str, variant: str, epochs: int, shuffle: bool, params: st
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TASKFIT_SEED", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, variant, str(epochs), params]
-    out = subprocess.run(cmd + (["--shuffle"] if shuffle else []), capture_output=True, text=True, env=env,
-                         check=True)
+    out = subprocess.run(cmd + (["--shuffle"] if shuffle else []), capture_output=True, text=True, env=env)
+    if out.returncode:  # the child's own error, not only its exit status
+        raise SystemExit(f"{' '.join(cmd)} failed with exit status {out.returncode}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 SEED = 0
 
@@ -51,9 +51,18 @@ def make_optimizer(params: Any, spec: dict[str, Any]) -> torch.optim.Optimizer:
 
 
 def make_loader(data: TensorDataset, spec: dict[str, Any]) -> DataLoader:
-    """``shuffle`` off unless the spec says so (separate-process runs with ``--shuffle``): then the orders differ
-    between the hand-written loop (torch's RandomSampler) and the Trainer (its resumable sampler)."""
+    """The task's loader: ``shuffle`` off unless the spec says so (separate-process runs with ``--shuffle``)."""
     return DataLoader(data, batch_size=spec["batch_size"], shuffle=spec.get("shuffle", False))
+
+
+def make_hand_loader(data: TensorDataset, spec: dict[str, Any]) -> DataLoader:
+    """The hand-written loop's loader. Shuffled, it takes the reproducible order a hand-written loop gets from
+    ``DistributedSampler(seed=...)`` and ``set_epoch(epoch)`` each epoch: ``randperm(n, seed + epoch)``, the
+    Trainer's documented order (its seed: torch's initial seed, ``SEED``), so the weights still match bit for bit."""
+    if not spec.get("shuffle", False):
+        return make_loader(data, spec)
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=SEED)
+    return DataLoader(data, batch_size=spec["batch_size"], sampler=sampler)
 
 
 class Model(nn.Module):
@@ -70,7 +79,7 @@ def make_hand(spec: dict[str, Any], data: TensorDataset) -> tuple[Model, torch.o
     model = Model(make_net(spec))
     optimizer = make_optimizer(model.parameters(), spec)
     model.train()
-    return model, optimizer, make_loader(data, spec)
+    return model, optimizer, make_hand_loader(data, spec)
 
 
 def make_task(spec: dict[str, Any], data: TensorDataset) -> Any:
