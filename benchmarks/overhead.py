@@ -308,7 +308,7 @@ def main() -> None:
 
     if not args.no_separate:
         epochs = {name: 3 if args.quick else (args.epochs or 2 * WORKLOADS[name]["epochs"]) for name in workloads}
-        separate_rounds = 2 if args.quick else max(3, rounds - 2)
+        separate_rounds = 2 if args.quick else max(5, rounds)
         results = {name: measure_separate(name, epochs[name], separate_rounds, args.shuffle, args.breakdown)
                    for name in workloads}
         print_separate(results, epochs, separate_rounds, args.shuffle)

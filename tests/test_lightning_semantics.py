@@ -200,6 +200,23 @@ def test_a_short_accumulation_group_is_divided_by_its_own_size():
     assert grads == [pytest.approx(1.0), pytest.approx(1.0)]  # 3 * (1/3), then 1 * (1/1); Lightning: 1.0, 0.3333
 
 
+def test_the_step_s_gradients_are_there_at_batch_end_and_zeroed_before_the_next_forward():
+    # Lightning zeroes the gradients before a group's forward (its closure), not after optimizer.step():
+    # on_train_batch_end sees the gradients of the step that just ran; the next batch's start from zero.
+    seen = []
+
+    class Grads(Callback):
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+            seen.append(float(task.net.weight.grad))
+
+    class Probe(Line):
+        def loss(self, outputs, targets):  # d(loss)/dw = batch_idx + 1, so stale gradients would show
+            return self.net.weight.sum() * (float(targets[0]) // 2 + 1)
+
+    fit(Probe(n=8, batch_size=2, lr=0.0), max_epochs=1, callbacks=[Grads()])
+    assert seen == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_overfit_batches_validates_on_the_training_batches():
     # Lightning validates on the first overfit_batches of the validation loader (x = 100..103 here).
     seen = []

@@ -226,3 +226,22 @@ def test_dp_example_runs_and_its_checkpoint_loads_into_a_plain_module(tmp_path, 
     assert accuracy >= 0.85 and again == accuracy and reloaded["val/acc"] == pytest.approx(accuracy, abs=1e-4)
     runs = list((tmp_path / "runs").glob("version_*"))
     assert len(runs) == 1 and list(runs[0].rglob("events.out.tfevents.*"))
+
+
+# ---- gradient accumulation: which micro-batches reduce gradients over ranks ------------------------------------
+def test_under_accumulation_only_the_micro_batch_that_steps_syncs_gradients(quiet):
+    # ddp/fsdp skip the gradient all-reduce on the micro-batches that do not step: the loop tells the strategy
+    # before each one (groups of 3 over 5 batches: [0, 1, 2], [3, 4]); without accumulation it never asks.
+    calls = []
+
+    class Recording(Strategy):
+        def gradient_sync(self, wrapped, enabled):
+            calls.append((wrapped is trainer.model, enabled))
+
+    trainer = Trainer(strategy=Recording(), max_epochs=1, accumulate_grad_batches=3, **quiet)
+    trainer.fit(RegressionTask(n=40, batch_size=8))
+    assert calls == [(True, False), (True, False), (True, True), (True, False), (True, True),
+                     (True, True)]  # the last: fit's end turns it back on
+    calls.clear()
+    Trainer(strategy=Recording(), max_epochs=1, **quiet).fit(RegressionTask(n=40, batch_size=8))
+    assert calls == []

@@ -16,7 +16,6 @@ Backend: nccl on CUDA, gloo on the CPU (``accelerator="cpu", devices=2`` is a re
 from __future__ import annotations
 
 import atexit
-import contextlib
 import multiprocessing
 import os
 import sys
@@ -150,13 +149,14 @@ class DDPStrategy(Strategy):
         ranks may have one batch more or less there."""
         return unwrap(wrapped)
 
-    def no_sync(self, wrapped: nn.Module) -> contextlib.AbstractContextManager:
-        """Skip the gradient all-reduce on accumulation micro-batches; the stepping one syncs their sum."""
+    def gradient_sync(self, wrapped: nn.Module, enabled: bool) -> None:
+        """Skip the gradient all-reduce on accumulation micro-batches; the stepping one syncs their sum. DDP's own
+        flag, the one its ``no_sync()`` context sets (a flag, not a context: the step enters no context per batch)."""
         while not isinstance(wrapped, DistributedDataParallel):
             wrapped = getattr(wrapped, "_orig_mod", None)  # under torch.compile
             if wrapped is None:
-                return contextlib.nullcontext()
-        return wrapped.no_sync()
+                return
+        wrapped.require_backward_grad_sync = enabled
 
     # ---- collectives (each one waits for every rank) ------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

@@ -13,7 +13,6 @@ padding: 23 + 22 samples); the first training forward after it frees them again.
 """
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -148,9 +147,11 @@ class FSDPStrategy(DDPStrategy):
         collectives, whatever number of batches each rank has."""
         return GatheredEval(unwrap(wrapped))
 
-    def no_sync(self, wrapped: nn.Module) -> contextlib.AbstractContextManager:
+    def gradient_sync(self, wrapped: nn.Module, enabled: bool) -> None:
         """Accumulation micro-batches keep their (unsharded) gradients locally; the stepping one reduce-scatters."""
-        return _without_gradient_sync(unwrap(wrapped))
+        root = unwrap(wrapped)
+        if isinstance(root, FSDPModule):
+            root.set_requires_gradient_sync(enabled)
 
     def average_gradients(self, params: list[torch.Tensor]) -> None:
         """Nothing to do: FSDP's backward has already reduce-scattered (averaged) every gradient shard."""
@@ -334,18 +335,6 @@ class GatheredEval:
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _without_gradient_sync(root: nn.Module) -> Iterator[None]:
-    if not isinstance(root, FSDPModule):
-        yield
-        return
-    root.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        root.set_requires_gradient_sync(True)
-
-
 def _shard_like(value: Any, param: torch.Tensor) -> Any:
     """A full per-parameter tensor cut to ``param``'s local shard; anything else as it is."""
     if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and not isinstance(value, DTensor) \

@@ -3,13 +3,12 @@
 ``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here), ``DDPStrategy`` (``ddp.py``) and
 ``FSDPStrategy`` (``fsdp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit
 of Lightning Fabric: ``launch``, ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``,
-``module_state_dict``, ``no_sync``, ``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``,
+``module_state_dict``, ``gradient_sync``, ``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``,
 ``teardown``; checkpoints ask it for the module's and the optimizers' state (``optimizer_state_dict``, ``load_*``,
 ``full_state_dict``). See docs/strategies.md.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from collections import OrderedDict
@@ -210,9 +209,9 @@ class Strategy:
             return {}
         return {k: v.detach().cpu() for k, v in unwrap(module).state_dict().items()}
 
-    def no_sync(self, wrapped: nn.Module) -> contextlib.AbstractContextManager:
-        """Context for micro-batches that do not step (ddp skips the gradient all-reduce there)."""
-        return contextlib.nullcontext()
+    def gradient_sync(self, wrapped: nn.Module, enabled: bool) -> None:
+        """Under gradient accumulation, before each micro-batch: whether its backward reduces the gradients over
+        ranks (ddp and fsdp turn it off on the micro-batches that do not step). One process: nothing to do."""
 
     def average_gradients(self, params: list[torch.Tensor]) -> None:
         """Average the gradients of ``params`` over ranks (manual optimization's ``opt.step()``); one process:

@@ -1,8 +1,9 @@
 """Trainer: the loop, top to bottom, in this one file. docs/concepts.md maps the modules it delegates to.
 
 One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``precision.step`` -> ``optimizer.step``.
-The step is the one written by hand: batch to the device (not on the CPU), forward and loss under autocast,
-backward, and once per ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step -> zero_grad. Nothing
+The step is the one written by hand: batch to the device (not on the CPU), zero_grad when an accumulation group
+starts, forward and loss under autocast, backward, and once per ``accumulate_grad_batches`` batches unscale -> hooks
+-> clip -> step. Nothing
 per step reads a device value on the host: the loss stays a tensor, converted once per ``log_every_n_steps``
 (``LogBuffer.interval``: the one CPU-GPU sync of training); the DataLoader's ``next`` is timed (``perf_counter``).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,9 +35,6 @@ from .serialization import CheckpointWriter
 from .state import TrainerState
 from .steps import ManualOptimizer, defines, detached, step_loss, training_step
 from .strategy_registry import select_strategy
-
-_NO_SYNC_NEEDED = contextlib.nullcontext()  # reusable: the step enters it instead of ddp's no_sync
-
 
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
@@ -116,6 +115,8 @@ class Trainer:
             st = self.state
             self._call("on_fit_start")
             on_start, on_end = drop_idle_batch_hooks(self.hooks, self)  # a per-batch call only where it does work
+            every, preemption = self.log_every_n_steps, self.preemption  # read once: the loop asks every batch
+            max_steps = self.max_steps if self.max_steps is not None else math.inf
             if self.num_sanity_val_steps and self.val_loader is not None and not st.resumed:
                 self._sanity_check()
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
@@ -131,14 +132,14 @@ class Trainer:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
                     outputs = self._train_step(batch, batch_idx)
-                    if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
+                    if st.global_step // every != step // every:
                         self._log_interval()  # every log_every_n_steps optimizer steps
                     st.batches_done = batch_idx + 1
                     if validating and self.val_schedule.due(st.epoch, batch_idx):
                         self._validate()
                     for fn in on_end:
                         fn(self, task, outputs, batch, batch_idx)
-                    if st.global_step != step and (self.preemption.should_break(st) or self._max_steps_reached):
+                    if st.global_step != step and (preemption.should_break(st) or st.global_step >= max_steps):
                         completed = st.batches_done >= n
                         break
                     waited = clock()
@@ -162,22 +163,25 @@ class Trainer:
         self.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
         k = self.accumulate_grad_batches
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
-        with _NO_SYNC_NEEDED if steps else self.strategy.no_sync(self.model):  # ddp: no all-reduce while waiting
-            out = self.training_step(batch, batch_idx)  # under autocast (forward and loss only: _setup_fit)
-            loss = out if type(out) is torch.Tensor else step_loss(out, task, self.manual)
-            outputs = out.detach() if type(out) is torch.Tensor else detached(out)  # what on_train_batch_end gets
-            if not self._loss_checked and loss is not None:
-                check_loss(loss, task, not self.manual, "training_step" if defines(task, "training_step") else "loss")
-                self._loss_checked = True
-            if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
-                self.logs.add_loss(outputs if out is loss else loss.detach(), samples)
-            if self.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
-                return outputs
-            if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
-                st.skipped_steps += 1
-                optimizer.zero_grad(set_to_none=True)
-                return outputs
-            precision.backward(loss if group == 1 else loss / group)
+        if k > 1:  # ddp/fsdp reduce the gradients only on the micro-batch that steps (a flag: no context per batch)
+            self.strategy.gradient_sync(self.model, steps)
+        if batch_idx % k == 0 and not self.manual:  # a group's first batch: zero_grad before the forward, where a
+            optimizer.zero_grad(set_to_none=True)  # hand-written loop and Lightning put it (manual: the task does)
+        out = self.training_step(batch, batch_idx)  # under autocast (forward and loss only: _setup_fit)
+        loss = out if type(out) is torch.Tensor else step_loss(out, task, self.manual)
+        outputs = out.detach() if type(out) is torch.Tensor else detached(out)  # what on_train_batch_end gets
+        if not self._loss_checked and loss is not None:
+            check_loss(loss, task, not self.manual, "training_step" if defines(task, "training_step") else "loss")
+            self._loss_checked = True
+        if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
+            self.logs.add_loss(outputs if out is loss else loss.detach(), samples)
+        if self.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
+            return outputs
+        if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
+            st.skipped_steps += 1
+            optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
+            return outputs
+        precision.backward(loss if group == 1 else loss / group)
         if not steps:
             return outputs
         if self.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
@@ -185,7 +189,6 @@ class Trainer:
         if self.clip_gradients is not None:
             self.clip_gradients()
         stepped = precision.step(optimizer)  # False: the GradScaler skipped a step whose gradients overflowed
-        optimizer.zero_grad(set_to_none=True)
         st.global_step += 1
         if stepped and self.schedulers.per_step:
             self.schedulers.after_step(st.global_step, st.metrics)
@@ -318,6 +321,8 @@ class Trainer:
             finally:
                 if self.preemption is not None:
                     self.preemption.uninstall()
+                if fn == "fit" and self.accumulate_grad_batches > 1 and self.model is not None:
+                    self.strategy.gradient_sync(self.model, True)  # a group cut short (an error) left it off
                 task.trainer = None
 
     def _setup_fit(self, ckpt_path: str | None) -> None:
