@@ -314,3 +314,19 @@ def test_huge_finite_losses_are_not_reported_as_nonfinite(quiet):
     trainer = Trainer(max_epochs=1, log_every_n_steps=3, **quiet)
     trainer.fit(Huge())
     assert trainer.state.metrics["train/loss"] == pytest.approx(3e38, rel=1e-6)
+
+
+class LogInForward(ClassifierTask):
+    def forward(self, inputs):
+        outputs = super().forward(inputs)
+        self.log("mean_logit", outputs.mean())  # inside the compiled graph's code: a graph break, run eagerly
+        return outputs
+
+
+def test_compile_on_the_cpu_runs_self_log_eagerly_with_the_same_metrics(quiet):
+    runs = []
+    for compile in (False, True):
+        seed_everything(0)
+        runs.append(Trainer(max_epochs=2, compile=compile, **quiet).fit(LogInForward()))
+    assert "train/mean_logit_epoch" in runs[1] and runs[0].keys() == runs[1].keys()
+    assert runs[1] == pytest.approx(runs[0], abs=1e-6)

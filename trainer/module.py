@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from .trainer import Trainer
 
 _PRIMITIVES = (int, float, str, bool, type(None))
+# torch.compiler.disable, applied at the first call: the decorator imports torch._dynamo (about a second), which
+# `import taskfit` should not pay. torch.optim defers it the same way, with this helper; where a torch lacks it,
+# the public decorator (and the import at once).
+_EAGER = getattr(torch, "_disable_dynamo", torch.compiler.disable)
 
 
 def _plain(value: Any) -> Any:
@@ -163,7 +167,7 @@ class TaskModule(nn.Module):
         stage = None if self.trainer is None else self.trainer.state.stage
         return {"sanity": "val", "idle": None}.get(stage, stage)  # type: ignore[arg-type]
 
-    @torch.compiler.disable  # under compile=True: run eagerly (a graph break), not traced into guards per key
+    @_EAGER  # under compile=True: run eagerly (a graph break), not traced into guards per key
     def log(self, name: str, value: torch.Tensor | float, prog_bar: bool = False) -> None:
         """Record ``value`` under ``name``; averaged over the epoch (and across ddp ranks).
 
