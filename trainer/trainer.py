@@ -1,17 +1,14 @@
 """Trainer: the loop, top to bottom, in this one file. docs/concepts.md maps the modules it delegates to.
 
 One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``precision.step`` -> ``optimizer.step``.
-The step is the one written by hand: batch to the device (not on the CPU), zero_grad when an accumulation group
-starts, forward and loss under autocast, backward, and once per ``accumulate_grad_batches`` batches unscale -> hooks
--> clip -> step. Nothing
-per step reads a device value on the host: the loss stays a tensor, converted once per ``log_every_n_steps``
-(``LogBuffer.interval``: the one CPU-GPU sync of training); the DataLoader's ``next`` is timed (``perf_counter``).
+The step is the one written by hand: batch to the device (not on the CPU), zero_grad at a group's start, forward
+and loss under autocast, backward, every ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step. No
+device value is read per step: the loss is converted once per ``log_every_n_steps`` (the one CPU-GPU sync).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -35,6 +32,7 @@ from .serialization import CheckpointWriter
 from .state import TrainerState
 from .steps import ManualOptimizer, defines, detached, step_loss, training_step
 from .strategy_registry import select_strategy
+
 
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
@@ -115,8 +113,6 @@ class Trainer:
             st = self.state
             self._call("on_fit_start")
             on_start, on_end = drop_idle_batch_hooks(self.hooks, self)  # a per-batch call only where it does work
-            every, preemption = self.log_every_n_steps, self.preemption  # read once: the loop asks every batch
-            max_steps = self.max_steps if self.max_steps is not None else math.inf
             if self.num_sanity_val_steps and self.val_loader is not None and not st.resumed:
                 self._sanity_check()
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
@@ -132,14 +128,14 @@ class Trainer:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
                     outputs = self._train_step(batch, batch_idx)
-                    if st.global_step // every != step // every:
+                    if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
                         self._log_interval()  # every log_every_n_steps optimizer steps
                     st.batches_done = batch_idx + 1
                     if validating and self.val_schedule.due(st.epoch, batch_idx):
                         self._validate()
                     for fn in on_end:
                         fn(self, task, outputs, batch, batch_idx)
-                    if st.global_step != step and (preemption.should_break(st) or st.global_step >= max_steps):
+                    if st.global_step != step and (self.preemption.should_break(st) or self._max_steps_reached):
                         completed = st.batches_done >= n
                         break
                     waited = clock()
@@ -155,8 +151,7 @@ class Trainer:
             return dict(st.metrics)
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
-        """The step (forward and loss, or the task's own: steps.py), backward, and an optimizer step when the
-        accumulation group is complete (manual optimization: the task's step does both). Returns its outputs, detached."""
+        """One batch: the step (steps.py), backward, an optimizer step when its group is complete; outputs, detached."""
         task, optimizer, precision, st = self.task, self.optimizer, self.precision, self.state
         if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
             batch = self.strategy.batch_to_device(batch)
