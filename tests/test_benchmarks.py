@@ -63,3 +63,14 @@ def test_lightning_parity_runs_or_says_how_to_install_lightning(tmp_path):
     else:  # where Lightning is installed: the rows of this setting agree
         rows = [line for line in proc.stdout.splitlines() if line.startswith("| val_check_interval |")]
         assert len(rows) == 5 and all(row.rstrip(" |").endswith("yes") for row in rows), proc.stdout
+
+
+def test_step_budget_prices_each_piece_of_the_step_on_the_same_work():
+    out = _run("benchmarks/step_budget.py", "--reps", "1", "--epochs", "2")
+    rows = [line for line in out.splitlines() if line.startswith("| the ") or line.startswith("| reduced")
+            or line.startswith("| harness")]
+    assert len(rows) == 8, out  # the Trainer, the reduced step, three pieces back, two loop cuts, the harness check
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and cells[-1] == "0.0e+00", row  # every variant did the hand loop's exact work
+    assert all(re.fullmatch(r"[+-]\d+\.\d\d", row.split("|")[4].strip()) for row in rows[:-1]), out
