@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from interleaved import HARNESS_CHECK, run_harness_check, run_interleaved  # noqa: E402
 from separate import measure as measure_separate, print_table as print_separate  # noqa: E402
 from workloads import (WORKLOADS, make_data, make_hand, make_loader, make_net, make_optimizer,  # noqa: E402
-                       make_task)
+                       make_task, max_param_diff)
 
 
 # ---- (1) the hand-written loop ---------------------------------------------------------------------
@@ -187,10 +187,6 @@ def run_variant(variant: str, spec: dict[str, Any], data: TensorDataset,
         return run_taskfit(spec, data, epochs, root, **BREAKDOWN.get(variant, {}))
 
 
-def max_param_diff(a: nn.Module, b: nn.Module) -> float:
-    return max(float((p - q).abs().max()) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
-
-
 def bench_workload(name: str, spec: dict[str, Any], variants: list[str], rounds: int, epochs: int) -> dict[str, Any]:
     data = make_data(spec)
     wall: dict[str, list[float]] = {v: [] for v in variants}
@@ -269,8 +265,8 @@ def main() -> None:
                         help="runs of the Trainer with its defaults switched on one at a time, too")
     parser.add_argument("--no-lightning", action="store_true", help="skip PyTorch Lightning even if installed")
     parser.add_argument("--no-separate", action="store_true", help="skip the separate-process runs")
-    parser.add_argument("--shuffle", action="store_true", help="separate-process runs: shuffle the data (the hand-written "
-                        "loop with DistributedSampler's seeded order, the Trainer's: the weights still match)")
+    parser.add_argument("--shuffle", action="store_true", help="separate-process runs: shuffle the data (the "
+                        "hand-written loop in DistributedSampler's seeded order, the Trainer's: the weights match)")
     parser.add_argument("--no-alternating", action="store_true", help="skip the alternating runs")
     parser.add_argument("--no-interleaved", action="store_true", help="skip the interleaved runs")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")

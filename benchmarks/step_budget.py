@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from interleaved import run_harness_check, run_interleaved  # noqa: E402
 from separate import ALL_OFF  # noqa: E402
-from workloads import WORKLOADS, make_data  # noqa: E402
+from workloads import WORKLOADS, make_data, max_param_diff  # noqa: E402
 
 
 def reduced_step(batch_size: bool = False, step_function: bool = False, keep_loss: bool = False) -> Callable:
@@ -91,10 +91,6 @@ def variants() -> dict[str, tuple[Callable | None, Callable | None] | None]:
     }
 
 
-def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-
-
 def measure(reps: int, epochs: int) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Per variant: the median per-epoch ratio of each repetition, and the largest final-parameter difference
     from the hand-written loop (0: the variant did the same work)."""
@@ -105,12 +101,12 @@ def measure(reps: int, epochs: int) -> tuple[dict[str, list[float]], dict[str, f
     own = Trainer._train_step, Trainer._fit
     ratios: dict[str, list[float]] = {}
     diffs: dict[str, float] = {}
+    swaps = variants()
     try:
         for _ in range(reps):  # the variants take turns, so slow drifts of the machine spread over all of them
-            for name, swap in variants().items():
-                if swap is not None:
-                    Trainer._train_step = swap[0] or own[0]
-                    Trainer._fit = swap[1] or own[1]
+            for name, swap in swaps.items():
+                step, loop = swap or (None, None)
+                Trainer._train_step, Trainer._fit = step or own[0], loop or own[1]
                 pairs = []
                 for _ in range(2):
                     with tempfile.TemporaryDirectory() as root, contextlib.redirect_stdout(io.StringIO()), \
@@ -118,9 +114,8 @@ def measure(reps: int, epochs: int) -> tuple[dict[str, list[float]], dict[str, f
                         run, settings = (run_interleaved, ALL_OFF) if swap is not None else (run_harness_check, {})
                         epoch_s, net, hand_net = run(spec, data, epochs, root, **settings)
                     pairs += epoch_s[1:]
-                    diffs[name] = max(diffs.get(name, 0.0), max_diff(net, hand_net))
+                    diffs[name] = max(diffs.get(name, 0.0), max_param_diff(net, hand_net))
                 ratios.setdefault(name, []).append(statistics.median(t / h for t, h in pairs))
-                Trainer._train_step, Trainer._fit = own
     finally:
         Trainer._train_step, Trainer._fit = own
     return ratios, diffs

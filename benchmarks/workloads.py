@@ -82,6 +82,11 @@ def make_hand(spec: dict[str, Any], data: TensorDataset) -> tuple[Model, torch.o
     return model, optimizer, make_hand_loader(data, spec)
 
 
+def max_param_diff(a: nn.Module, b: nn.Module) -> float:
+    """The largest absolute difference between two models' parameters and buffers (0: the same work was done)."""
+    return max(float((p - q).abs().max()) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
 def make_task(spec: dict[str, Any], data: TensorDataset) -> Any:
     from taskfit import TaskModule
 
