@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import difflib
-import functools
 import inspect
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,28 +41,6 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
 def _signature(method: str) -> str:
     return {"forward": "def forward(self, inputs):", "loss": "def loss(self, outputs, targets) -> torch.Tensor:",
             "train_dataloader": "def train_dataloader(self) -> torch.utils.data.DataLoader:"}[method]
-
-
-def keywords_checked(init: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a keyword-only ``__init__``: an unknown or positional argument is one MisconfigurationError that names
-    the class and the closest valid argument (Python's TypeError names neither helpfully)."""
-    params = [name for name in inspect.signature(init).parameters if name != "self"]
-
-    @functools.wraps(init)  # inspect.signature (and so the config schema checks) still sees the real arguments
-    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        name = type(self).__name__
-        if args:
-            raise MisconfigurationError(f"{name}() takes keyword arguments only; got {len(args)} positional.",
-                                        f"name each one, e.g. {name}(max_epochs=5).")
-        for key in kwargs:
-            if key not in params:
-                close = difflib.get_close_matches(key, params, n=1)
-                raise MisconfigurationError(
-                    f"{name}() got an unknown argument {key!r}.",
-                    (f"did you mean {close[0]}? " if close else "") + "docs/trainer.md lists every argument.")
-        init(self, **kwargs)
-
-    return checked
 
 
 def check_arguments(args: dict[str, Any]) -> None:

@@ -17,7 +17,8 @@ import torch
 
 from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, hook_table, with_defaults
 from .checkpoint import load_run_state, load_weights, next_version_dir, restore, run_state, save_checkpoint
-from .checks import check_arguments, check_loss, check_manual, check_task, keywords_checked
+from .arguments import arguments_checked
+from .checks import check_arguments, check_loss, check_manual, check_task
 from .data import batch_size_of, empty_train_loader, eval_loader, fit_loaders, length, limit_batches, set_epoch
 from .evaluation import evaluate, predict
 from .logbook import LogBuffer
@@ -37,7 +38,7 @@ from .strategy_registry import select_strategy
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
 
-    @keywords_checked  # Trainer(max_epoch=3): one error naming Trainer and max_epochs (see checks.py)
+    @arguments_checked(docs="docs/trainer.md")  # Trainer(max_epoch=3): one error naming max_epochs (arguments.py)
     def __init__(
         self, *, max_epochs: int | None = None, max_steps: int | None = None, accelerator: str = "auto",
         devices: int | str | Sequence[int] = "auto", strategy: Any = "auto", precision: str | int = "32",
@@ -101,8 +102,7 @@ class Trainer:
         return self.strategy.launch(self._run_eval, "test", task, ckpt_path)
 
     def predict(self, task: TaskModule, ckpt_path: str | None = None, return_predictions: bool = True) -> list[Any]:
-        """``predict_step`` (default: ``task(inputs)``) for every batch of ``task.predict_dataloader()``; under ddp
-        every rank's, in dataset order. ``return_predictions=False``: keep none (a ``PredictionWriter`` saves them)."""
+        """``predict_step`` (default ``task(inputs)``) per batch of ``predict_dataloader()``; ddp: all ranks', in order."""
         check_task(task, "predict")
         return self.strategy.launch(self._run_eval, "predict", task, ckpt_path, return_predictions)
 
