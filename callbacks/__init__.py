@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import MisconfigurationError
 from .base import HOOKS, Callback, callback_states, drop_idle_batch_hooks, hook_table, load_callback_states
-from .logger import Logger
+from .logger import Logger, run_directory
 
 LAZY = {  # class name: its module, relative to this package (imported on first use)
     "ProgressBar": ".progress",
@@ -22,7 +22,7 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",
-           "load_callback_states", "with_defaults", *LAZY]
+           "load_callback_states", "run_directory", "with_defaults", *LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,10 +1,12 @@
 """The HParams plugin's records, as TensorBoard's HParams tab shows them when it opens (TensorBoardLogger writes them).
 
-What the tab does with them (tensorboard 2.x): the hyperparameter columns are sorted by name, those marked
-``differs`` first, and the first five are ticked; the metric columns come in the order written, and the first
-five are ticked; a metric's value is the last scalar of its tag in the run. So: the keys a sweep varies are
-marked ``differs``, the monitored metric and the other validation metrics come first, and every metric is
-followed by its best value. The best values are scalars under ``BEST`` (``~best/val/loss``): ``~`` sorts after
+What the tab does with them (tensorboard 2.x): the hyperparameter columns are those of one run's experiment
+record, sorted by name, those marked ``differs`` first, and the first five are ticked (always five, or all when
+fewer); the metric columns come in the order written, and the first five are ticked; a metric's value is the last
+scalar of its tag in the run. So: a sweep lists only the keys it varies (marked ``differs``: ticked; its constants
+would fill the other ticks and push the metrics off-screen), a single run marks the keys its user tuned (the
+command line's, the optimizer's) so that they come first, the monitored metric and the other validation metrics
+come first, and every metric is followed by its best value. The best values are scalars under ``BEST`` (``~best/val/loss``): ``~`` sorts after
 every letter, so in the Scalars and Time Series tabs they are the last group (collapsed as the tabs open),
 never in front of the curves; HParams shows them as ``best val/loss``.
 """
@@ -20,6 +22,13 @@ BEST = "~best/"  # the tag prefix of a metric's best value
 def loggable(values: Mapping[str, Any]) -> dict[str, Any]:
     """HParams accepts numbers, strings and bools; anything else (None, lists...) is shown as text."""
     return {str(k): v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+
+
+def tuned_keys(hparams: Mapping[str, Any], command_line: Iterable[str]) -> list[str]:
+    """The hyperparameters a user tunes, ticked first in a single run's HParams: the keys the command line set and
+    the optimizer's (``task.optimizer``, ``task.optimizer.lr``...; any ``*.optimizer`` node)."""
+    given = set(command_line)
+    return [key for key in hparams if key in given or "optimizer" in key.split(".")]
 
 
 def metric_order(keys: Iterable[str], monitors: Sequence[str]) -> list[str]:
@@ -59,17 +68,21 @@ def session_start(hparams: Mapping[str, Any]) -> Any:
     return _summary(metadata.SESSION_START_INFO_TAG, content)
 
 
-def experiment(hparams: Mapping[str, Any], metrics: Sequence[tuple[str, str]], varying: Iterable[str] = ()) -> Any:
-    """The columns: each hyperparameter (``varying`` ones marked ``differs``: listed first and ticked) and each
-    metric as ``(tag, shown name)``, in this order."""
+def experiment(hparams: Mapping[str, Any], metrics: Sequence[tuple[str, str]], varying: Iterable[str] = (),
+               tuned: Iterable[str] = ()) -> Any:
+    """The columns: the hyperparameters (a sweep's ``varying`` ones only; else all, the ``tuned`` ones marked
+    ``differs``: listed first and ticked) and each metric as ``(tag, shown name)``, in this order."""
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-    varying = set(varying)
+    varying = [key for key in varying if key in hparams]
+    first = set(varying or tuned)
     infos = []
     for key, value in hparams.items():
+        if varying and key not in first:
+            continue
         kind = "DATA_TYPE_BOOL" if isinstance(value, bool) else "DATA_TYPE_FLOAT64" \
             if isinstance(value, (int, float)) else "DATA_TYPE_STRING"
-        infos.append(api_pb2.HParamInfo(name=key, type=api_pb2.DataType.Value(kind), differs=key in varying))
+        infos.append(api_pb2.HParamInfo(name=key, type=api_pb2.DataType.Value(kind), differs=key in first))
     columns = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=shown) for tag, shown in metrics]
     exp = api_pb2.Experiment(hparam_infos=infos, metric_infos=columns, time_created_secs=time.time())
     content = plugin_data_pb2.HParamsPluginData(experiment=exp, version=metadata.PLUGIN_DATA_VERSION)

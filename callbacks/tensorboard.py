@@ -7,16 +7,23 @@ learning rate and the throughput arrive in separate calls) into one event, and h
 which takes the GIL from the training loop to checksum it in pure Python: one wake-up per log interval cost a tiny
 model's epoch 4-6% (docs/performance.md); one batch every 5 s costs nothing measurable. Only rank 0 creates a
 writer; other ranks write no file at all.
-The tags are listed in docs/logging.md.
+
+The tags are the published keys (docs/logging.md lists them), with one exception: a test pass's ``test/*`` values
+are written as ``~test/*``. TensorBoard's Scalars and Time Series tabs open the first two groups by name and collapse
+the rest; ``test`` sorts before ``train`` and ``val``, and its one point per run would take the place of the curves.
+``~`` sorts after every letter, as the best values' ``~best/`` do. A resumed fit continues its run directory and
+hides the steps it redoes (``SummaryWriter(purge_step=...)``).
 """
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..arguments import arguments_checked
 from ..errors import MisconfigurationError
 from ..module import TaskModule
 
@@ -31,6 +38,19 @@ if TYPE_CHECKING:
 SEND_SECS = 5.0
 # A metric whose last name part contains one of these is better when lower (used when no callback says).
 _LOWER_IS_BETTER = ("loss", "err", "mse", "mae", "perplexity", "ppl", "time")
+TEST, TEST_TAG = "test/", "~test/"  # a test pass's keys, and their tags: after every letter, as ~best/ sorts
+# Lightning's TensorBoardLogger arguments (and SummaryWriter's, which it passes on) that this one does not take.
+_LIGHTNING_ONLY = {
+    "default_hp_metric": "remove it: taskfit writes no hp_metric placeholder; the HParams tab shows each run's final "
+                         "and best validation metrics (choose them with hparam_metrics=[...]).",
+    "purge_step": "remove it: a fit resumed from a checkpoint purges the steps it redoes by itself.",
+    "comment": "remove it: the run's folder is save_dir/name/version (pass version=\"my-run\" to name it).",
+}
+
+
+def tag(key: str) -> str:
+    """The TensorBoard tag of a published key: the key itself; ``test/x`` is ``~test/x`` (module docstring)."""
+    return TEST_TAG + key[len(TEST):] if key.startswith(TEST) else key
 
 
 def guess_mode(key: str) -> str:
@@ -40,12 +60,21 @@ def guess_mode(key: str) -> str:
 
 
 class TensorBoardLogger(Logger):
-    """Writes every published value as a scalar (x-axis: ``trainer.state.global_step``) into ``trainer.log_dir``.
+    """Writes every published value as a scalar (x-axis: ``trainer.state.global_step``) into its run directory.
 
-    On by default (``Trainer(logger=True)``); rank 0 only. One run directory per fit (``version_N``). A
+    On by default (``Trainer(logger=True)``); rank 0 only. One run directory per fit: ``<save_dir>/<name>/version_N``
+    (``save_dir`` defaults to ``Trainer(default_root_dir=...)``, no ``name`` level unless given). A
     :class:`~taskfit.callbacks.Logger`: :attr:`experiment` is the ``SummaryWriter``.
 
     Args:
+        save_dir: the folder of the runs (None: ``Trainer(default_root_dir=...)``, ``./taskfit_logs``).
+        name: a folder below ``save_dir`` for this experiment's runs (None: none; Lightning's default is
+            ``"lightning_logs"``).
+        version: ``3`` writes ``version_3``; a string names the folder (``""``: ``save_dir/name`` itself); None: the
+            next free ``version_N``.
+        log_graph: write the model graph once at fit start (traces ``task(task.example_input_array)``).
+        prefix: put ``<prefix>-`` before every tag (Lightning's ``prefix``).
+        sub_dir: write the event files into this folder of the run directory.
         hparam_metrics: what the HParams tab shows next to the hyperparameters. None (default): every ``val/*``
             key, ``train/loss_epoch`` and the ``monitor`` of callbacks such as EarlyStopping; or a list of keys;
             or ``{key: "min" | "max"}``. Each metric shows its final value (its own tag) and its best value
@@ -53,13 +82,15 @@ class TensorBoardLogger(Logger):
         hparams: the HParams tab's hyperparameters, ``{name: value}``. None (default): ``trainer.hparams`` (the
             TaskModule's init arguments, or the Trainer's ``config=`` flattened); the ``taskfit`` command gives
             the task's arguments, the keys its command line set and the trainer settings that change results.
-        varying: names of hyperparameters a sweep varies: HParams lists them first, ticked (it ticks five).
+        varying: the names a sweep varies. HParams lists them first and ticked, and only them: it ticks the first
+            five columns it lists, so a sweep's constants would be ticked too (they stay in each run's config).
+        tuned: names ticked first in a run that varies nothing (the ``taskfit`` command: the keys its command line
+            set and the optimizer's); the other hyperparameters follow, by name.
         histogram_every_n_steps: write ``params/<name>`` and ``grads/<name>`` histograms every N optimizer steps
             (off by default: each costs a device-to-host copy of every parameter and gradient).
-        log_graph: write the model graph once at fit start (traces ``task(task.example_input_array)``).
-        flush_secs: how often the writer's thread flushes what it was given on its own (``SummaryWriter``'s
-            argument: it matters for what you write through :attr:`experiment`). The scalars are handed over and
-            flushed every ``SEND_SECS`` (5 s), at a log call or an epoch end, and when the writer closes.
+        flush_secs, max_queue, filename_suffix: ``SummaryWriter``'s arguments. The scalars are handed over and
+            flushed every ``SEND_SECS`` (5 s), at a log call or an epoch end, and when the writer closes;
+            ``flush_secs`` matters for what you write through :attr:`experiment`.
     """
 
     # order 900 (Logger's): after every callback that logs, so on_fit_end closes the writer last; before
@@ -72,10 +103,14 @@ class TensorBoardLogger(Logger):
             cls = _HistogramLogger
         return super().__new__(cls)
 
-    def __init__(self, *, hparam_metrics: Sequence[str] | Mapping[str, str] | None = None,
-                 hparams: Mapping[str, Any] | None = None, varying: Sequence[str] = (),
-                 histogram_every_n_steps: int | None = None, log_graph: bool = False,
-                 flush_secs: int = 120) -> None:
+    @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")
+    def __init__(self, save_dir: str | None = None, name: str | None = None, version: int | str | None = None,
+                 log_graph: bool = False, *, prefix: str = "", sub_dir: str | None = None,
+                 hparam_metrics: Sequence[str] | Mapping[str, str] | None = None,
+                 hparams: Mapping[str, Any] | None = None, varying: Sequence[str] = (), tuned: Sequence[str] = (),
+                 histogram_every_n_steps: int | None = None, flush_secs: int = 120, max_queue: int = 10,
+                 filename_suffix: str = "") -> None:
+        self._where(save_dir, name, version, prefix)
         n = histogram_every_n_steps
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise MisconfigurationError(f"TensorBoardLogger(histogram_every_n_steps={n!r}) is not valid.",
@@ -94,15 +129,19 @@ class TensorBoardLogger(Logger):
             raise MisconfigurationError(f"TensorBoardLogger(hparams={hparams!r}) is not valid.",
                                         "pass a dict {name: value} of the hyperparameters to show, or None "
                                         "(trainer.hparams).")
-        if isinstance(varying, str) or not all(isinstance(k, str) for k in varying):
-            raise MisconfigurationError(f"TensorBoardLogger(varying={varying!r}) is not valid.",
-                                        'pass a list of hyperparameter names, e.g. ["task.optimizer.lr"].')
+        for arg, keys in (("varying", varying), ("tuned", tuned)):
+            if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+                raise MisconfigurationError(f"TensorBoardLogger({arg}={keys!r}) is not valid.",
+                                            'pass a list of hyperparameter names, e.g. ["task.optimizer.lr"].')
         self.hparam_metrics = modes
-        self.hparams, self.varying = (None if hparams is None else dict(hparams)), list(varying)
-        self.histogram_every_n_steps, self.log_graph, self.flush_secs = n, log_graph, flush_secs
+        self.hparams = None if hparams is None else dict(hparams)
+        self.varying, self.tuned = list(varying), list(tuned)
+        self.histogram_every_n_steps, self.log_graph, self.sub_dir = n, log_graph, sub_dir
+        self.writer_args = {"flush_secs": flush_secs, "max_queue": max_queue, "filename_suffix": filename_suffix}
         self._writer: SummaryWriter | None = None
         self._flushed = 0.0  # time.monotonic() of the last flush
         self._dir: str | None = None
+        self._purge_step: int | None = None  # a resumed fit: hide what the killed run wrote after its checkpoint
         self._step_values: dict[str, float] = {}  # the current step's values, not written yet
         self._events: list[tuple[dict[str, float], int]] = []  # (values, step) of each step since the last send
         self._step = 0
@@ -121,10 +160,12 @@ class TensorBoardLogger(Logger):
         return self._writer
 
     def writer(self, trainer: Any) -> SummaryWriter | None:
-        """The writer for ``trainer.log_dir``, opened on first use; None on ranks other than 0."""
+        """The writer of the run, opened on first use; None on ranks other than 0."""
         if not trainer.is_main or trainer.log_dir is None:
             return None
-        if self._writer is not None and self._dir == trainer.log_dir:
+        run = self._run_dir if self._active and self._for == trainer.log_dir else trainer.log_dir
+        folder = os.path.join(run, self.sub_dir) if self.sub_dir else run
+        if self._writer is not None and self._dir == folder:
             return self._writer
         self._close()
         try:  # imported here, not at module import: tensorboard + protobuf take a second to load
@@ -132,8 +173,9 @@ class TensorBoardLogger(Logger):
         except ImportError as exc:
             raise MisconfigurationError("TensorBoardLogger needs the `tensorboard` package, which is not installed.",
                                         "`pip install tensorboard`, or pass Trainer(logger=False).") from exc
-        self._writer, self._dir = SummaryWriter(log_dir=trainer.log_dir, flush_secs=self.flush_secs), trainer.log_dir
-        self._flushed = time.monotonic()
+        purge, self._purge_step = self._purge_step, None  # once: the resumed fit's first writer
+        self._writer = SummaryWriter(log_dir=folder, purge_step=purge, **self.writer_args)
+        self._dir, self._flushed = folder, time.monotonic()
         return self._writer
 
     def _collect(self, step: int, values: dict[str, float]) -> None:
@@ -172,8 +214,10 @@ class TensorBoardLogger(Logger):
 
     # ---- the Logger interface ---------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
-        check_writable(trainer.log_dir, "TensorBoardLogger")
+        check_writable(self.log_dir, "TensorBoardLogger")
         self._hparams_step = trainer.state.global_step
+        if self.resuming:  # events of steps after the checkpoint's were written by the killed run: hidden
+            self._purge_step = trainer.state.global_step + 1
         self.writer(trainer)
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
@@ -185,7 +229,7 @@ class TensorBoardLogger(Logger):
         self._writer.file_writer.add_summary(session_start(self._hparams), self._hparams_step)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._collect(step, metrics)
+        self._collect(step, {tag(key): value for key, value in metrics.items()})
 
     def save(self) -> None:
         """End the pending step's event; send the events when the last send is ``SEND_SECS`` old (epoch ends)."""
@@ -195,6 +239,13 @@ class TensorBoardLogger(Logger):
 
     def finalize(self, status: str) -> None:
         self._close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run, for a resumed fit (Logger's); what the checkpoint covers is handed to the writer first: a
+        resumed fit continues the event file's curves from there (and hides what came after)."""
+        if self._active:
+            self._send()
+        return super().state_dict()
 
     # ---- hooks --------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
@@ -270,8 +321,8 @@ class TensorBoardLogger(Logger):
             [key for key in self.hparam_metrics if key in self._final]  # the order the user gave
         metrics = [column for key in names for column in ((key, key), (f"{BEST}{key}", f"best {key}"))]
         if _defines(task, "test_dataloader"):  # columns for a trainer.test that may follow, in this run
-            metrics += [(f"test/{key[4:]}",) * 2 for key in names if key.startswith("val/")]
-        writer.file_writer.add_summary(experiment(self._hparams, metrics, self.varying), step)
+            metrics += [(tag(f"{TEST}{key[4:]}"), f"{TEST}{key[4:]}") for key in names if key.startswith("val/")]
+        writer.file_writer.add_summary(experiment(self._hparams, metrics, self.varying, self.tuned), step)
         writer.file_writer.add_summary(session_end(status), step)
         self._close()
 

@@ -12,14 +12,24 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any, TextIO
 
+from ..arguments import arguments_checked
 from ..console import echo
 from ..errors import MisconfigurationError
 
 from .base import Callback
+from .lr_monitor import MONITORS
+
+PERF, FIT = f"{MONITORS}/", f"{MONITORS}/fit/"  # vitals/samples_per_sec...; the whole fit's: vitals/fit/...
+_COUNTED = "remove it: taskfit counts samples from the training DataLoader's batch_size (all ranks together)."
+_LIGHTNING_ONLY = {"batch_size_fn": _COUNTED, "length_fn": _COUNTED,
+                   "window_size": "remove it: each point covers the steps since the previous log_every_n_steps.",
+                   "available_flops": "remove it: taskfit logs samples/s, time per batch and data wait, not MFU.",
+                   "separator": "remove it: the keys are vitals/<name> (docs/logging.md).",
+                   "world_size": "remove it: the world size comes from the Trainer's strategy."}
 
 
 class ThroughputMonitor(Callback):
-    """Logs ``perf/*`` at every ``log_every_n_steps`` and epoch end; prints a summary at fit end (rank 0).
+    """Logs ``vitals/*`` at every ``log_every_n_steps`` and epoch end; prints a summary at fit end (rank 0).
 
     Added by default with the logger (``Trainer(logger=True)``). Samples are counted from the training
     DataLoader's ``batch_size`` (all ranks together); ``summary`` holds the end-of-fit numbers.
@@ -35,6 +45,7 @@ class ThroughputMonitor(Callback):
 
     order = 500  # at epoch end before ModelCheckpoint (1000): saving a checkpoint is not training time
 
+    @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")
     def __init__(self, data_wait_warning: float = 0.3, min_data_wait_s: float = 1.0, verbose: bool = True,
                  stream: TextIO | None = None) -> None:
         if isinstance(data_wait_warning, bool) or not isinstance(data_wait_warning, (int, float)) \
@@ -69,7 +80,7 @@ class ThroughputMonitor(Callback):
         self._elapsed = self._wait = self._val = 0.0
         self._batches = self._short = 0
         self._total = [0.0, 0.0, 0.0, 0, 0]  # elapsed, data wait, validation inside the epoch, samples, batches
-        self._epochs, self._in_epoch, self.summary = 0, False, {}
+        self._epochs, self._in_epoch, self._whole_epoch, self.summary = 0, False, True, {}
         self._mark(trainer)
         self._t_val = self._t_epoch = self._t_mark
 
@@ -89,6 +100,7 @@ class ThroughputMonitor(Callback):
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
         self._mark(trainer)  # between epochs (the checkpoint after on_train_epoch_end...) is not training time
         self._t_epoch, self._in_epoch = self._t_mark, True
+        self._whole_epoch = trainer.state.batches_done == 0  # not an epoch resumed in its middle
 
     def on_validation_start(self, trainer: Any, task: Any) -> None:
         self._t_val = perf_counter()
@@ -111,16 +123,17 @@ class ThroughputMonitor(Callback):
         self._in_epoch = False
         if st.batch_idx == self._partial_idx:  # the epoch ended with its smaller last batch
             self._short += self._batch_size - self._partial
-        trainer.log_metrics({"perf/epoch_time_s": perf_counter() - self._t_epoch})
+        if self._whole_epoch:  # a resumed epoch's time would be that of its rest only: not logged
+            trainer.log_metrics({f"{PERF}epoch_time_s": perf_counter() - self._t_epoch})
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         self._fold()
         values = self._rates(self._total)
-        self.summary = {key.replace("perf/", ""): value for key, value in values.items()}
+        self.summary = {key[len(PERF):]: value for key, value in values.items()}
         self.summary.update(samples=self._total[3] * self._world, batches=self._total[4], epochs=self._epochs,
                             train_time_s=self._total[0] - self._total[2], data_wait_s=self._total[1])
         if values:
-            trainer.log_metrics({key.replace("perf/", "perf/fit/"): value for key, value in values.items()})
+            trainer.log_metrics({FIT + key[len(PERF):]: value for key, value in values.items()})
         if self.verbose and trainer.is_main:
             echo(self.report(), stream=self.stream, name="taskfit.throughput")
 
@@ -139,13 +152,13 @@ class ThroughputMonitor(Callback):
         elapsed -= val
         if batches == 0 or elapsed <= 0:
             return {}
-        values = {"perf/step_time_ms": 1000.0 * elapsed / batches, "perf/data_wait_pct": 100.0 * wait / elapsed}
+        values = {f"{PERF}step_time_ms": 1000.0 * elapsed / batches, f"{PERF}data_wait_pct": 100.0 * wait / elapsed}
         if samples:
-            values["perf/samples_per_sec"] = samples * self._world / elapsed
+            values[f"{PERF}samples_per_sec"] = samples * self._world / elapsed
         if self._cuda is not None:
             import torch
 
-            values["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(self._cuda) / 2**30  # no device sync
+            values[f"{PERF}peak_memory_gib"] = torch.cuda.max_memory_allocated(self._cuda) / 2**30  # no device sync
         return values
 
     def report(self) -> str:

@@ -163,14 +163,14 @@ def expected_rates(task, scheduler_steps: int) -> list[float]:
 def test_lr_monitor_step_values_match_the_scheduler(tmp_path):
     task = TwoGroupTask("step", momentum=0.9)
     trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),
-                      callbacks=[LearningRateMonitor(log_momentum=True)], **QUIET)
+                      callbacks=[LearningRateMonitor(log_momentum=True)], **QUIET)  # None: a step scheduler's interval
     trainer.fit(task)
-    weights, bias = logged(trainer, "lr/SGD/weights"), logged(trainer, "lr/SGD/pg1")
+    weights, bias = logged(trainer, "vitals/lr/SGD/weights"), logged(trainer, "vitals/lr/SGD/pg1")
     assert [s for s, _ in weights] == list(range(1, 11))
     for (step, w), (_, b) in zip(weights, bias):  # at step s: the rate of the next step, after s scheduler steps
         assert [w, b] == pytest.approx(expected_rates(task, step)), step
     assert weights[1][1] == pytest.approx(0.1) and weights[2][1] == pytest.approx(0.05)  # StepLR(3) halves at 3
-    assert [v for _, v in logged(trainer, "momentum/SGD/weights")] == pytest.approx([0.9] * 10)
+    assert [v for _, v in logged(trainer, "vitals/momentum/SGD/weights")] == pytest.approx([0.9] * 10)
 
 
 def test_lr_monitor_epoch_interval_logs_at_epoch_start(tmp_path):
@@ -178,9 +178,9 @@ def test_lr_monitor_epoch_interval_logs_at_epoch_start(tmp_path):
     trainer = Trainer(max_epochs=3, default_root_dir=str(tmp_path),
                       callbacks=[LearningRateMonitor(logging_interval="epoch")], **QUIET)
     trainer.fit(task)
-    assert logged(trainer, "lr/SGD/weights") == [(0, pytest.approx(0.1)), (4, pytest.approx(0.05)),
+    assert logged(trainer, "vitals/lr/SGD/weights") == [(0, pytest.approx(0.1)), (4, pytest.approx(0.05)),
                                                   (8, pytest.approx(0.025))]
-    assert [v for _, v in logged(trainer, "lr/SGD/pg1")] == pytest.approx(
+    assert [v for _, v in logged(trainer, "vitals/lr/SGD/pg1")] == pytest.approx(
         [expected_rates(task, e)[1] for e in range(3)])
 
 
@@ -217,9 +217,9 @@ def test_throughput_counts_samples_and_logs_perf(tmp_path):
     report = stream.getvalue()
     assert report.startswith("Throughput: ") and "samples/s" in report and "16 batches (120 samples)" in report
     # every log_every_n_steps (each epoch had a log interval, so its end adds none)
-    assert [step for step, _ in logged(trainer, "perf/samples_per_sec")] == [3, 6, 9, 12, 15]
-    assert [step for step, _ in logged(trainer, "perf/epoch_time_s")] == [8, 16]
-    assert logged(trainer, "perf/fit/samples_per_sec") == [(16, pytest.approx(s["samples_per_sec"], rel=1e-6))]
+    assert [step for step, _ in logged(trainer, "vitals/samples_per_sec")] == [3, 6, 9, 12, 15]
+    assert [step for step, _ in logged(trainer, "vitals/epoch_time_s")] == [8, 16]
+    assert logged(trainer, "vitals/fit/samples_per_sec") == [(16, pytest.approx(s["samples_per_sec"], rel=1e-6))]
 
 
 class SlowData(Dataset):
@@ -275,7 +275,7 @@ def test_throughput_leaves_validation_out_of_the_step_time():
     trainer.fit(SlowValidationTask(n=32, batch_size=8, val_n=8))  # 4 batches, 2 validations of 0.1 s
     assert monitor.summary["batches"] == 4
     assert monitor.summary["train_time_s"] < 0.1  # the 0.2 s of validation are not training time
-    assert trainer.state.metrics["perf/epoch_time_s"] >= 0.2  # ...but they are part of the epoch
+    assert trainer.state.metrics["vitals/epoch_time_s"] >= 0.2  # ...but they are part of the epoch
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is reported on CUDA only")
@@ -284,7 +284,7 @@ def test_throughput_reports_cuda_peak_memory():
     trainer = Trainer(max_epochs=1, accelerator="cuda", logger=False, callbacks=[monitor], **QUIET)
     trainer.fit(RegressionTask(n=32, batch_size=8))
     assert 0 < monitor.summary["peak_memory_gib"] < 1
-    assert trainer.state.metrics["perf/fit/peak_memory_gib"] == monitor.summary["peak_memory_gib"]
+    assert trainer.state.metrics["vitals/fit/peak_memory_gib"] == monitor.summary["peak_memory_gib"]
 
 
 def test_throughput_rejects_a_bad_threshold():

@@ -85,10 +85,10 @@ def test_defaults_call_no_callback_per_batch_on_a_non_terminal(tmp_path, capsys)
     trainer.fit(RegressionTask(n=32, val_n=8))
     assert trainer.hooks["on_train_batch_start"] == [] and trainer.hooks["on_train_batch_end"] == []
     assert 0 < trainer.state.data_wait_s < 60
-    assert "perf/data_wait_pct" in trainer.state.metrics
+    assert "vitals/data_wait_pct" in trainer.state.metrics
     # The epoch's line shows the validation values too (taken from what was logged this epoch).
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 0/0"))
-    assert "step=4" in line and "loss=" in line and "val/loss=" in line
+    assert "4/4" in line and "loss=" in line and "val/loss=" in line
 
 
 class _SeesTheOptimizer(Callback):

@@ -108,11 +108,12 @@ def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
     expected: dict[int, dict[str, float]] = {}
     for step, values in recorder.calls:
         expected.setdefault(step, {}).update(values)
-    assert header[0] == "step" and set(header[1:]) == {k for v in expected.values() for k in v}
+    assert header[:2] == ["step", "epoch"] and set(header[2:]) == {k for v in expected.values() for k in v}
     assert [int(r["step"]) for r in rows] == sorted(expected) == [2, 4, 6, 8, 10, 12]  # one row per step
+    assert [int(r["epoch"]) for r in rows] == [0, 0, 0, 1, 1, 1]  # as Lightning's metrics.csv has it
     for row in rows:
         values = expected[int(row["step"])]
-        assert {k for k, v in row.items() if v != "" and k != "step"} == set(values)
+        assert {k for k, v in row.items() if v != "" and k not in ("step", "epoch")} == set(values)
         assert all(float(row[k]) == v for k, v in values.items())  # repr of a float: exact
     assert yaml.safe_load((path.parent / "hparams.yaml").read_text()) == task.hparams
 
@@ -230,7 +231,7 @@ def test_mlflow_run_has_params_metrics_tags_and_checkpoints(tmp_path, mlflow_sto
         batches.append(len(metrics)), real(self, run_id, metrics=metrics, **kw))[1])
     recorder = Recorder()
     logger = MLFlowLogger(experiment_name="exp", run_name="first", tracking_uri=mlflow_store, tags={"team": "vision"},
-                          log_model_checkpoints=True, flush_secs=3600)
+                          log_model=True, flush_secs=3600)
     config = {"task": {"lr": 0.1, "note": "x" * (MAX_PARAM_VAL_LENGTH + 10), "layers": [1, 2]}, "seed": None}
     trainer = Trainer(max_epochs=2, log_every_n_steps=2, logger=logger, callbacks=[recorder], config=config,
                       default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
@@ -241,6 +242,9 @@ def test_mlflow_run_has_params_metrics_tags_and_checkpoints(tmp_path, mlflow_sto
     assert run.info.status == "FINISHED" and run.info.run_name == "first"
     assert client.get_experiment(run.info.experiment_id).name == "exp"
     assert run.data.tags["team"] == "vision" and run.data.tags["taskfit.log_dir"] == trainer.log_dir
+    from mlflow.tracking.context.registry import resolve_tags
+
+    assert {k: v for k, v in resolve_tags().items() if k != "mlflow.source.name"}.items() <= run.data.tags.items()
     params = run.data.params
     assert params["task.lr"] == "0.1" and params["seed"] == "None" and len(params["task.note"]) == MAX_PARAM_VAL_LENGTH
     history = [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "val/loss")]
@@ -284,7 +288,7 @@ def test_mlflow_bad_uri_fails_at_fit_start_before_training(tmp_path, mlflow_stor
 
 def test_mlflow_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
-    with pytest.raises(MisconfigurationError, match=r"MLFlowLogger needs MLflow's client, which is not installed"
+    with pytest.raises(MisconfigurationError, match=r"MLFlowLogger needs MLflow, which is not installed"
                                                     r"[\s\S]*pip install \"taskfit\[mlflow\]\""):
         MLFlowLogger()
 
@@ -328,7 +332,8 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
     version = run / "version_0"
     assert list(version.glob("events.out.tfevents.*")), sorted(os.listdir(version))
     header, rows = read_csv(version / "metrics.csv")
-    assert [r["step"] for r in rows] == ["1", "2"] and "val/loss" in header and rows[-1]["val/loss"]
+    # step 0: the learning rate the first epoch starts with (the digits task's cosine steps per epoch)
+    assert [r["step"] for r in rows] == ["0", "1", "2"] and "val/loss" in header and rows[-1]["val/loss"]
     assert yaml.safe_load((version / "hparams.yaml").read_text())["trainer.max_epochs"] == 1
     assert f"CSV:             {version / 'metrics.csv'}" in result.stdout
     if MLFLOW is None:

@@ -72,16 +72,16 @@ def test_scalars_in_event_files_are_what_was_logged(tmp_path):
             expected[key].append((step, value))
     tags = set(run.Tags()["scalars"])
     assert tags - set(expected) == {"~best/val/loss", "~best/val/acc", "~best/val/acc_batch", "~best/train/loss_epoch"}
-    assert set(expected) <= tags
+    assert set(expected) <= tags and not any(tag.startswith(("lr/", "perf/", "test/")) for tag in tags)
     for key, points in expected.items():  # event files store float32
         assert scalars(run, key) == [(s, pytest.approx(v, rel=1e-6, abs=1e-9)) for s, v in points], key
 
     assert [s for s, _ in scalars(run, "train/loss")] == [2, 4, 6, 8, 10, 12]
     assert [s for s, _ in scalars(run, "train/acc_batch")] == [2, 4, 6, 8, 10, 12]  # self.log in loss()
-    for tag in ("val/loss", "val/acc", "train/loss_epoch", "train/acc_batch_epoch", "perf/epoch_time_s"):
+    for tag in ("val/loss", "val/acc", "train/loss_epoch", "train/acc_batch_epoch", "vitals/epoch_time_s"):
         assert [s for s, _ in scalars(run, tag)] == [6, 12], tag
-    assert scalars(run, "lr/SGD/pg0") == [(s, pytest.approx(0.1)) for s in (2, 4, 6, 8, 10, 12)]
-    assert all(v > 0 for _, v in scalars(run, "perf/samples_per_sec"))
+    assert scalars(run, "vitals/lr/SGD/pg0") == [(s, pytest.approx(0.1)) for s in (2, 4, 6, 8, 10, 12)]
+    assert all(v > 0 for _, v in scalars(run, "vitals/samples_per_sec"))
     assert scalars(run, "~best/val/loss")[0][1] == pytest.approx(min(v for _, v in scalars(run, "val/loss")))
 
     # The logged val/loss is what trainer.validate returns for the same weights; validate and test write
@@ -92,8 +92,8 @@ def test_scalars_in_event_files_are_what_was_logged(tmp_path):
     assert validated["val/loss"] == pytest.approx(final_val, rel=1e-6)
     run = read_run(trainer.log_dir)
     assert scalars(run, "val/loss")[-1] == (12, pytest.approx(validated["val/loss"], rel=1e-6))
-    assert scalars(run, "test/loss") == [(12, pytest.approx(tested["test/loss"], rel=1e-6))]
-    assert scalars(run, "test/acc") == [(12, pytest.approx(tested["test/acc"], rel=1e-6))]
+    assert scalars(run, "~test/loss") == [(12, pytest.approx(tested["test/loss"], rel=1e-6))]  # sorts last
+    assert scalars(run, "~test/acc") == [(12, pytest.approx(tested["test/acc"], rel=1e-6))]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["version_0"]
     logger = next(cb for cb in trainer.callbacks if isinstance(cb, TensorBoardLogger))
     assert logger.experiment is None  # closed after fit, validate and test
@@ -176,8 +176,8 @@ def test_hparams_plugin_has_hyperparameters_and_metric_values(tmp_path):
     experiment = data["experiment"].experiment
     assert {h.name for h in experiment.hparam_infos} == set(task.hparams)
     metric_names = [m.name.tag for m in experiment.metric_infos]
-    for key in ("val/loss", "val/acc", "train/loss_epoch", "test/loss", "test/acc"):
-        assert key in metric_names and (key.startswith("test/") or f"~best/{key}" in metric_names), key
+    for key in ("val/loss", "val/acc", "train/loss_epoch", "~test/loss", "~test/acc"):
+        assert key in metric_names and (key.startswith("~test/") or f"~best/{key}" in metric_names), key
 
     from tensorboard.plugins.hparams import api_pb2
 
@@ -338,7 +338,7 @@ def test_tensorboard_serves_runs_tags_and_hparams(tmp_path):
         assert server.poll() is None, f"tensorboard exited: {server.stderr.read()[-2000:]}"
         assert {"version_0", "version_1"} <= set(tags), f"runs not listed within 90 s: {tags}"
         for run in ("version_0", "version_1"):
-            assert {"train/loss", "val/loss", "val/acc", "lr/SGD/pg0", "~best/val/loss"} <= set(tags[run])
+            assert {"train/loss", "val/loss", "val/acc", "vitals/lr/SGD/pg0", "~best/val/loss"} <= set(tags[run])
 
         request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                    "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
@@ -391,10 +391,12 @@ def test_hparams_varying_keys_metric_order_and_the_config_text(tmp_path):
     assert set(start) == {"task.lr", "task.hidden", "trainer.max_epochs", "act"}  # not the whole config
     assert start["act"].string_value == "None"
     infos = {h.name: h for h in data["experiment"].experiment.hparam_infos}
-    assert [n for n, h in infos.items() if h.differs] == ["task.lr"]  # TensorBoard lists it first, ticked
+    # A sweep's HParams columns are the keys it varies, ticked: TensorBoard ticks the first five columns it lists,
+    # so listing the constants too would tick them and push the metrics off-screen (they stay in session_start).
+    assert list(infos) == ["task.lr"] and infos["task.lr"].differs
     from tensorboard.plugins.hparams import api_pb2
 
-    assert infos["act"].type == api_pb2.DATA_TYPE_STRING and infos["task.lr"].type == api_pb2.DATA_TYPE_FLOAT64
+    assert infos["task.lr"].type == api_pb2.DATA_TYPE_FLOAT64
     columns = [(m.name.tag, m.display_name) for m in data["experiment"].experiment.metric_infos]
     # The monitored key first, then val/loss; each followed by its best value, a tag that sorts after val/.
     assert columns[:4] == [("val/acc", "val/acc"), ("~best/val/acc", "best val/acc"), ("val/loss", "val/loss"),
@@ -404,6 +406,14 @@ def test_hparams_varying_keys_metric_order_and_the_config_text(tmp_path):
     assert [t.step for t in texts] == [0]
     shown = texts[0].tensor_proto.string_val[0].decode()
     assert "    task:\n      lr: 0.05" in shown and "log_dir: logs" in shown  # the whole config, as a code block
+
+    # A single run: every key listed, the tuned ones marked (listed first, ticked).
+    tuned = TensorBoardLogger(hparams={"task.lr": 0.05, "task.hidden": 8, "act": None}, tuned=["task.hidden"])
+    single = Trainer(max_epochs=1, default_root_dir=str(tmp_path), callbacks=[tuned], **QUIET)
+    single.fit(ClassifierTask(lr=0.05, hidden=8))
+    infos = {h.name: h for h in hparams_data(read_run(single.log_dir))["experiment"].experiment.hparam_infos}
+    assert sorted(infos) == ["act", "task.hidden", "task.lr"] and [n for n, h in infos.items() if h.differs] == [
+        "task.hidden"] and infos["act"].type == api_pb2.DATA_TYPE_STRING
 
     with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(hparams=\['lr'\]\) is not valid"):
         TensorBoardLogger(hparams=["lr"])

@@ -119,8 +119,8 @@ def test_a_short_taskfit_run_has_loss_and_learning_rate_curves(tmp_path):
     run.Reload()
     tags = run.Tags()["scalars"]
     assert [e.step for e in run.Scalars("train/loss")] == [20, 40]
-    lr = next(tag for tag in tags if tag.startswith("lr/"))
-    assert [e.step for e in run.Scalars(lr)] == [20, 40]
+    lr = next(tag for tag in tags if tag.startswith("vitals/lr/"))
+    assert [e.step for e in run.Scalars(lr)] == [0, 20]  # its cosine steps per epoch: the rate each epoch starts with
 
 
 class Cosine(RegressionTask):

@@ -212,9 +212,12 @@ def _evaluate(trainer: Any, task: Any, config: dict[str, Any], run_dir: str, mod
 
 
 def _describe_run(callbacks: list[Any], config: dict[str, Any]) -> None:
-    """What TensorBoard's HParams tab shows of this job: the task's arguments, the keys the command line set and
-    the trainer settings that change results, the keys its sweep varies first (unless the config says)."""
+    """What the loggers show of this job (TensorBoard's HParams tab, MLflow's params): the task's arguments, the keys
+    the command line set and the trainer settings that change results; the keys its sweep varies first (and, in
+    HParams, only them), or in a single run the keys its command line and optimizer tuned (unless the config says)."""
     from hydra.types import RunMode
+
+    from .callbacks.hparams import tuned_keys
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
@@ -222,11 +225,13 @@ def _describe_run(callbacks: list[Any], config: dict[str, Any]) -> None:
     if varying is None:  # a sweeper that did not save its command line: every override of the job
         varying = [o.key_or_group for o in sweep.parse(overrides) if not o.is_delete()]
     for cb in callbacks:
-        if isinstance(cb, TensorBoardLogger):
+        if isinstance(cb, cbs.Logger) and hasattr(cb, "hparams"):  # TensorBoardLogger, MLFlowLogger
             if cb.hparams is None:
                 cb.hparams = sweep.hparams_of(config, overrides, dict(hydra_cfg.runtime.choices))
-            if not cb.varying:
+            if hasattr(cb, "varying") and not cb.varying:
                 cb.varying = list(varying)
+            if hasattr(cb, "tuned") and not cb.tuned and not varying:
+                cb.tuned = tuned_keys(cb.hparams, [o.key_or_group for o in sweep.parse(overrides)])
 
 
 def _discard_unused(run_dir: str) -> None:

@@ -105,8 +105,9 @@ class EarlyStoppingConf:
 @dataclass
 class LearningRateMonitorConf:
     _target_: str = "taskfit.callbacks.LearningRateMonitor"
-    logging_interval: str = "step"
+    logging_interval: Optional[str] = None
     log_momentum: bool = False
+    log_weight_decay: bool = False
 
 
 @dataclass
@@ -121,17 +122,29 @@ class ThroughputMonitorConf:
 @dataclass
 class TensorBoardLoggerConf:
     _target_: str = "taskfit.callbacks.TensorBoardLogger"
+    save_dir: Optional[str] = None
+    name: Optional[str] = None
+    version: Any = None
+    log_graph: bool = False
+    prefix: str = ""
+    sub_dir: Optional[str] = None
     hparam_metrics: Any = None
     hparams: Optional[Dict[str, Any]] = None
     varying: List[str] = field(default_factory=list)
+    tuned: List[str] = field(default_factory=list)
     histogram_every_n_steps: Optional[int] = None
-    log_graph: bool = False
     flush_secs: int = 120
+    max_queue: int = 10
+    filename_suffix: str = ""
 
 
 @dataclass
 class CSVLoggerConf:
     _target_: str = "taskfit.callbacks.CSVLogger"
+    save_dir: Optional[str] = None
+    name: Optional[str] = None
+    version: Any = None
+    prefix: str = ""
 
 
 @dataclass
@@ -141,7 +154,11 @@ class MLFlowLoggerConf:
     run_name: Optional[str] = None
     tracking_uri: Optional[str] = None
     tags: Optional[Dict[str, str]] = None
-    log_model_checkpoints: bool = False
+    save_dir: Optional[str] = None
+    log_model: bool = False
+    prefix: str = ""
+    artifact_location: Optional[str] = None
+    run_id: Optional[str] = None
     flush_secs: float = 10.0
 
 

@@ -220,6 +220,7 @@ def summarize(rows: list[dict[str, Any]], sweep_dir: str) -> dict[str, Any]:
         lines.append(f"{r['job']:>5}  {value:>10}  {metric:<20}{varying}{'  *' if r is best else ''}")
     if best is not None:
         lines.append(f"Best (*): job {best['job']}, {best['monitor']}={best['score']:.4g}: {best['run_dir']}")
+    lines.append(f"Compare the runs: tensorboard --logdir {sweep_dir}  (HParams tab; run names: the job folders)")
     # The terminal only (and the yaml file): the taskfit logger still writes to the last job's taskfit.log.
     print("\n".join(lines), flush=True)
     summary = {"best_job": None if best is None else best["job"], "jobs": rows}

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, hook_table, with_defaults
-from .checkpoint import load_run_state, load_weights, next_version_dir, restore, run_state, save_checkpoint
+from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, hook_table, run_directory, with_defaults
+from .checkpoint import load_run_state, load_weights, restore, run_state, save_checkpoint
 from .arguments import arguments_checked
 from .checks import check_arguments, check_loss, check_manual, check_task
 from .data import batch_size_of, empty_train_loader, eval_loader, fit_loaders, length, limit_batches, set_epoch
@@ -294,7 +294,7 @@ class Trainer:
                     self.state, self.log_dir = TrainerState(), None
                 self.state.fn = fn
                 if self.log_dir is None:  # chosen on rank 0
-                    self.log_dir = self.strategy.broadcast(self.is_main and next_version_dir(self.default_root_dir))
+                    self.log_dir = self.strategy.broadcast(self.is_main and run_directory(self))  # the first logger's
                 self.moves_batches = self.strategy.moves_batches  # read once: the step asks it every batch
                 if self.channels_last:
                     task.to(memory_format=torch.channels_last)
