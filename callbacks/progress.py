@@ -1,17 +1,37 @@
 """ProgressBar: a tqdm bar on a terminal; one plain line per epoch when stdout is a file or a CI log. Either way the
-epoch's line also goes to the ``taskfit`` logger (the ``taskfit`` command's taskfit.log), the bar itself does not."""
+epoch's line also goes to the ``taskfit`` logger (the ``taskfit`` command's taskfit.log), the bar itself does not.
+
+What the bar costs: one ``tqdm.update()`` per batch. Its values (the loss, the ``prog_bar`` values, the validation
+metrics) are read only when tqdm redraws, at most ``REFRESH_S`` apart: the current loss is the training step's
+kept tensor (``trainer.logs.last_loss``), converted then, so the bar shows it from the first steps with one
+host-device sync per redraw, never one per step. The values keep the order they first appeared in.
+"""
 from __future__ import annotations
 
+import functools
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
-from ..console import echo
+from ..arguments import arguments_checked
+from ..console import echo, results_table
 from .base import Callback
+
+REFRESH_S = 0.25  # the bar and its values redraw at most this often (tqdm's mininterval)
+EVAL_DELAY_S = 2.0  # a validation, test or predict pass shows a bar once it has run this long
+_TITLES = {"validate": "Validation", "test": "Test", "predict": "Predict"}
+_LIGHTNING_ONLY = {
+    "refresh_rate": "remove it: the bar redraws at most 4 times a second whatever the step rate (turn it off with "
+                    "Trainer(enable_progress_bar=False)).",
+    "process_position": "remove it: taskfit draws one bar at a time, on rank 0.",
+}
 
 
 class ProgressBar(Callback):
-    """Shows epoch, step, it/s, the loss and the ``prog_bar`` metrics. Rank 0 only.
+    """Shows epoch, batches, it/s, the current loss and the ``prog_bar`` and validation values. Rank 0 only.
+
+    After ``trainer.validate()`` or ``trainer.test()`` (on a terminal or not) it prints a table of the pass's
+    results. Validation, test and predict passes longer than ``EVAL_DELAY_S`` get a bar of their own.
 
     Args:
         stream: where to write (default ``sys.stdout``). A non-terminal stream gets one line per epoch.
@@ -20,71 +40,156 @@ class ProgressBar(Callback):
 
     order = 100  # after the callbacks that produce metrics
 
+    @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")
     def __init__(self, stream: TextIO | None = None, leave: bool = True) -> None:
         self.stream, self.leave = stream, leave
         self._bar: Any = None
-        self._logged: dict[str, float] = {}  # the latest value of each key logged this epoch
+        self._eval_bar: Any = None
+        self._logged: dict[str, float] = {}  # the latest published value of each key this fit
+        self._order: list[str] = []  # the keys the bar shows, in the order they first appeared (a fixed order)
+        self._pass: dict[str, float] = {}  # what a validate/test pass published (its results table)
         self._interactive = False
         self._start = 0.0
 
     def _out(self) -> TextIO:
         return self.stream or sys.stdout
 
-    def on_fit_start(self, trainer: Any, task: Any) -> None:
+    def _terminal(self, trainer: Any) -> bool:
         out = self._out()
-        self._interactive = trainer.is_main and hasattr(out, "isatty") and out.isatty()
+        return trainer.is_main and hasattr(out, "isatty") and out.isatty()
+
+    def on_fit_start(self, trainer: Any, task: Any) -> None:
+        self._interactive = self._terminal(trainer)
+        self._logged, self._order = {}, []
 
     def needs_batch_hooks(self, trainer: Any) -> bool:
         return self._interactive  # a log file gets one line per epoch: nothing to do per batch
 
+    # ---- training -----------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
-        self._logged = {}
         self._start = time.perf_counter()
         if self._interactive:
-            from tqdm.auto import tqdm
-
             total = trainer.num_train_batches
-            self._bar = tqdm(total=None if total == float("inf") else total, initial=trainer.state.batches_done,
-                             desc=self._desc(trainer), file=self._out(), leave=self.leave, dynamic_ncols=True)
+            self._bar = _bar(self, trainer, total=None if total == float("inf") else total,
+                             initial=trainer.state.batches_done, desc=self._desc(trainer), leave=self.leave)
 
     def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._bar is not None:
-            self._bar.update()
+            self._bar.update()  # redraws (and reads the values) only every REFRESH_S
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
-        self._logged.update(metrics)  # formatted only where shown: at tqdm's refresh, or in the epoch's line
-        if self._bar is not None:  # tqdm refreshes the postfix at its own rate, not every step
-            self._bar.set_postfix(self._postfix(trainer), refresh=False)
+        self._logged.update(metrics)  # floats already; formatted only where shown
+        if trainer.state.fn in ("validate", "test"):
+            self._pass.update(metrics)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if not trainer.is_main:
             return
         bar, self._bar = self._bar, None
-        if bar is not None:  # the bar stays on the terminal; the log gets the epoch's line
-            bar.set_postfix(self._postfix(trainer))
+        if bar is not None:  # the bar stays on the terminal (its last redraw reads the values); the log gets a line
             bar.close()
         from tqdm import tqdm
 
         done = trainer.state.batch_idx + 1
         total = trainer.num_train_batches
-        postfix = ", ".join(f"{k}={v}" for k, v in self._postfix(trainer).items())
+        postfix = ", ".join(f"{k}={v}" for k, v in self.values(trainer).items())
         line = tqdm.format_meter(done, None if total == float("inf") else total, time.perf_counter() - self._start,
                                  prefix=self._desc(trainer), postfix=postfix or None)
         echo(line, stream=self._out(), name="taskfit.progress", terminal=bar is None)
 
-    def _postfix(self, trainer: Any) -> dict[str, str]:
-        """The step and the ``prog_bar`` values logged this epoch (validation's included), formatted."""
-        # the losses, the values logged with prog_bar=True, and the validation metrics
-        metrics = {f"val/{name}" for name in trainer.metrics.get("val", {})}
-        shown = {"train/loss", "val/loss"} | trainer.logs.train.prog_bar | metrics
-        values = {key.replace("train/", ""): f"{value:.4g}" for key, value in self._logged.items() if key in shown}
-        return {"step": str(trainer.state.global_step), **values} if self._logged else values
+    def values(self, trainer: Any) -> dict[str, str]:
+        """What the bar shows now, formatted: the current loss, then the ``prog_bar`` values and the validation
+        metrics in the order they first appeared. Reading the loss is a sync: called when the bar redraws."""
+        loss = trainer.logs.last_loss if trainer.state.fn == "fit" else None
+        shown = {} if loss is None else {"loss": f"{float(loss):.4g}"}
+        wanted = _shown_keys(trainer)
+        self._order += [key for key in self._logged if key in wanted and key not in self._order]
+        for key in self._order:
+            if key in self._logged and key != "train/loss":
+                shown[key[len("train/"):] if key.startswith("train/") else key] = f"{self._logged[key]:.4g}"
+        return shown
+
+    # ---- validation, test, predict: a bar for long passes, a table of results -----------------------------------
+    def on_validation_start(self, trainer: Any, task: Any) -> None:
+        self._start_pass(trainer, "validate" if trainer.state.fn == "validate" else "fit")
+
+    def on_test_start(self, trainer: Any, task: Any) -> None:
+        self._start_pass(trainer, "test")
+
+    def on_predict_start(self, trainer: Any, task: Any) -> None:
+        self._start_pass(trainer, "predict")
+
+    def _start_pass(self, trainer: Any, fn: str) -> None:
+        self._pass = {}
+        if not self._terminal(trainer):
+            return
+        stage = {"fit": "val", "validate": "val", "test": "test", "predict": "predict"}[fn]
+        total = getattr(trainer, f"num_{stage}_batches", None)
+        self._eval_bar = _bar(self, trainer, total=total if isinstance(total, int) else None,
+                              desc=_TITLES.get(fn, "Validation"), leave=False, delay=EVAL_DELAY_S, values=False)
+
+    def on_validation_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        if self._eval_bar is not None:
+            self._eval_bar.update()
+
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
+
+    def _end_pass(self, trainer: Any, title: str | None) -> None:
+        bar, self._eval_bar = self._eval_bar, None
+        if bar is not None:
+            bar.close()
+        if title is not None and trainer.is_main and self._pass:
+            echo(results_table(title, self._pass), stream=self._out(), name="taskfit.results")
+
+    def on_validation_end(self, trainer: Any, task: Any) -> None:
+        self._end_pass(trainer, "Validation" if trainer.state.fn == "validate" else None)
+
+    def on_test_end(self, trainer: Any, task: Any) -> None:
+        self._end_pass(trainer, "Test")
+
+    def on_predict_end(self, trainer: Any, task: Any) -> None:
+        self._end_pass(trainer, None)
 
     def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        for bar in (self._bar, self._eval_bar):
+            if bar is not None:
+                bar.close()
+        self._bar = self._eval_bar = None
 
     def _desc(self, trainer: Any) -> str:
         last = trainer.max_epochs
         return f"Epoch {trainer.state.epoch}" + (f"/{last - 1}" if last is not None else "")
+
+
+def _shown_keys(trainer: Any) -> set[str]:
+    """The published keys the bar shows: ``prog_bar`` values (any stage), the validation loss and metrics."""
+    prog_bar = getattr(trainer, "progress_bar_metrics", None)
+    keys = set(prog_bar) if isinstance(prog_bar, dict) else set(trainer.logs.train.prog_bar)
+    return keys | {"val/loss"} | {f"val/{name}" for name in trainer.metrics.get("val", {})}
+
+
+def _bar(progress: ProgressBar, trainer: Any, *, values: bool = True, **kwargs: Any) -> Any:
+    """A tqdm bar (``tqdm.auto``: a widget in a notebook) that, when ``values``, sets its postfix from
+    ``progress.values(trainer)`` each time it redraws, and only then."""
+    bar = _bar_class()(file=progress._out(), dynamic_ncols=True, mininterval=REFRESH_S, **kwargs)
+    if values:
+        bar.shown = functools.partial(progress.values, trainer)
+        bar.refresh()  # the first draw (tqdm's own came before the line above)
+    return bar
+
+
+@functools.lru_cache(maxsize=None)
+def _bar_class() -> type:
+    """``tqdm.auto.tqdm`` whose redraw first sets the postfix from ``shown()`` (imported on first use)."""
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):  # type: ignore[misc, valid-type]
+        shown: Callable[[], dict[str, str]] | None = None
+
+        def display(self, *args: Any, **kwargs: Any) -> Any:
+            if self.shown is not None:  # (close() sets disable before its last redraw)
+                self.postfix = ", ".join(f"{k}={v}" for k, v in self.shown().items()) or None
+            return super().display(*args, **kwargs)
+
+    return Bar

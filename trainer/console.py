@@ -109,10 +109,23 @@ def warnings_logged() -> Iterator[None]:
             warnings.showwarning = shown
 
 
+def results_table(title: str, metrics: dict[str, float]) -> str:
+    """What ``trainer.test()``/``validate()`` print: the pass's values, one per line, sorted::
+
+        Test results
+          test/acc    0.9480
+          test/loss   0.2324
+    """
+    width = max(len(key) for key in metrics)
+    rows = [f"  {key:<{width}}  {value:.4g}" for key, value in sorted(metrics.items())]
+    return "\n".join([f"{title} results", *rows])
+
+
 def describe(error: BaseException) -> str:
     """An error as the ``taskfit`` command shows it: ``ClassName: message`` (with its HINT line)."""
     return f"{type(error).__name__}: {error}"
 
 
-__all__ = ["echo", "logger", "log_file", "shared_with_workers", "warnings_logged", "describe", "LOGGER_NAME"]
+__all__ = ["echo", "logger", "log_file", "shared_with_workers", "warnings_logged", "describe", "results_table",
+           "LOGGER_NAME"]
 

@@ -221,6 +221,12 @@ class LogBuffer:
         # series' own method, bound here once per epoch: the loop's one call per step for its loss.
         self.add_loss: Callable[[Any, float], None] = series.add
 
+    @property
+    def last_loss(self) -> Any:
+        """The most recent training loss (a device tensor; None before this epoch's first step), for a progress bar
+        that reads it when it redraws: converting it is a sync, a few times a second, never per step."""
+        return self._loss.last
+
     def enter(self, stage: str) -> LogBook:
         """Make ``stage``'s book the one ``self.log`` writes to: the training book, or a new one per evaluation."""
         self.current = self.train if stage == "train" else LogBook(stage)
