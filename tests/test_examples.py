@@ -48,6 +48,18 @@ def test_digits_main_job(tmp_path):
     # stdout is not a terminal here: the progress bar writes a line per epoch, not one per step
     assert 1 <= len([line for line in out.splitlines() if line.startswith("Epoch ")]) <= 3, out
 
+    # "The same job through the command line" (README): `taskfit` with the same epochs prints the same numbers.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("TASKFIT_SEED", None)
+    cli = subprocess.run([sys.executable, "-m", "taskfit", "trainer.max_epochs=3"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
+
+    def results(text: str) -> dict[str, str]:  # the "Test results" table both print
+        return dict(re.findall(r"^  (test/\w+) +(\S+)$", text, re.M))
+
+    assert results(out) and results(out) == results(cli.stdout), (out[-1500:], cli.stdout[-1500:])
+
 
 def test_diabetes_regression(tmp_path):
     out = run_example("diabetes.py", tmp_path, "--quick", "--root", str(tmp_path / "runs"))

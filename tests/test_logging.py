@@ -99,6 +99,24 @@ def test_scalars_in_event_files_are_what_was_logged(tmp_path):
     assert logger.experiment is None  # closed after fit, validate and test
 
 
+def test_tensorboard_opens_on_the_model_curves(tmp_path):
+    """TensorBoard's Scalars and Time Series tabs group tags by their first part, in name order, and open the first
+    two groups only: those are train and val, also after a test pass; the learning rate and throughput come next
+    (vitals), the one-point groups (best values, test results) last. The groups as they open: docs/logging.md."""
+    task = ClassifierTask()
+    trainer = Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), **QUIET)
+    trainer.fit(task)
+    trainer.test(task)
+    tags = read_run(trainer.log_dir).Tags()["scalars"]
+    groups = list(dict.fromkeys(tag.split("/")[0] for tag in sorted(tags)))  # no digits to sort: plain name order
+    assert groups == ["train", "val", "vitals", "~best", "~test"], groups
+    by_group = {g: sorted(t for t in tags if t.split("/")[0] == g) for g in groups[:2]}
+    assert by_group == {"train": ["train/acc_batch", "train/acc_batch_epoch", "train/loss", "train/loss_epoch"],
+                        "val": ["val/acc", "val/acc_batch", "val/loss"]}
+    assert {"vitals/lr/SGD/pg0", "vitals/samples_per_sec", "vitals/epoch_time_s", "~test/acc", "~test/loss"} <= set(
+        tags)
+
+
 def test_one_event_per_step_and_a_key_logged_twice_keeps_both_values(tmp_path):
     from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 

@@ -1,0 +1,108 @@
+"""What a run shows on the console: the progress bar on a real terminal (a pseudo-terminal, as a person's shell
+has it) with the current loss from the first steps and its values in a fixed order, read only when the bar redraws;
+one line per epoch to a file; a results table after trainer.test() / trainer.validate() from Python."""
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tasks import ClassifierTask
+from taskfit import Trainer
+from taskfit.callbacks import ProgressBar
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def on_a_terminal(code: str, cwd: Path) -> list[str]:
+    """Run ``python -c code`` with stdout on a 140-column pseudo-terminal; every redraw the terminal received."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))  # tqdm draws nothing 0 columns wide
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=subprocess.PIPE,
+                               cwd=cwd, env=env)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert process.wait(timeout=300) == 0, process.stderr.read().decode()[-3000:]
+    return [part for part in re.split(r"[\r\n]+", out.decode(errors="replace")) if part.strip()]
+
+
+SLOW_STEPS = textwrap.dedent("""
+    import time
+    from tasks import RegressionTask
+    from taskfit import Trainer
+
+    class Slow(RegressionTask):  # 20 steps of 40 ms an epoch: tqdm redraws (every 0.25 s) inside the epoch
+        def loss(self, outputs, targets):
+            time.sleep(0.04)
+            return super().loss(outputs, targets)
+
+    Trainer(max_epochs=2, log_every_n_steps=50, enable_model_summary=False).fit(Slow(n=160, val_n=16))
+""")
+
+
+def test_the_bar_shows_the_loss_from_the_first_steps_in_a_fixed_order(tmp_path):
+    redraws = on_a_terminal(SLOW_STEPS, tmp_path)
+    bars = [(int(m.group(1)), int(m.group(2)), line) for line in redraws
+            if (m := re.match(r"Epoch (\d)/1:.*\| *(\d+)/20 \[", line))]
+    mid_epoch = [line for epoch, n, line in bars if epoch == 0 and 0 < n < 20]
+    assert mid_epoch and all("loss=" in line for line in mid_epoch), redraws  # long before log_every_n_steps=50
+    # the values keep the order they first appeared in: the loss, then validation's (from the end of epoch 0 on)
+    keys = [re.findall(r"([\w/]+)=", line.split("it/s, ")[-1]) for _, n, line in bars if n]
+    assert keys[0] == ["loss"] and ["loss", "val/loss"] in keys and all(k in (["loss"], ["loss", "val/loss"])
+                                                                     for k in keys), keys
+    assert [line for line in redraws if line.startswith("Epoch 1/1:") and "20/20" in line][-1].count("loss=") == 2
+
+
+def test_the_values_are_read_when_the_bar_redraws_not_at_every_step(tmp_path, monkeypatch):
+    """Converting the loss is a host-device sync: the bar reads it when tqdm redraws, never per step."""
+    import taskfit.callbacks.progress as progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(progress, "REFRESH_S", 3600.0)  # no redraw between an epoch's first and last
+    reads = []
+    values = progress.ProgressBar.values
+    monkeypatch.setattr(progress.ProgressBar, "values", lambda self, trainer: reads.append(1) or values(self, trainer))
+    trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path), enable_model_summary=False,
+                      enable_checkpointing=False, callbacks=[ProgressBar(stream=Terminal())])
+    trainer.fit(ClassifierTask(n=480))  # 30 steps an epoch
+    assert trainer.state.global_step == 60 and len(reads) <= 2 * 3  # per epoch: its first draws and its last
+
+
+def test_test_and_validate_from_python_print_a_results_table(tmp_path, capsys):
+    task = ClassifierTask()
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), enable_model_summary=False,
+                      enable_checkpointing=False)
+    trainer.fit(task)
+    capsys.readouterr()
+    (tested,) = trainer.test(task)
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "Test results" and len(table) == 1 + len(tested)
+    assert {line.split()[0]: float(line.split()[1]) for line in table[1:]} == pytest.approx(tested, rel=1e-3)
+    (validated,) = trainer.validate(task)
+    out = capsys.readouterr().out
+    assert out.startswith("Validation results\n") and f"{validated['val/loss']:.4g}" in out
+    trainer.fit(task)  # a validation inside fit prints no table, on a file one line per epoch
+    assert "results" not in (out := capsys.readouterr().out) and out.count("Epoch 0/0: 100%") == 1

@@ -1,0 +1,222 @@
+"""Where a logger's run goes and how it continues: Lightning's constructor arguments (save_dir, name, version,
+prefix...), the catalogued error for the ones taskfit does not take, LearningRateMonitor over two optimizers, and a
+fit killed with SIGKILL then resumed: the same run directory, TensorBoard's redone steps hidden (read back with its
+reader), no duplicate CSV rows, the same MLflow run (its killed state recorded, no step sent twice)."""
+from __future__ import annotations
+
+import csv
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks import ClassifierTask, RegressionTask
+from taskfit import MisconfigurationError, Trainer
+from taskfit.callbacks import (Callback, CSVLogger, LearningRateMonitor, MLFlowLogger, ModelCheckpoint, ProgressBar,
+                               TensorBoardLogger, ThroughputMonitor)
+
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def rows(path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def read_run(path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    run.Reload()
+    return run
+
+
+# ---- Lightning's arguments and the run directory ---------------------------------------------------------------
+def test_the_run_directory_follows_the_first_logger_as_in_lightning(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task = RegressionTask(n=16)
+    first = Trainer(max_epochs=1, logger=CSVLogger("logs", name="exp"), enable_checkpointing=True,
+                    enable_progress_bar=False, enable_model_summary=False)
+    first.fit(task)
+    assert first.log_dir == str(tmp_path / "logs" / "exp" / "version_0") == first.logger.log_dir
+    assert (Path(first.log_dir) / "metrics.csv").is_file() and (Path(first.log_dir) / "checkpoints").is_dir()
+    assert (first.logger.save_dir, first.logger.name, first.logger.version) == (str(tmp_path / "logs"), "exp", 0)
+    second = Trainer(max_epochs=1, logger=CSVLogger("logs", name="exp"), **QUIET)
+    second.fit(task)
+    assert Path(second.log_dir).name == "version_1"  # the next free version, as Lightning counts
+
+    tb = TensorBoardLogger(str(tmp_path / "tb"), "exp", 3)  # positional, as Lightning allows
+    own = CSVLogger(str(tmp_path / "csv"), version="a")  # a second logger with a directory of its own
+    third = Trainer(max_epochs=1, logger=[tb, own], default_root_dir=str(tmp_path / "unused"), **QUIET)
+    third.fit(task)
+    assert third.log_dir == str(tmp_path / "tb" / "exp" / "version_3") == tb.log_dir
+    assert list(Path(third.log_dir).glob("events.out.tfevents.*")) and own.log_dir == str(tmp_path / "csv" / "a")
+    assert (tmp_path / "csv" / "a" / "metrics.csv").is_file() and not (tmp_path / "unused").exists()
+
+    flat = Trainer(max_epochs=1, logger=TensorBoardLogger(str(tmp_path / "flat"), version=""), **QUIET)
+    flat.fit(task)
+    assert flat.log_dir == str(tmp_path / "flat")  # version="": the folder itself
+    plain = Trainer(max_epochs=1, logger=CSVLogger(), default_root_dir=str(tmp_path / "root"), **QUIET)
+    plain.fit(task)
+    assert plain.log_dir == str(tmp_path / "root" / "version_0")  # nothing given: default_root_dir, as before
+
+
+def test_lightning_arguments_taskfit_does_not_take_get_the_catalogued_error():
+    cases = [(lambda: TensorBoardLogger("logs", default_hp_metric=False), "TensorBoardLogger", "default_hp_metric",
+              "HParams tab shows"),
+             (lambda: CSVLogger("logs", flush_logs_every_n_steps=10), "CSVLogger", "flush_logs_every_n_steps",
+              "as soon as the step is complete"),
+             (lambda: MLFlowLogger(synchronous=True), "MLFlowLogger", "synchronous", "in batches"),
+             (lambda: MLFlowLogger(checkpoint_path_prefix="x"), "MLFlowLogger", "checkpoint_path_prefix",
+              "checkpoints/ artifacts"),
+             (lambda: ThroughputMonitor(batch_size_fn=len), "ThroughputMonitor", "batch_size_fn", "batch_size"),
+             (lambda: ProgressBar(refresh_rate=10), "ProgressBar", "refresh_rate", "enable_progress_bar=False")]
+    for build, cls, arg, hint in cases:
+        if cls == "MLFlowLogger":
+            pytest.importorskip("mlflow")
+        with pytest.raises(MisconfigurationError, match=rf"{cls}\({arg}=\.\.\.\) is an argument of Lightning's {cls}"
+                                                        rf"[\s\S]*HINT: remove it: .*{hint}"):
+            build()
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(\) got an unknown argument 'save_dr'[\s\S]*"
+                                                    r"did you mean save_dir\?"):
+        CSVLogger(save_dr="logs")
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(\) takes at most 4 positional arguments"):
+        CSVLogger("logs", "exp", 0, "", "extra")
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(version=-1\) is not valid"):
+        CSVLogger(version=-1)
+    with pytest.raises(MisconfigurationError, match=r"LearningRateMonitor\(logging_interval='batch'\) is not valid"):
+        LearningRateMonitor(logging_interval="batch")
+
+
+def test_prefix_goes_before_every_key(tmp_path):
+    logger = CSVLogger(str(tmp_path), prefix="fold1")
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1, logger=logger, **QUIET)
+    trainer.fit(RegressionTask(n=16, val_n=8))
+    header = list(rows(Path(trainer.log_dir) / "metrics.csv")[0])
+    assert header[:2] == ["step", "epoch"] and "fold1-train/loss" in header and "fold1-val/loss" in header
+    assert all(key.startswith("fold1-") for key in header[2:])
+    assert "train/loss" in trainer.state.metrics  # the prefix is the logger's: published names are unchanged
+
+
+# ---- LearningRateMonitor: every optimizer -------------------------------------------------------------------
+class TwoOptimizers(RegressionTask):
+    """Manual optimization with an SGD (a step scheduler) and an Adam over two param groups (an epoch scheduler)."""
+
+    automatic_optimization = False
+
+    def __init__(self) -> None:
+        super().__init__(n=32)
+        self.head = torch.nn.Linear(4, 1)
+
+    def configure_optimizers(self):
+        sgd = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+        adam = torch.optim.Adam([{"params": [self.head.weight], "name": "weights"}, {"params": [self.head.bias]}],
+                                lr=0.01)
+        return [{"optimizer": sgd, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(sgd, 2, 0.5),
+                                                    "interval": "step"}},
+                {"optimizer": adam, "lr_scheduler": torch.optim.lr_scheduler.StepLR(adam, 1, 0.1)}]
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        sgd, adam = self.optimizers()
+        for optimizer, model in ((sgd, self.net), (adam, self.head)):
+            loss = torch.nn.functional.mse_loss(model(inputs).squeeze(-1), targets)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+        step_sched, epoch_sched = self.lr_schedulers()
+        step_sched.step()
+        if self.trainer.state.batches_done + 1 == 4:  # an epoch's last batch (32 samples / 8)
+            epoch_sched.step()
+        return loss
+
+
+def test_lr_monitor_logs_every_optimizer_at_its_schedulers_interval(tmp_path):
+    monitor = LearningRateMonitor(log_momentum=True, log_weight_decay=True)  # logging_interval=None: Lightning's
+    trainer = Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), callbacks=[monitor],
+                      logger=CSVLogger(), **QUIET)
+    trainer.fit(TwoOptimizers())
+    table = rows(Path(trainer.log_dir) / "metrics.csv")
+
+    def logged(key):
+        return [(int(r["step"]), float(r[key])) for r in table if r.get(key)]
+
+    # SGD's scheduler steps per step: at every log interval; Adam's per epoch: at every epoch start (global_step
+    # counts both optimizers' steps, as Lightning's does: 8 per epoch)
+    assert [s for s, _ in logged("vitals/lr/SGD/pg0")] == [s for s, _ in logged("train/loss")] == list(range(2, 17, 2))
+    assert logged("vitals/lr/Adam/weights") == [(0, pytest.approx(0.01)), (8, pytest.approx(0.001))]
+    assert logged("vitals/lr/Adam/pg1") == logged("vitals/lr/Adam/weights")  # both groups of the second optimizer
+    assert {v for _, v in logged("vitals/weight_decay/SGD/pg0")} == {0.01}
+    assert {v for _, v in logged("vitals/momentum/SGD/pg0")} == {0.9} and logged("vitals/momentum/Adam/pg1")
+
+
+# ---- resume: the same run, nothing twice --------------------------------------------------------------------
+class KillAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        if trainer.state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_killed(build, step: int) -> None:
+    """``build().fit(...)`` in a forked child that SIGKILLs itself when global step ``step`` ends."""
+    import taskfit.callbacks.tensorboard as tb
+
+    pid = os.fork()
+    if pid == 0:  # never returns into pytest
+        try:
+            tb.SEND_SECS = 0.0  # every finished step reaches the event file: the killed run wrote past its checkpoint
+            trainer, task = build(KillAt(step))
+            trainer.fit(task)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def build(*extra):
+        loggers = [TensorBoardLogger(), CSVLogger(), MLFlowLogger(tracking_uri=uri, flush_secs=0)]
+        checkpoint = ModelCheckpoint(every_n_train_steps=4, every_n_epochs=None, save_top_k=-1)
+        trainer = Trainer(max_epochs=3, log_every_n_steps=1, default_root_dir=str(tmp_path), logger=loggers,
+                          callbacks=[checkpoint, *extra], enable_progress_bar=False, enable_model_summary=False)
+        return trainer, ClassifierTask()  # 6 steps per epoch
+
+    run_killed(build, 11)  # the newest checkpoint: step 8 (epoch 1, batch 2); steps 9-11 were logged after it
+    run_dir = tmp_path / "version_0"
+    assert [int(r["step"]) for r in rows(run_dir / "metrics.csv")] == list(range(1, 11))  # 11's was not complete
+    assert [e.step for e in read_run(run_dir).Scalars("train/loss")][-3:] == [8, 9, 10]  # past the checkpoint
+    client = mlflow.tracking.MlflowClient(uri)
+    (killed,) = client.search_runs([client.get_experiment_by_name("taskfit").experiment_id])
+    assert killed.info.status == "RUNNING"  # nobody closed it
+
+    trainer, task = build()
+    trainer.fit(task, ckpt_path="last")
+    assert trainer.log_dir == str(run_dir) and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "version_0"]
+
+    table = rows(run_dir / "metrics.csv")
+    assert [int(r["step"]) for r in table] == list(range(1, 19))  # each step once, the redone 9-11 included
+    assert [r["epoch"] for r in table] == [str(e) for e in range(3) for _ in range(6)]
+    epoch_times = [int(r["step"]) for r in table if r["vitals/epoch_time_s"]]
+    assert epoch_times == [6, 18]  # not the resumed epoch 1, whose time would be that of its rest only
+
+    run = read_run(run_dir)  # the killed run's steps 9-11 are hidden by the resumed writer's purge_step
+    assert [e.step for e in run.Scalars("train/loss")] == list(range(1, 19))
+    assert [e.value for e in run.Scalars("train/loss")] == pytest.approx([float(r["train/loss"]) for r in table])
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
+
+    (resumed,) = client.search_runs([killed.info.experiment_id])
+    assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
+    assert "died without closing the run" in resumed.data.tags["taskfit.killed"]
+    assert resumed.data.tags["taskfit.resumed_at"] == "8"
+    history = client.get_metric_history(resumed.info.run_id, "train/loss")
+    assert [m.step for m in history] == list(range(1, 19))  # the steps the killed run sent are not sent again
+    assert [m.value for m in history] == pytest.approx([float(r["train/loss"]) for r in table])
