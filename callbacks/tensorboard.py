@@ -88,9 +88,11 @@ class TensorBoardLogger(Logger):
             set and the optimizer's); the other hyperparameters follow, by name.
         histogram_every_n_steps: write ``params/<name>`` and ``grads/<name>`` histograms every N optimizer steps
             (off by default: each costs a device-to-host copy of every parameter and gradient).
-        flush_secs, max_queue, filename_suffix: ``SummaryWriter``'s arguments. The scalars are handed over and
-            flushed every ``SEND_SECS`` (5 s), at a log call or an epoch end, and when the writer closes;
+        flush_secs: ``SummaryWriter``'s: how often its thread flushes on its own. The scalars are handed over and
+            flushed every ``SEND_SECS`` (5 s), at a log call or an epoch end, and when the writer closes:
             ``flush_secs`` matters for what you write through :attr:`experiment`.
+        max_queue: ``SummaryWriter``'s queue size.
+        filename_suffix: ``SummaryWriter``'s event file name suffix.
     """
 
     # order 900 (Logger's): after every callback that logs, so on_fit_end closes the writer last; before
