@@ -203,9 +203,10 @@ class Logger(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The run this logger writes (its directory, and e.g. MLflow's run id), so that a resumed fit continues it.
         A checkpoint asks for it as it records the run: what is buffered is written out first (:meth:`save`)."""
-        if not self._active:
+        if self._run_dir is None:  # no run yet (and on ranks other than 0)
             return {}
-        self.save()
+        if self._active:  # (the fit-end checkpoint comes after the run was closed: it still names it)
+            self.save()
         return {"log_dir": self._run_dir, "trainer_log_dir": self._for, **self.run_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

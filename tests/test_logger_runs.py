@@ -220,3 +220,23 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     history = client.get_metric_history(resumed.info.run_id, "train/loss")
     assert [m.step for m in history] == list(range(1, 19))  # the steps the killed run sent are not sent again
     assert [m.value for m in history] == pytest.approx([float(r["train/loss"]) for r in table])
+
+
+def test_a_resume_whose_run_directory_is_gone_starts_a_new_one_and_says_so(tmp_path):
+    def trainer():
+        return Trainer(max_epochs=2, default_root_dir=str(tmp_path / "runs"), logger=CSVLogger(),
+                       enable_progress_bar=False, enable_model_summary=False)
+
+    first = trainer()
+    first.fit(RegressionTask(n=16), ckpt_path=None)
+    moved = tmp_path / "moved.ckpt"
+    Path(first.checkpoint_callback.last_model_path).rename(moved)
+    import shutil
+
+    shutil.rmtree(first.log_dir)  # e.g. the checkpoint was copied to another machine
+    second = trainer()
+    second.max_epochs = 3
+    with pytest.warns(RuntimeWarning, match=r"CSVLogger: the run this checkpoint was logged to \(.*version_0\) is "
+                                            r"gone; the resumed fit starts a new one in .*version_0"):
+        second.fit(RegressionTask(n=16), ckpt_path=str(moved))
+    assert [int(r["step"]) for r in rows(Path(second.log_dir) / "metrics.csv")] == [6]  # the third epoch only
