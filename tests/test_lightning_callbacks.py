@@ -69,11 +69,23 @@ class CountValidations(Callback):
             task.validations += 1
 
 
-def fit(callback: Callback, task: Line | None = None, root=None, **settings) -> tuple[Trainer, Line]:
+class Record(Callback):
+    """val/loss at every validation of fit, rounded."""
+
+    def __init__(self):
+        self.scores = []
+
+    def on_validation_end(self, trainer, task):
+        if trainer.state.fn == "fit":
+            self.scores.append(round(trainer.state.metrics["val/loss"], 2))
+
+
+def fit(callback: Callback, task: Line | None = None, root=None, callbacks_extra=(), **settings
+        ) -> tuple[Trainer, Line]:
     task = task or Line()
     settings.setdefault("enable_checkpointing", isinstance(callback, ModelCheckpoint))
-    trainer = Trainer(default_root_dir=str(root) if root else None, callbacks=[callback, CountValidations()],
-                      **{**QUIET, **settings})
+    trainer = Trainer(default_root_dir=str(root) if root else None,
+                      callbacks=[callback, CountValidations(), *callbacks_extra], **{**QUIET, **settings})
     trainer.fit(task)
     return trainer, task
 
@@ -151,6 +163,21 @@ def test_monitored_step_saves_are_ranked_by_their_own_score(tmp_path):
     assert files(cb) == {"epoch=1-step=18.ckpt": 18, "epoch=3-step=36.ckpt": 36}
     scores = {k: round(float(v), 4) for k, v in cb.best_k_models.items()}
     assert scores[os.path.join(cb.dirpath, "epoch=1-step=18.ckpt")] == 4978.2119  # Lightning's value at step 18
+
+
+def test_step_saves_at_steps_that_validate_get_that_validations_score(tmp_path, recwarn):
+    # Lightning: the same four files; its step-6 file gets step 4's score (10018.09: its batch-end save runs before
+    # that step's validation, only an epoch's last batch waits for it); taskfit ranks every file by its own state.
+    cb = ModelCheckpoint(monitor="val/loss", every_n_train_steps=2, save_top_k=-1, save_last=False)
+    record = Record()
+    fit(cb, root=tmp_path, max_epochs=2, val_check_interval=2, callbacks_extra=[record])
+    assert files(cb) == {"epoch=0-step=2.ckpt": 2, "epoch=0-step=4.ckpt": 4, "epoch=1-step=6.ckpt": 6,
+                         "epoch=1-step=8.ckpt": 8}
+    assert {os.path.basename(p): round(float(v), 2) for p, v in cb.best_k_models.items()} == {
+        "epoch=0-step=2.ckpt": 10274.67, "epoch=0-step=4.ckpt": 10018.09, "epoch=1-step=6.ckpt": 9990.06,
+        "epoch=1-step=8.ckpt": 9740.58}  # Lightning: 10274.67, 10018.09, 10018.09, 9740.58
+    assert record.scores == [10274.67, 10018.09, 9990.06, 9740.58]  # each validation's val/loss
+    assert not [w for w in recwarn if "ModelCheckpoint" in str(w.message)]
 
 
 # ---- ModelCheckpoint: the lightning-hydra-template configuration ----------------------------------------------
