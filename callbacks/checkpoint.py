@@ -44,7 +44,8 @@ class ModelCheckpoint(Callback):
 
     Args:
         dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``).
-        filename: name template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` -> ``epoch=003-val_acc=0.91``.
+        filename: name template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` gives
+            ``epoch=003-val_acc=0.91``.
         monitor: logged key that ranks the files (e.g. ``"val/loss"``); None keeps the newest.
         verbose: print each monitored save, as Lightning logs it.
         save_last: keep ``last.ckpt``, the newest state (``"link"``: the same; None/False: none).
@@ -316,7 +317,8 @@ class ModelCheckpoint(Callback):
             evicted = self._ranking.admit(path, score)
             self.best_model_path = self._ranking.best()
             self.current_score = torch.tensor(score) if self.monitor is not None else None
-            top, best = len(scores) + 1 if self.save_top_k == -1 else self.save_top_k, self._ranking.kept[self.best_model_path]
+            top = len(scores) + 1 if self.save_top_k == -1 else self.save_top_k
+            best = self._ranking.kept[self.best_model_path]
             self._say(trainer, f"{self.monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} "
                                f"as top {top}")
         elif self.save_top_k != 0:

@@ -1,4 +1,4 @@
-"""EarlyStopping: stop fit when a monitored metric stops improving (or reaches a target, or diverges), as Lightning's."""
+"""EarlyStopping: stop fit when a monitored metric stops improving, reaches a target or diverges (Lightning's)."""
 from __future__ import annotations
 
 import difflib

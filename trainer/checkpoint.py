@@ -59,8 +59,11 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     _check_losses(trainer, path)
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
-    state = {"module": trainer.strategy.module_state_dict(trainer.model), "loop": {"state": trainer.state.state_dict()}} \
-        if weights_only else trainer.state_dict()  # on every rank: the RNG states are gathered
+    if weights_only:
+        state = {"module": trainer.strategy.module_state_dict(trainer.model),
+                 "loop": {"state": trainer.state.state_dict()}}
+    else:
+        state = trainer.state_dict()  # on every rank: the RNG states are gathered
     if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
         save_sharded(trainer.strategy, _contents(trainer, state), path, writer if background else None)
     elif trainer.is_main:
