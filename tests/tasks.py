@@ -121,6 +121,20 @@ class RankProbe(Callback):
                     "wrapper": trainer.model.state_dict()}, f"{self.out}/rank{s.rank}.pt")
 
 
+class KillAt(Callback):
+    """SIGKILL this process when global step ``step`` ends (nothing can close files, runs or threads)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
+        if trainer.state.global_step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class SignalAt(Callback):
     """Rank 0 sends ``signum`` to process ``pid`` when global step ``step`` ends (a scheduler's preemption)."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import ClassifierTask, RegressionTask
+from tasks import ClassifierTask, KillAt, RegressionTask
 from taskfit import MisconfigurationError, Trainer
 from taskfit.callbacks import (Callback, CSVLogger, LearningRateMonitor, MLFlowLogger, ModelCheckpoint, ProgressBar,
                                TensorBoardLogger, ThroughputMonitor)
@@ -153,15 +153,6 @@ def test_lr_monitor_logs_every_optimizer_at_its_schedulers_interval(tmp_path):
 
 
 # ---- resume: the same run, nothing twice --------------------------------------------------------------------
-class KillAt(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
-        if trainer.state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def run_killed(build, step: int) -> None:
     """``build().fit(...)`` in a forked child that SIGKILLs itself when global step ``step`` ends."""
     import taskfit.callbacks.tensorboard as tb

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import ClassifierTask, RaiseAtStep, RegressionTask
+from tasks import ClassifierTask, KillAt, RaiseAtStep, RegressionTask
 from taskfit import MisconfigurationError, Trainer
 from taskfit.callbacks import (Callback, CSVLogger, EarlyStopping, LearningRateMonitor, Logger, MLFlowLogger,
                                TensorBoardLogger, ThroughputMonitor)
@@ -126,15 +126,6 @@ def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
     (validated,) = Trainer(default_root_dir=str(tmp_path), logger=CSVLogger(), **QUIET).validate(task)
     _, rows3 = read_csv(tmp_path / "version_1" / "metrics.csv")  # a validate on its own: a run of its own
     assert len(rows3) == 1 and float(rows3[0]["val/loss"]) == validated["val/loss"]
-
-
-class KillAt(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
-        if trainer.state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
