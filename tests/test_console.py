@@ -28,7 +28,8 @@ def on_a_terminal(code: str, cwd: Path) -> list[str]:
     """Run ``python -c code`` with stdout on a 140-column pseudo-terminal; every redraw the terminal received."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))  # tqdm draws nothing 0 columns wide
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    paths = [str(ROOT / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(paths))
     process = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=subprocess.PIPE,
                                cwd=cwd, env=env)
     os.close(slave)
