@@ -123,6 +123,12 @@ class Logger(Callback):
         return self._name
 
     @property
+    def root_dir(self) -> str | None:
+        """``<save_dir>/<name>``: the folder of this logger's versions (Lightning's ``root_dir``)."""
+        save_dir = self.save_dir
+        return os.path.join(save_dir, self._name) if save_dir and self._name else save_dir
+
+    @property
     def version(self) -> int | str | None:
         """The run's version: as given, else the number of the ``version_N`` folder it writes (None before)."""
         if self._version is not None:
@@ -146,8 +152,6 @@ class Logger(Callback):
         if self._name:
             root = os.path.join(root, self._name)
         if self._version is None:
-            from ..checkpoint import next_version_dir  # (imported here: checkpoint imports the callbacks)
-
             return next_version_dir(root)
         return os.path.normpath(os.path.join(root, self._version if isinstance(self._version, str)
                                              else f"version_{self._version}"))
@@ -263,9 +267,15 @@ def run_directory(trainer: Any) -> str:
     first = _first_directory_logger(trainer)
     if first is not None:
         return first.directory(trainer.default_root_dir)
-    from ..checkpoint import next_version_dir  # (imported here: checkpoint imports the callbacks)
-
     return next_version_dir(trainer.default_root_dir)
+
+
+def next_version_dir(root: str | None) -> str:
+    """``<root>/version_<N+1>`` for the highest existing ``version_N`` (root: ``./taskfit_logs`` by default)."""
+    root = os.path.abspath(root or os.path.join(os.getcwd(), "taskfit_logs"))
+    taken = [int(m.group(1)) for d in (os.listdir(root) if os.path.isdir(root) else [])
+             if (m := re.fullmatch(r"version_(\d+)", d))]
+    return os.path.join(root, f"version_{max(taken, default=-1) + 1}")
 
 
 def _portable(problem: BaseException | None) -> BaseException | None:

@@ -100,12 +100,14 @@ def test_overrides_reach_the_trainer_config_checkpoint_and_hparams_then_ckpt_pat
     hparams = start_hparams(run / "version_0")
     assert hparams["task.optimizer.lr"] == pytest.approx(0.02) and hparams["trainer.max_epochs"] == 1
 
-    taskfit(*common, "trainer.max_epochs=2", "task.optimizer.lr=0.02", "ckpt_path=last", "test=false", cwd=tmp_path)
-    resumed = next(d for d in run_dirs(tmp_path, "debug_digits") if d != run)
-    state = load_ckpt(resumed / "version_0" / "checkpoints" / "last.ckpt")["loop"]["state"]
+    out = taskfit(*common, "trainer.max_epochs=2", "task.optimizer.lr=0.02", "ckpt_path=last", "test=false",
+                  cwd=tmp_path).stdout
+    resumed = next(d for d in run_dirs(tmp_path, "debug_digits") if d != run)  # this command's config and log...
+    assert not (resumed / "version_0").exists() and f"TensorBoard:     {run / 'version_0'}" in out  # ...its run: run's
+    state = load_ckpt(run / "version_0" / "checkpoints" / "last.ckpt")["loop"]["state"]
     assert state["global_step"] == 6
-    steps = sorted({e.step for e in read_events(resumed / "version_0").Scalars("train/loss")})
-    assert steps == [4, 5, 6], "the resumed run did not continue after step 3"
+    steps = [e.step for e in read_events(run / "version_0").Scalars("train/loss")]
+    assert steps[-3:] == [4, 5, 6] and steps == sorted(set(steps)), "the resumed run did not continue after step 3"
 
 
 def test_multirun_with_an_experiment_makes_one_run_per_value_and_a_summary(tmp_path):

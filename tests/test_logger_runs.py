@@ -7,15 +7,17 @@ from __future__ import annotations
 import csv
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tasks import ClassifierTask, KillAt, RegressionTask
+from tasks import RegressionTask
 from taskfit import MisconfigurationError, Trainer
-from taskfit.callbacks import (Callback, CSVLogger, LearningRateMonitor, MLFlowLogger, ModelCheckpoint, ProgressBar,
-                               TensorBoardLogger, ThroughputMonitor)
+from taskfit.callbacks import (CSVLogger, LearningRateMonitor, MLFlowLogger, ProgressBar, TensorBoardLogger,
+                               ThroughputMonitor)
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 
@@ -43,6 +45,7 @@ def test_the_run_directory_follows_the_first_logger_as_in_lightning(tmp_path, mo
     assert first.log_dir == str(tmp_path / "logs" / "exp" / "version_0") == first.logger.log_dir
     assert (Path(first.log_dir) / "metrics.csv").is_file() and (Path(first.log_dir) / "checkpoints").is_dir()
     assert (first.logger.save_dir, first.logger.name, first.logger.version) == (str(tmp_path / "logs"), "exp", 0)
+    assert first.logger.root_dir == str(tmp_path / "logs" / "exp")
     second = Trainer(max_epochs=1, logger=CSVLogger("logs", name="exp"), **QUIET)
     second.fit(task)
     assert Path(second.log_dir).name == "version_1"  # the next free version, as Lightning counts
@@ -153,35 +156,18 @@ def test_lr_monitor_logs_every_optimizer_at_its_schedulers_interval(tmp_path):
 
 
 # ---- resume: the same run, nothing twice --------------------------------------------------------------------
-def run_killed(build, step: int) -> None:
-    """``build().fit(...)`` in a forked child that SIGKILLs itself when global step ``step`` ends."""
-    import taskfit.callbacks.tensorboard as tb
-
-    pid = os.fork()
-    if pid == 0:  # never returns into pytest
-        try:
-            tb.SEND_SECS = 0.0  # every finished step reaches the event file: the killed run wrote past its checkpoint
-            trainer, task = build(KillAt(step))
-            trainer.fit(task)
-        finally:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+def logged_run(root: Path, uri: str, what: str) -> subprocess.CompletedProcess:
+    """tests/logger_resume_script.py in a process of its own: killed at global step ``what``, or ``"resume"``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, str(Path(__file__).with_name("logger_resume_script.py")), str(root), uri,
+                           what], env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_path, monkeypatch):
+def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-    def build(*extra):
-        loggers = [TensorBoardLogger(), CSVLogger(), MLFlowLogger(tracking_uri=uri, flush_secs=0)]
-        checkpoint = ModelCheckpoint(every_n_train_steps=4, every_n_epochs=None, save_top_k=-1)
-        trainer = Trainer(max_epochs=3, log_every_n_steps=1, default_root_dir=str(tmp_path), logger=loggers,
-                          callbacks=[checkpoint, *extra], enable_progress_bar=False, enable_model_summary=False)
-        return trainer, ClassifierTask()  # 6 steps per epoch
-
-    run_killed(build, 11)  # the newest checkpoint: step 8 (epoch 1, batch 2); steps 9-11 were logged after it
+    killed_run = logged_run(tmp_path, uri, "11")  # the newest checkpoint: step 8 (epoch 1, batch 2)
+    assert killed_run.returncode == -signal.SIGKILL, killed_run.stderr[-3000:]
     run_dir = tmp_path / "version_0"
     assert [int(r["step"]) for r in rows(run_dir / "metrics.csv")] == list(range(1, 11))  # 11's was not complete
     assert [e.step for e in read_run(run_dir).Scalars("train/loss")][-3:] == [8, 9, 10]  # past the checkpoint
@@ -189,9 +175,10 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     (killed,) = client.search_runs([client.get_experiment_by_name("taskfit").experiment_id])
     assert killed.info.status == "RUNNING"  # nobody closed it
 
-    trainer, task = build()
-    trainer.fit(task, ckpt_path="last")
-    assert trainer.log_dir == str(run_dir) and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "version_0"]
+    resumed_run = logged_run(tmp_path, uri, "resume")
+    assert resumed_run.returncode == 0, resumed_run.stderr[-3000:]
+    assert f"log_dir={run_dir}" in resumed_run.stdout and "Resumed from" in resumed_run.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "version_0"]
 
     table = rows(run_dir / "metrics.csv")
     assert [int(r["step"]) for r in table] == list(range(1, 19))  # each step once, the redone 9-11 included
@@ -199,7 +186,7 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     epoch_times = [int(r["step"]) for r in table if r["vitals/epoch_time_s"]]
     assert epoch_times == [6, 18]  # not the resumed epoch 1, whose time would be that of its rest only
 
-    run = read_run(run_dir)  # the killed run's steps 9-11 are hidden by the resumed writer's purge_step
+    run = read_run(run_dir)  # the killed run's steps 9-10 are hidden by the resumed writer's purge_step
     assert [e.step for e in run.Scalars("train/loss")] == list(range(1, 19))
     assert [e.value for e in run.Scalars("train/loss")] == pytest.approx([float(r["train/loss"]) for r in table])
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2

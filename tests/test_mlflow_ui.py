@@ -3,17 +3,19 @@
 TensorBoard run, with HParams' params, MLflow's own tags and the model's metrics (read through the UI's REST API)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tb_server import free_port, get
+from tb_server import free_port
 
 pytest.importorskip("mlflow", reason="the mlflow extra is not installed (pip install -e '.[mlflow]')")
 
@@ -27,6 +29,14 @@ def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") and k not in ("TASKFIT_SEED", "RANK")}
     env.update(OMP_NUM_THREADS="1")
     return env
+
+
+def ask(url: str, body: dict | None = None) -> dict:
+    """A request to the UI's REST API; generous timeout: its first answers can be slow on a busy machine."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
 
 
 def stop_group(server: subprocess.Popen) -> None:
@@ -62,13 +72,13 @@ def test_taskfit_logger_mlflow_then_mlflow_ui_shows_the_run(tmp_path):
         experiment, deadline = None, time.monotonic() + 120  # a deadline against a hang, not a speed check
         while experiment is None and time.monotonic() < deadline and server.poll() is None:
             try:
-                experiment = get(f"{base}/experiments/get-by-name?experiment_name=digits")["experiment"]
+                experiment = ask(f"{base}/experiments/get-by-name?experiment_name=digits")["experiment"]
             except OSError:  # not listening yet
                 time.sleep(0.5)
         assert experiment is not None, f"mlflow ui did not answer: {server.stderr.read()[-2000:]}"
         tags = {t["key"]: t["value"] for t in experiment.get("tags", [])}
         assert tags["mlflow.experimentKind"] == "custom_model_development"  # opens as model training, not GenAI
-        (run,) = get(f"{base}/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+        (run,) = ask(f"{base}/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
     finally:
         stop_group(server)
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .trainer import Trainer
 
 __all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "resolve", "last_checkpoint",
-           "next_version_dir", "load_checkpoint", "atomic_copy",
+           "load_checkpoint", "atomic_copy",
            "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
 
 
@@ -96,14 +96,6 @@ def _contents(trainer: Trainer, state: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
-def next_version_dir(default_root_dir: str | None) -> str:
-    """``<root>/version_<N+1>`` for the highest existing ``version_N`` (root: ``./taskfit_logs`` by default)."""
-    root = os.path.abspath(default_root_dir or os.path.join(os.getcwd(), "taskfit_logs"))
-    taken = [int(m.group(1)) for d in (os.listdir(root) if os.path.isdir(root) else [])
-             if (m := re.fullmatch(r"version_(\d+)", d))]
-    return os.path.join(root, f"version_{max(taken, default=-1) + 1}")
-
-
 def last_checkpoint(root: str | os.PathLike) -> str | None:
     """The newest ``last.ckpt`` under ``root``: of ``root`` itself, else of the highest ``version_N/checkpoints``."""
     root = os.fspath(root)

@@ -278,7 +278,8 @@ def _print_report(result: dict[str, Any], seconds: float) -> None:
     lines = [f"taskfit: {'done' if mode == 'fit' else mode} in {seconds:.1f} s",
              f"  run directory:   {result['run_dir']}  (config.yaml: the resolved config)"]
     if mode != "predict":
-        lines.append("  TensorBoard:     " + (f"{result['log_dir']}  (tensorboard --logdir {result['run_dir']})"
+        lines.append("  TensorBoard:     " + (f"{result['log_dir']}  (tensorboard --logdir "  # a resumed fit: its run's
+                                              f"{os.path.dirname(result['log_dir'])})"  # (checkpoint.py records it)
                                               if result["log_dir"] else "off"))
     if mode != "fit":
         lines += modes.report_lines(mode, result)
