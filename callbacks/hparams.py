@@ -1,13 +1,13 @@
 """The HParams plugin's records, as TensorBoard's HParams tab shows them when it opens (TensorBoardLogger writes them).
 
-What the tab does with them (tensorboard 2.x): the hyperparameter columns are those of one run's experiment
-record, sorted by name, those marked ``differs`` first, and the first five are ticked (always five, or all when
-fewer); the metric columns come in the order written, and the first five are ticked; a metric's value is the last
-scalar of its tag in the run. So: a sweep lists only the keys it varies (marked ``differs``: ticked; its constants
-would fill the other ticks and push the metrics off-screen), a single run marks the keys its user tuned (the
-command line's, the optimizer's) so that they come first, the monitored metric and the other validation metrics
-come first, and every metric is followed by its best value. The best values are scalars under ``BEST`` (``~best/val/loss``): ``~`` sorts after
-every letter, so in the Scalars and Time Series tabs they are the last group (collapsed as the tabs open),
+What the tab does with them (tensorboard 2.x): the hyperparameter columns are those of one run's experiment record,
+sorted by name, those marked ``differs`` first, and the first five are ticked (always five, or all when fewer); the
+metric columns come in the order written, and the first five are ticked; a metric's value is the last scalar of its
+tag in the run. So: a sweep lists only the keys it varies (marked ``differs``: ticked; its constants would fill the
+other ticks and push the metrics off-screen), a single run marks the keys its user tuned (the command line's, the
+optimizer's) so that they come first, the monitored metric and the other validation metrics come first, and every
+metric is followed by its best value. The best values are scalars under ``BEST`` (``~best/val/loss``): ``~`` sorts
+after every letter, so in the Scalars and Time Series tabs they are the last group (collapsed as the tabs open),
 never in front of the curves; HParams shows them as ``best val/loss``.
 """
 from __future__ import annotations
