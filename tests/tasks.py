@@ -64,8 +64,10 @@ class ClassifierTask(TaskModule):
         return self.net(inputs)
 
     def loss(self, outputs, targets):
-        self.log("acc_batch", (outputs.argmax(-1) == targets).float().mean())
+        self.log("acc_batch", (outputs.argmax(-1) == targets).float().mean(), on_epoch=self.epoch_acc or None)
         return F.cross_entropy(outputs, targets)
+
+    epoch_acc = False  # EpochAccClassifierTask: also the epoch's mean in training (train/acc_batch_step, _epoch)
 
     def configure_metrics(self):
         import torchmetrics
@@ -159,3 +161,9 @@ def same_state(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
     return a == b
+
+
+class EpochAccClassifierTask(ClassifierTask):
+    """ClassifierTask whose acc_batch is also averaged per training epoch (self.log(..., on_epoch=True))."""
+
+    epoch_acc = True

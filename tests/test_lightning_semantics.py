@@ -165,7 +165,7 @@ def test_a_monitor_that_is_never_logged_fails_after_the_first_validation(tmp_pat
 # ---- epoch means: weighted by batch size, as Lightning ----------------------------------------------------------
 class LogsY(Line):
     def loss(self, outputs, targets):
-        self.log("y", targets.mean())
+        self.log("y", targets.mean(), on_epoch=True)  # training: y_step and y_epoch; validation: y
         return super().loss(outputs, targets)
 
 

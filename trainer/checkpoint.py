@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .callbacks import callback_states, load_callback_states
+from .callbacks import callback_states, is_task_hook, load_callback_states
 from .data import ResumableSampler, data_position, finite, restore_position, stateful
 from .errors import CheckpointError, NonFiniteLossError
+from .init_args import plain_hparams
 from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
@@ -58,10 +59,11 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
     state = trainer.state_dict()  # on every rank: the RNG states are gathered
+    checkpoint = _contents(trainer, state)
+    trainer.call_hooks("on_save_checkpoint", checkpoint)  # Lightning's hook: callbacks and the task add their keys
     if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
-        save_sharded(trainer.strategy, _contents(trainer, state), path, writer if background else None)
+        save_sharded(trainer.strategy, checkpoint, path, writer if background else None)
     elif trainer.is_main:
-        checkpoint = _contents(trainer, state)
         size = check_plain(checkpoint, "checkpoint")
         atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
     trainer.strategy.barrier()
@@ -86,7 +88,7 @@ def _contents(trainer: Trainer, state: dict[str, Any]) -> dict[str, Any]:
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
             "hparams": trainer.hparams, "config": trainer.config,
-            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": task.hparams}}
+            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": plain_hparams(task)}}
 
 
 # ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
@@ -174,6 +176,7 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
     if is_sharded(path):  # each rank reads its part of every tensor (any number of ranks may have written them)
         templates = trainer.strategy.checkpoint_templates(trainer.model, trainer.optimizers, meta_entries(ckpt))
         ckpt = read_shards(path, ckpt, templates)
+    trainer.call_hooks("on_load_checkpoint", ckpt)  # the task's, then the callbacks' (Lightning's order)
     trainer.load_state_dict(ckpt)
     _warn_schedule(trainer, ckpt["data"], path)
     if trainer.is_main:
@@ -213,7 +216,7 @@ def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
              "accumulate_grad_batches": data.get("accumulate_grad_batches"),
              "batches per epoch": data.get("num_train_batches")}
     changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if saved[k] != now[k]]
-    old, new = ckpt.get("task", {}).get("hparams", {}), trainer.task.hparams
+    old, new = ckpt.get("task", {}).get("hparams", {}), plain_hparams(trainer.task)
     changed += [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
                 if old.get(k) != new.get(k) and k != "batch_size" and " at 0x" not in str(old.get(k))]
     state = ckpt["loop"]["state"]
@@ -238,7 +241,13 @@ def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
 def load_weights(trainer: Trainer, ckpt_path: Any) -> str:
     """Load only the module weights (validate/test/predict with ``ckpt_path``)."""
     path = resolve(trainer, ckpt_path)
-    weights = check_weights(unwrap(trainer.model), module_state(load_file(path), path), path)
+    ckpt = load_file(path)
+    weights = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
+    for fn in trainer.hooks["on_load_checkpoint"]:  # the task's own hook (Lightning calls it for every entry point)
+        if is_task_hook(fn):
+            fn(trainer, trainer.task, ckpt)
+    if trainer.datamodule is not None and ckpt.get("datamodule"):  # and the data module's state, as Lightning
+        trainer.datamodule.load_state_dict(ckpt["datamodule"])
     if is_sharded(path):
         templates = trainer.strategy.checkpoint_templates(trainer.model, [], meta_entries({"module": weights}))
         weights = read_shards(path, {"module": weights}, templates, parts=("module",))["module"]
@@ -290,7 +299,8 @@ def run_state(trainer: Trainer) -> dict[str, Any]:
             "logbooks": None if book is None or strategy.world_size == 1 else strategy.all_gather_object(_cpu(book)),
             "rng": gather_rng_states(trainer.strategy),
             "data": data_position(trainer.train_dataloader, trainer.num_train_batches, st, trainer.data_seed, trainer),
-            "callbacks": callback_states(trainer.callbacks)}
+            "callbacks": callback_states(trainer.callbacks),
+            "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else None}
 
 
 def _cpu(tree: Any) -> Any:
@@ -318,5 +328,7 @@ def load_run_state(trainer: Trainer, state: Mapping[str, Any]) -> None:
     trainer.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
     restore_position(trainer.train_dataloader, trainer.val_loader, state["data"])
     load_callback_states(trainer.callbacks, state.get("callbacks", {}))
+    if trainer.datamodule is not None and state.get("datamodule"):
+        trainer.datamodule.load_state_dict(state["datamodule"])
     rng, rank = state["rng"], trainer.strategy.rank
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers
