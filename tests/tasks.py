@@ -167,3 +167,32 @@ class EpochAccClassifierTask(ClassifierTask):
     """ClassifierTask whose acc_batch is also averaged per training epoch (self.log(..., on_epoch=True))."""
 
     epoch_acc = True
+
+
+class RankLogs(RegressionTask):
+    """Logs ``rank * 10 + batch_idx`` with each reduction, and a torchmetrics mean of it (test_lightning_api)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(n=16, batch_size=4, val_n=8, **kwargs)  # 2 ranks: 2 training batches each per epoch
+        import torchmetrics
+
+        self.mean = torchmetrics.MeanMetric()
+
+    def training_step(self, batch, batch_idx):
+        v = torch.tensor(float(self.global_rank * 10 + batch_idx))
+        for fx in ("mean", "sum", "max", "min"):
+            self.log(fx, v, on_step=False, on_epoch=True, reduce_fx=fx)
+        self.log("mine", v, on_step=False, on_epoch=True, rank_zero_only=True)
+        self.mean.update(v)
+        self.log("metric", self.mean, on_step=False, on_epoch=True)
+        return self.loss(self(batch[0]), batch[1])
+
+
+class MetricsProbe(Callback):
+    """Writes each rank's ``state.metrics`` at fit end to ``<out>/metrics<r>.pt``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_fit_end(self, trainer, task) -> None:
+        torch.save(dict(trainer.state.metrics), f"{self.out}/metrics{trainer.strategy.rank}.pt")

@@ -516,3 +516,370 @@ def test_torchmetrics_are_computed_before_the_epoch_end_hooks_and_reset_after():
         trainer.fit(task)
     assert seen == [(101.5, 101.5), (101.5, 101.5)]  # Lightning 2.6.6: the same
     assert task.acc.update_count == 0 and trainer.progress_bar_metrics == {"val/m": 101.5}
+
+
+# ---- the TaskModule's attributes and helpers ------------------------------------------------------------------
+class Hyper(TaskModule):
+    def __init__(self, lr: float = 0.1, hidden: int = 4, net: nn.Module | None = None, optimizer=torch.optim.SGD):
+        super().__init__()
+        self.save_hyperparameters(ignore=["net"])  # Lightning's call, as the template writes it
+        self.net = net or nn.Linear(1, 1)
+
+    def training_step(self, batch):  # no batch_idx: Lightning allows it
+        self.log_dict({"lr_seen": self.hparams.lr, "epoch_seen": float(self.current_epoch)})
+        return ((self.net(batch[0]) - batch[1]) ** 2).mean()
+
+    def configure_optimizers(self):
+        return self.hparams.optimizer(self.parameters(), lr=self.hparams.lr)  # the object itself, as Lightning
+
+    def on_train_epoch_start(self):
+        self.seen = (self.current_epoch, self.global_step, self.device, self.logger, self.global_rank)
+
+    def train_dataloader(self):
+        return _loader(0, 4)
+
+
+def test_hparams_attributes_and_helpers_lightning_code_uses(tmp_path, capsys):
+    task = Hyper(lr=0.05, net=nn.Linear(1, 1))
+    assert task.hparams.lr == 0.05 and task.hparams["hidden"] == 4 and "net" not in task.hparams
+    with pytest.raises(AttributeError, match=r"hparams has no 'lrr'; it holds \['hidden', 'lr', 'optimizer'\]"):
+        task.hparams.lrr
+    assert (task.current_epoch, task.global_step, task.logger, task.loggers) == (0, 0, None, [])  # outside a run
+    trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=True, log_every_n_steps=1)
+    metrics = trainer.fit(task)
+    assert metrics["train/lr_seen"] == pytest.approx(0.05) and metrics["train/epoch_seen"] == 1.0
+    epoch, step, device, logger, rank = task.seen
+    assert (epoch, step, device, rank) == (1, 2, torch.device("cpu"), 0) and logger is trainer.logger
+    ckpt = torch.load(trainer.checkpoint_callback.last_model_path, weights_only=True)
+    assert ckpt["task"]["hparams"] == {"lr": 0.05, "hidden": 4, "optimizer": repr(torch.optim.SGD)}  # plain values
+    with pytest.raises(MisconfigurationError, match=r"save_hyperparameters\('lr', 'hiden'\): 'hiden' is not an "
+                                                    r"argument of Hyper.__init__"):
+        task.save_hyperparameters("lr", "hiden")
+    task.save_hyperparameters("lr", logger=False)
+    assert task.hparams == {"lr": 0.05} and trainer.hparams == {}  # logger=False: the loggers get none
+
+    class Prints(Line):
+        def on_train_start(self):
+            self.print("rank zero says hi")
+
+    Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET).fit(Prints())
+    assert "rank zero says hi" in capsys.readouterr().out
+
+
+def test_toggle_optimizer_sets_requires_grad_as_lightning():
+    states = []
+
+    class Two(Line):
+        automatic_optimization = False
+
+        def __init__(self):
+            super().__init__()
+            self.other = nn.Linear(1, 1)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.net.parameters(), lr=0.0), torch.optim.SGD(self.other.parameters(), lr=0.0)
+
+        def training_step(self, batch, batch_idx):
+            first, second = self.optimizers()
+            self.toggle_optimizer(first)
+            states.append([p.requires_grad for p in self.parameters()])
+            loss = self.loss(self(batch[0]), batch[1]) + self.other(batch[0]).sum()
+            self.manual_backward(loss)
+            states.append(self.other.weight.grad is None)  # toggled off: no gradient for the other optimizer
+            first.step()
+            self.untoggle_optimizer(first)
+            states.append([p.requires_grad for p in self.parameters()])
+            with self.toggled_optimizer(second):
+                states.append([p.requires_grad for p in self.parameters()])
+
+    Trainer(max_steps=1, num_sanity_val_steps=0, limit_train_batches=1, **QUIET).fit(Two())
+    # net.weight, other.weight, other.bias; Lightning 2.6.6 gives the same states
+    assert states == [[True, False, False], True, [True, True, True], [False, True, True]]
+
+
+# ---- data: loaders passed to fit, data modules ------------------------------------------------------------------
+DATA_LOG: list[str] = []
+
+
+class Data(DataModule):
+    def __init__(self, batch_size: int = 2):
+        super().__init__()
+        self.log, self.offset = DATA_LOG, 0
+
+    def prepare_data(self):
+        self.log.append("D:prepare_data")
+
+    def setup(self, stage):
+        self.log.append(f"D:setup:{stage}")
+
+    def teardown(self, stage):
+        self.log.append(f"D:teardown:{stage}")
+
+    def train_dataloader(self):
+        self.log.append("D:train_dataloader")
+        return _loader(self.offset, 8, self.hparams.batch_size)
+
+    def val_dataloader(self):
+        self.log.append("D:val_dataloader")
+        return _loader(100, 4)
+
+    def test_dataloader(self):
+        self.log.append("D:test_dataloader")
+        return _loader(100, 4)
+
+    def state_dict(self):
+        self.log.append("D:state_dict")
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state):
+        self.log.append(f"D:load_state_dict:{state}")
+
+
+class Bare(TaskModule):
+    """No data of its own: a Lightning module whose data lives in a LightningDataModule."""
+
+    def __init__(self):
+        super().__init__()
+        self.net, self.calls = nn.Linear(1, 1, bias=False), []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, outputs, targets):
+        return ((outputs - targets) ** 2).mean()
+
+    def prepare_data(self):
+        self.calls.append("M:prepare_data")
+
+    def setup(self, stage):
+        self.calls.append(f"M:setup:{stage}")
+
+    def teardown(self, stage):
+        self.calls.append(f"M:teardown:{stage}")
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+
+def test_a_data_module_is_driven_as_lightning_drives_it_and_its_state_is_in_checkpoints(tmp_path):
+    log = DATA_LOG
+    log.clear()
+    settings = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0,
+                    default_root_dir=str(tmp_path))
+    trainer = Trainer(max_epochs=1, **settings)
+    data = Data()
+    log.append("== fit")
+    task = Bare()
+    task.calls = log
+    trainer.fit(task, datamodule=data)
+    assert data.trainer is None and trainer.datamodule is data
+    log.append("== test")
+    with pytest.warns(UserWarning, match=r"Trainer.test\(\) without a task uses the fitted one, with the weights of "
+                                         r"its best checkpoint"):
+        trainer.test(datamodule=data)  # no task: the fitted one, from its best checkpoint (Lightning)
+    log.append("== resume")
+    task = Bare()
+    task.calls = log
+    Trainer(max_epochs=2, **settings).fit(task, datamodule=Data(), ckpt_path=trainer.checkpoint_callback.best_model_path)
+    # Observed on Lightning 2.6.6 (stages there are TrainerFn members equal to these strings)
+    assert log == [
+        "== fit", "D:prepare_data", "M:prepare_data", "D:setup:fit", "M:setup:fit", "D:train_dataloader",
+        "D:val_dataloader", "D:state_dict", "D:teardown:fit", "M:teardown:fit",
+        "== test", "D:prepare_data", "M:prepare_data", "D:setup:test", "M:setup:test", "D:load_state_dict:{'offset': 0}",
+        "D:test_dataloader", "D:teardown:test", "M:teardown:test",
+        "== resume", "D:prepare_data", "M:prepare_data", "D:setup:fit", "M:setup:fit",
+        "D:load_state_dict:{'offset': 0}", "D:train_dataloader", "D:val_dataloader", "D:state_dict",
+        "D:teardown:fit", "M:teardown:fit"]
+
+
+def test_loaders_passed_to_the_entry_points_and_the_errors_lightning_gives_too():
+    class NoData(Bare):
+        pass
+
+    trainer = Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET)
+    trainer.fit(NoData(), _loader(0, 8), _loader(100, 4))  # Lightning's positions: train, val
+    assert trainer.num_training_batches == 4 and "val/loss" in trainer.state.metrics
+    (validated,) = trainer.validate(NoData(), _loader(100, 4))
+    assert set(validated) == {"val/loss"}
+    predictions = trainer.predict(NoData(), _loader(0, 6, batch_size=3))
+    assert [p.shape for p in predictions] == [(3, 1), (3, 1)]
+    with pytest.raises(MisconfigurationError, match=r"Trainer.fit\(\) got both train_dataloaders= and datamodule="):
+        trainer.fit(NoData(), _loader(0, 8), datamodule=Data())
+    with pytest.raises(TypeError, match=r"NoData does not define `train_dataloader`, which fit needs"):
+        trainer.fit(NoData())
+    with pytest.raises(MisconfigurationError, match=r"Trainer.test\(\) was called without a task, and this Trainer "
+                                                    r"has not fitted one"):
+        Trainer(**QUIET).test(dataloaders=_loader(0, 4))
+
+
+# ---- the loop's limits and schedulers ------------------------------------------------------------------------
+class Stop(Callback):
+    def __init__(self, at_step: int | None = None):
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        if self.at_step is not None and trainer.state.global_step == self.at_step:
+            trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer, task):
+        if self.at_step is None:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("limits, stop_at, expected", [
+    (dict(min_epochs=3), None, (3, 27)),  # Lightning 2.6.6: current_epoch 3, global_step 27
+    (dict(min_steps=12), None, (1, 12)),  # Lightning: global_step 12 and current_epoch 2 (mid-epoch: see below)
+    (dict(min_steps=5), 2, (1, 9)),  # min_steps alone also waits for the first epoch (Lightning: 1, 9)
+])
+def test_min_epochs_and_min_steps_defer_a_stop_as_lightning_does(limits, stop_at, expected):
+    with pytest.warns(UserWarning, match=r"should_stop was set, but min_epochs=.* are not reached"):
+        trainer = Trainer(max_epochs=10, num_sanity_val_steps=0, callbacks=[Stop(stop_at)], **QUIET, **limits)
+        trainer.fit(Line(n=18))
+    # taskfit keeps an epoch ended mid-way open (state.epoch is not advanced: an exact resume), as for max_steps
+    assert (trainer.state.epoch, trainer.state.global_step) == expected
+
+
+def test_reduce_lr_on_plateau_per_step_monitors_a_value_logged_in_that_step():
+    lrs = []
+
+    class Plateau(Line):
+        def training_step(self, batch, batch_idx):
+            self.log("train/mse", torch.tensor(5.0))  # never improves
+            return self.loss(self(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=1)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step",
+                                                       "monitor": "train/mse"}}
+
+    class LR(Callback):
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+            lrs.append((trainer.state.global_step, trainer.optimizer.param_groups[0]["lr"]))
+
+    Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=50, callbacks=[LR()], **QUIET).fit(
+        Plateau(lr=0.0, n=18))
+    # Lightning 2.6.6: the lr halves after step 3 (patience 1), as seen at step 4's on_train_batch_end
+    assert lrs == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 0.5), (5, 0.5), (6, 0.25), (7, 0.25), (8, 0.125), (9, 0.125)]
+
+
+def test_a_plateau_scheduler_with_strict_false_skips_a_missing_monitor_with_one_warning():
+    class Lenient(Line):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "monitor": "nope", "strict": False}}
+
+    with pytest.warns(UserWarning) as record:
+        trainer = Trainer(max_epochs=3, num_sanity_val_steps=0, **QUIET)
+        trainer.fit(Lenient(lr=0.0))
+    ours = [str(w.message) for w in record if "'nope'" in str(w.message)]
+    # Lightning 2.6.6 warns at every epoch end: "ReduceLROnPlateau conditioned on metric nope which is not available
+    # but strict is set to `False`. Skipping learning rate update."
+    assert ours == ["ReduceLROnPlateau monitors 'nope', which is not logged, and its scheduler dict says 'strict': "
+                    "False: its steps are skipped until it is. HINT: log the key, or fix 'monitor' in "
+                    "configure_optimizers."]
+    assert trainer.optimizer.param_groups[0]["lr"] == 1.0
+
+
+# ---- deliberate differences (docs/migrating-lightning.md, "Where taskfit differs") ----------------------------
+def test_the_logged_x_axis_is_the_step_count_a_value_was_produced_after():
+    steps = []
+
+    class At(Callback):
+        def on_log(self, trainer, task, metrics):
+            if "train/loss" in metrics:
+                steps.append(trainer.state.global_step)
+
+    Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=1, callbacks=[At()], **QUIET).fit(Line())
+    assert steps == [1, 2, 3, 4]  # Lightning writes them at 0, 1, 2, 3 (its batches-that-stepped count before +1)
+
+
+def test_manual_optimization_logs_every_log_every_n_steps_optimizer_steps():
+    logged = []
+
+    class Manual(Line):
+        automatic_optimization = False
+
+        def __init__(self):
+            super().__init__(n=18)
+            self.head = nn.Linear(1, 1)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.net.parameters(), lr=0.0), torch.optim.SGD(self.head.parameters(), lr=0.0)
+
+        def training_step(self, batch):
+            for opt, module in zip(self.optimizers(), (self.net, self.head)):
+                opt.zero_grad()
+                self.manual_backward(self.loss(module(batch[0]), batch[1]))
+                opt.step()
+            self.log("m", batch[0].mean())
+
+    class At(Callback):
+        def on_log(self, trainer, task, metrics):
+            if "train/m" in metrics:
+                logged.append(trainer.state.global_step)
+
+    Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=2, callbacks=[At()], **QUIET).fit(Manual())
+    # two optimizer steps per batch: every batch logs. Lightning counts batches (every 2nd batch, at x = 1, 3, 5, 7)
+    assert logged == list(range(2, 19, 2))
+
+
+# ---- ddp: epoch values reduced over ranks with each reduce_fx (real processes, gloo) ---------------------------
+def test_epoch_values_are_reduced_over_ranks_with_their_reduce_fx(tmp_path):
+    from tasks import MetricsProbe, RankLogs
+
+    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1, num_sanity_val_steps=0,
+                      callbacks=[MetricsProbe(str(tmp_path))], **QUIET)
+    trainer.fit(RankLogs())
+    ranks = [torch.load(tmp_path / f"metrics{r}.pt", weights_only=True) for r in (0, 1)]
+    # rank 0 logs 0, 1; rank 1 logs 10, 11 (sync_dist's meaning: every epoch value over all ranks)
+    for metrics in ranks:
+        assert {k: metrics[k] for k in ("train/mean", "train/sum", "train/max", "train/min", "train/metric")} == {
+            "train/mean": 5.5, "train/sum": 22.0, "train/max": 11.0, "train/min": 0.0, "train/metric": 5.5}
+    assert (ranks[0]["train/mine"], ranks[1]["train/mine"]) == (0.5, 10.5)  # rank_zero_only: not reduced
+
+
+# ---- the guide: what it calls "same" is accepted or called -------------------------------------------------------
+GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "migrating-lightning.md")
+
+
+def _same(label: str) -> list[str]:
+    """The backticked names of the guide's "**<label>.**" paragraph in "Same names, same meaning"."""
+    text = open(GUIDE, encoding="utf-8").read()
+    paragraph = re.search(rf"\*\*{re.escape(label)}\.?\*\*(.*?)\n\n", text, re.S)
+    assert paragraph, label
+    spans = re.findall(r"`([^`]*)`", paragraph.group(1))
+    return [m.group(1) for span in spans if (m := re.fullmatch(r"(\w+)(\(.*\))?", span))]
+
+
+def test_every_name_the_guide_calls_same_is_accepted_or_called():
+    import inspect
+
+    from taskfit.callbacks.lightning_hooks import MODULE_HOOKS as CALLED_ON_TASK
+
+    trainer_args = set(inspect.signature(Trainer.__init__).parameters)
+    assert set(_same("Trainer arguments")) <= trainer_args
+    entries = re.findall(r"`(\w+)\(([^`]*)\)`", open(GUIDE, encoding="utf-8").read().split(
+        "**Entry points and their arguments.**")[1].split("\n\n")[0])
+    for name, args in entries:
+        params = list(inspect.signature(getattr(Trainer, name)).parameters)[1:]
+        lightning = [a.strip() for a in args.split(",")]
+        assert ["task" if a == "model" else a for a in lightning] == params[:len(lightning)], name
+    trainer = Trainer(max_epochs=1, **QUIET)
+    trainer.fit(Line(), datamodule=None)
+    for name in _same("Trainer attributes"):
+        getattr(trainer, name)
+    assert set(_same("Callback hooks")) - {"state_dict", "load_state_dict"} <= set(HOOKS)
+    assert set(CALLBACK_HOOKS) <= set(_same("Callback hooks"))  # and the guide lists every one of them
+    steps_and_data = {"training_step", "validation_step", "test_step", "predict_step", "configure_optimizers",
+                      "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader",
+                      "configure_callbacks"}
+    assert set(_same("LightningModule hooks and methods")) - steps_and_data == set(CALLED_ON_TASK)
+    task = Line()
+    for name in _same("LightningModule attributes"):
+        assert hasattr(task, name), name
+    assert set(_same("`self.log` arguments")) == set(inspect.signature(TaskModule.log).parameters) - {"self"}
+    for name in _same("LightningDataModule"):
+        assert hasattr(Data(), name), name

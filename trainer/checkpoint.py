@@ -35,7 +35,7 @@ from .version import __version__
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "resolve", "last_checkpoint",
+__all__ = ["save_checkpoint", "open_checkpoint", "restore", "load_weights", "load_module", "resolve", "last_checkpoint",
            "next_version_dir", "load_checkpoint", "atomic_copy",
            "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
 
@@ -156,10 +156,28 @@ def resolve(trainer: Trainer, ckpt_path: Any) -> str:
 
 
 # ---- restoring a run ------------------------------------------------------------------------------------
-def restore(trainer: Trainer, ckpt_path: Any) -> None:
-    """Continue ``trainer`` exactly where the checkpoint left it (called by fit after setup, before on_fit_start)."""
+def open_checkpoint(trainer: Trainer, ckpt_path: Any) -> tuple[str, dict[str, Any]]:
+    """``fit(ckpt_path=...)``'s checkpoint, read before the loaders are built: the task's ``on_load_checkpoint`` and
+    the data module's state come first, as in Lightning (the loaders may depend on that state)."""
     path = resolve(trainer, ckpt_path)
     ckpt = dict(load_checkpoint(path))
+    _task_loads(trainer, ckpt)
+    return path, ckpt
+
+
+def _task_loads(trainer: Trainer, ckpt: Mapping[str, Any]) -> None:
+    """The task's own ``on_load_checkpoint`` (Lightning calls it for every entry point), then the data module's
+    ``load_state_dict``."""
+    for fn in trainer.hooks["on_load_checkpoint"]:
+        if is_task_hook(fn):
+            fn(trainer, trainer.task, ckpt)
+    if trainer.datamodule is not None and ckpt.get("datamodule"):
+        trainer.datamodule.load_state_dict(ckpt["datamodule"])
+
+
+def restore(trainer: Trainer, path: str, ckpt: dict[str, Any]) -> None:
+    """Continue ``trainer`` exactly where the checkpoint (:func:`open_checkpoint`) left it (called by fit after the
+    loaders are built, before on_fit_start)."""
     ckpt["module"] = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
     if len(ckpt["schedulers"]) != len(trainer.schedulers):
         raise CheckpointError(
@@ -176,7 +194,9 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
     if is_sharded(path):  # each rank reads its part of every tensor (any number of ranks may have written them)
         templates = trainer.strategy.checkpoint_templates(trainer.model, trainer.optimizers, meta_entries(ckpt))
         ckpt = read_shards(path, ckpt, templates)
-    trainer.call_hooks("on_load_checkpoint", ckpt)  # the task's, then the callbacks' (Lightning's order)
+    for fn in trainer.hooks["on_load_checkpoint"]:  # the callbacks' (the task's came first: open_checkpoint)
+        if not is_task_hook(fn):
+            fn(trainer, trainer.task, ckpt)
     trainer.load_state_dict(ckpt)
     _warn_schedule(trainer, ckpt["data"], path)
     if trainer.is_main:
@@ -243,11 +263,7 @@ def load_weights(trainer: Trainer, ckpt_path: Any) -> str:
     path = resolve(trainer, ckpt_path)
     ckpt = load_file(path)
     weights = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
-    for fn in trainer.hooks["on_load_checkpoint"]:  # the task's own hook (Lightning calls it for every entry point)
-        if is_task_hook(fn):
-            fn(trainer, trainer.task, ckpt)
-    if trainer.datamodule is not None and ckpt.get("datamodule"):  # and the data module's state, as Lightning
-        trainer.datamodule.load_state_dict(ckpt["datamodule"])
+    _task_loads(trainer, ckpt)
     if is_sharded(path):
         templates = trainer.strategy.checkpoint_templates(trainer.model, [], meta_entries({"module": weights}))
         weights = read_shards(path, {"module": weights}, templates, parts=("module",))["module"]
@@ -327,8 +343,6 @@ def load_run_state(trainer: Trainer, state: Mapping[str, Any]) -> None:
     trainer.logs.load_state_dict({"book": book, "fold_mark": fold_mark})
     trainer.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
     restore_position(trainer.train_dataloader, trainer.val_loader, state["data"])
-    load_callback_states(trainer.callbacks, state.get("callbacks", {}))
-    if trainer.datamodule is not None and state.get("datamodule"):
-        trainer.datamodule.load_state_dict(state["datamodule"])
+    load_callback_states(trainer.callbacks, state.get("callbacks", {}))  # (a data module's state: open_checkpoint)
     rng, rank = state["rng"], trainer.strategy.rank
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers

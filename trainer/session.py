@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from .callbacks import hook_table, merge_task_callbacks, publish_late, warn_uncalled
-from .checkpoint import load_weights, next_version_dir, restore
+from .checkpoint import load_weights, next_version_dir, open_checkpoint, restore
 from .data import fit_loaders
 from .datamodule import DataSource
 from .errors import MisconfigurationError
@@ -105,6 +105,7 @@ def setup_fit(trainer: Trainer, ckpt_path: str | None) -> None:
                                               trainer.gradient_clip_algorithm)
     trainer.training_step = trainer.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, trainer.model, trainer.manual, strategy.eval_module(trainer.model)))
+    checkpoint = open_checkpoint(trainer, ckpt_path) if ckpt_path is not None else None  # before the loaders
     trainer.train_dataloader, trainer.num_train_batches, trainer.val_loader, trainer.num_val_batches = fit_loaders(
         trainer.data, trainer.limits, bool(trainer.overfit_batches), trainer.data_seed, strategy,
         trainer.preempt_signals)
@@ -117,8 +118,8 @@ def setup_fit(trainer: Trainer, ckpt_path: str | None) -> None:
                                    trainer.optimizer)
     trainer.backward = with_hooks(trainer, trainer.precision.backward, hooks["on_before_backward"],
                                   hooks["on_after_backward"])
-    if ckpt_path is not None:
-        restore(trainer, ckpt_path)
+    if checkpoint is not None:
+        restore(trainer, *checkpoint)
         trainer.state.resumed = True
 
 
