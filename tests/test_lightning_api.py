@@ -18,8 +18,9 @@ import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import tasks
 from taskfit import DataModule, MisconfigurationError, TaskModule, Trainer
-from taskfit.callbacks import HOOKS, Callback, EarlyStopping, ModelCheckpoint
+from taskfit.callbacks import HOOKS, Callback
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False)
 
@@ -228,29 +229,11 @@ def test_lightning_hooks_taskfit_does_not_call_are_named_in_one_warning():
     assert "on_validation_epoch_end, with self.log or torchmetrics" in ours[0]
 
 
-class Line(TaskModule):
-    """y = w * x, w from 0; x = 0..7 in batches of 2 for training, 100..103 for validation."""
+class Line(tasks.Line):
+    """tests/tasks.py's Line, 8 training samples by default: x = 0..7 in batches of 2, validation x = 100..103."""
 
     def __init__(self, lr: float = 1e-4, n: int = 8):
-        super().__init__()
-        self.lr, self.n = lr, n
-        self.net = nn.Linear(1, 1, bias=False)
-        nn.init.zeros_(self.net.weight)
-
-    def forward(self, x):
-        return self.net(x)
-
-    def loss(self, outputs, targets):
-        return ((outputs - targets) ** 2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
-
-    def train_dataloader(self):
-        return _loader(0, self.n)
-
-    def val_dataloader(self):
-        return _loader(100, 4)
+        super().__init__(n=n, lr=lr)
 
 
 # ---- checkpoints: what callbacks and the task add, restored exactly ---------------------------------------------
@@ -883,3 +866,43 @@ def test_every_name_the_guide_calls_same_is_accepted_or_called():
     assert set(_same("`self.log` arguments")) == set(inspect.signature(TaskModule.log).parameters) - {"self"}
     for name in _same("LightningDataModule"):
         assert hasattr(Data(), name), name
+
+
+def test_test_returns_the_epoch_values_as_lightning():
+    class Tested(Line):
+        def test_step(self, batch, batch_idx):
+            self.log("tl", batch[0].mean(), on_step=True)
+            self.log("te", batch[0].mean())
+
+        def test_dataloader(self):
+            return _loader(0, 4)
+
+    trainer = Trainer(**QUIET)
+    # Lightning 2.6.6: [{'tl_epoch': 1.5, 'te': 1.5}] (the step value is logged, not returned)
+    assert trainer.test(Tested()) == [{"test/tl_epoch": 1.5, "test/te": 1.5}]
+    assert trainer.logged_metrics["test/tl_step"] == 2.5 and "test/tl" in trainer.callback_metrics
+
+
+def test_configure_callbacks_replaces_the_trainers_callback_of_the_same_class(tmp_path):
+    from taskfit.callbacks import ModelCheckpoint
+
+    class Own(Line):
+        def configure_callbacks(self):
+            return [ModelCheckpoint(monitor="val/loss", filename="own-{epoch}")]
+
+    trainer = Trainer(max_epochs=1, num_sanity_val_steps=0, default_root_dir=str(tmp_path), logger=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Own())
+    (checkpoint,) = [cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)]
+    assert checkpoint.monitor == "val/loss" and os.path.basename(checkpoint.best_model_path) == "own-epoch=0.ckpt"
+
+
+def test_prepare_data_runs_once_per_machine_and_setup_on_every_rank(tmp_path):
+    from tasks import MetricsProbe, RankLogs, RecordingData
+
+    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1, num_sanity_val_steps=0,
+                      callbacks=[MetricsProbe(str(tmp_path))], **QUIET)
+    trainer.fit(RankLogs(), datamodule=RecordingData(str(tmp_path)))
+    calls = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("call-"))
+    assert calls == ["call-prepare_data-0", "call-setup-fit-0", "call-setup-fit-1", "call-teardown-fit-0",
+                     "call-teardown-fit-1"]

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import MisconfigurationError, TaskModuleError
+from .errors import MisconfigurationError
 from .init_args import AttributeDict, recorded_init_args, select_hparams
+from .module import TaskModule
 
 LOADERS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
            "predict": "predict_dataloader"}
@@ -38,22 +39,11 @@ class DataModule:
     def teardown(self, stage: str) -> None:
         """Release what ``setup`` built, after the run of ``stage`` ended normally."""
 
-    def train_dataloader(self) -> Any:
-        """The training DataLoader (required for fit)."""
-        raise TaskModuleError(f"{type(self).__name__} does not define `train_dataloader`, which fit needs.",
-                              "add `def train_dataloader(self): return DataLoader(...)` to the data module.")
-
-    def val_dataloader(self) -> Any:
-        """The validation DataLoader, or None to skip validation."""
-        return None
-
-    def test_dataloader(self) -> Any:
-        """The test DataLoader, or None."""
-        return None
-
-    def predict_dataloader(self) -> Any:
-        """The DataLoader of ``Trainer.predict``, or None."""
-        return None
+    # the loaders, as a TaskModule's: train_dataloader is required for fit, the others return None (skipped)
+    train_dataloader = TaskModule.train_dataloader
+    val_dataloader = TaskModule.val_dataloader
+    test_dataloader = TaskModule.test_dataloader
+    predict_dataloader = TaskModule.predict_dataloader
 
     def state_dict(self) -> dict[str, Any]:
         """What this data module needs to continue after a resume (plain containers, numbers, tensors)."""

@@ -56,8 +56,9 @@ def run_entry(trainer: Trainer, fn: str, keep: bool = True) -> list[Any] | None:
     if fn == "predict":
         result = predict_pass(trainer, loader, limit, keep)
     else:
-        result = [evaluation_pass(trainer, stage, loader, limit)]
-        trainer.log_metrics(result[0])
+        values = evaluation_pass(trainer, stage, loader, limit)
+        trainer.log_metrics(values)
+        result = [{k: v for k, v in values.items() if k not in trainer.logs.eval_step_names}]  # as Lightning
     trainer.call_hooks(f"on_{HOOK[stage]}_end")
     trainer.state.stage = "idle"
     return result
@@ -84,8 +85,8 @@ def evaluation_pass(trainer: Trainer, stage: str, loader: Any, limit: float, san
     name, logs, table = HOOK[stage], trainer.logs, trainer.hooks
     trainer.call_hooks(f"on_{name}_epoch_start")
     book = logs.enter(stage)
-    metrics = trainer.metrics.get(stage, {})
-    values = evaluate(trainer.task, trainer.strategy.eval_module(trainer.model), loader, limit, prefix=stage,
+    metrics, module = trainer.metrics.get(stage, {}), trainer.strategy.eval_module(trainer.model)
+    values = evaluate(trainer.task, module, loader, limit, prefix=stage,
                       strategy=trainer.strategy, precision=trainer.precision, logs=logs, metrics=metrics,
                       data_seed=trainer.data_seed, trainer=trainer, on_start=table[f"on_{name}_batch_start"],
                       on_end=table[f"on_{name}_batch_end"])
@@ -98,6 +99,7 @@ def evaluation_pass(trainer: Trainer, stage: str, loader: Any, limit: float, san
     for metric in metrics.values():
         metric.reset()
     logs.enter("train")
+    module.train()  # as Lightning after validation and test (fsdp: frees the parameters gathered for the pass)
     return values
 
 
@@ -132,7 +134,9 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
             if i == 0:  # the sanity check may run before any training step: check the loss here too
                 check_loss(loss, task, training=False, source=source)
             builtin.add(loss.detach(), book.weight)
-    values = {**logs.reduce(book), **book.step_values(), **book.compute_metrics()}
+    steps = book.step_values()  # on_step=True values: the last batch's, published, not in validate()'s result
+    logs.eval_step_names = set(steps)
+    values = {**logs.reduce(book), **steps, **book.compute_metrics()}
     for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
         if source != "loss" and getattr(metric, "update_count", 1) == 0:  # its own step never updated it
             warn_once(f"configure_metrics()'s {name!r} was not updated by {type(task).__name__}.{source}, so "

@@ -296,6 +296,7 @@ class LogBuffer:
         self.prog_bar: set[str] = set()  # published names logged with prog_bar=True (any stage)
         self.not_logged: set[str] = set()  # published names logged with logger=False: callbacks only
         self.aliases: dict[str, str] = {}  # "<key>_step"/"<key>_epoch" -> "<key>": callback_metrics has the latest
+        self.eval_step_names: set[str] = set()  # the last evaluation pass's on_step names (not in its result)
         self.train = LogBook("train", self)
         self.current = self.train
         self.new_epoch(0)
