@@ -49,6 +49,7 @@ LIGHTNING_HOOKS: dict[str, str] = {
     "on_load_checkpoint": "(checkpoint) the dict read, before its state is restored",
 }
 HOOKS: tuple[str, ...] = (*CORE_HOOKS, *LIGHTNING_HOOKS)
+LOGGING_HOOKS = ("on_log", "on_log_interval")  # taskfit's own callback hooks: not Lightning names on a task
 
 # Lightning's hooks of a LightningModule that the Trainer calls on a TaskModule (with Lightning's arguments).
 MODULE_HOOKS: tuple[str, ...] = (
@@ -98,10 +99,19 @@ NOT_CALLED: dict[str, str] = {
 }
 
 
-def defines(obj: Any, name: str, base: type) -> bool:
-    """``obj``'s class has a callable ``name`` of its own (not ``base``'s default, not torch.nn.Module's)."""
+def default_hook(fn: Hook) -> Hook:
+    """Mark a base class's no-op hook (``DataModule.setup``): a subclass that keeps it does not define the hook."""
+    fn.default_hook = True  # type: ignore[attr-defined]
+    return fn
+
+
+def defines(obj: Any, name: str) -> bool:
+    """``obj``'s class has a callable ``name`` of its own: not ``Callback``'s no-op, not a base class's
+    :func:`default_hook`, not torch.nn.Module's."""
     method = getattr(type(obj), name, None)
-    if not callable(method) or method is getattr(base, name, None) or method is getattr(nn.Module, name, None):
+    if not callable(method) or getattr(method, "default_hook", False) or method is getattr(nn.Module, name, None):
+        return False
+    if isinstance(obj, Callback) and method is getattr(Callback, name, None):
         return False
     return not (isinstance(obj, Logger) and name in ("setup", "teardown"))  # a Logger's setup(trainer) is its own API
 
@@ -125,18 +135,16 @@ def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None,
     """For each hook, what the Trainer calls, in Lightning's order: callbacks (sorted by ``order``) that define
     it, and the task's/data module's own. ``publish(trainer, task)`` is called after the task's
     ``on_train_epoch_end`` (before ModelCheckpoint and EarlyStopping) and last: it publishes what was logged there."""
-    from ..datamodule import DataModule
-    from ..module import TaskModule
     from .checkpoint import ModelCheckpoint
     from .early_stopping import EarlyStopping
 
     callbacks = list(callbacks)
     table: dict[str, list[Hook]] = {}
     for name in (*HOOKS, "prepare_data", "configure_model"):
-        owners = [cb for cb in callbacks if name in HOOKS and defines(cb, name, Callback)]
-        mine = [_adapter(getattr(task, name))] if name in MODULE_HOOKS and defines(task, name, TaskModule) else []
+        owners = [cb for cb in callbacks if name in HOOKS and defines(cb, name)]
+        mine = [_adapter(getattr(task, name))] if name in MODULE_HOOKS and defines(task, name) else []
         data = [_adapter(getattr(datamodule, name))] if (
-            datamodule is not None and name in DATAMODULE_HOOKS and defines(datamodule, name, DataModule)) else []
+            datamodule is not None and name in DATAMODULE_HOOKS and defines(datamodule, name)) else []
         if name == "on_train_epoch_end":  # in `order`, monitors last among equals; the task's just before them
             owners.sort(key=lambda cb: (cb.order, isinstance(cb, (ModelCheckpoint, EarlyStopping))))
             first = next((i for i, cb in enumerate(owners) if isinstance(cb, (ModelCheckpoint, EarlyStopping))),
@@ -165,21 +173,13 @@ def drop_idle_batch_hooks(hooks: dict[str, list[Hook]], trainer: Trainer) -> tup
 
 def uncalled_hooks(callbacks: Iterable[Callback], task: Any, datamodule: Any = None) -> list[str]:
     """``Class.hook`` for every Lightning hook name defined on a callback, the task or the data module that taskfit
-    does not call."""
-    from ..datamodule import DataModule
-    from ..module import TaskModule
-
+    does not call on it."""
     found = []
-    for obj, base in [*((cb, Callback) for cb in callbacks), (task, TaskModule), (datamodule, DataModule)]:
+    for obj, called in [*((cb, HOOKS) for cb in callbacks), (task, MODULE_HOOKS), (datamodule, DATAMODULE_HOOKS)]:
         if obj is None:
             continue
-        called = HOOKS if base is Callback else (MODULE_HOOKS if base is TaskModule else DATAMODULE_HOOKS)
-        found += [f"{type(obj).__name__}.{name}" for name in NOT_CALLED if name not in called
-                  and defines(obj, name, base)]
-        if base is Callback:  # a Lightning callback hook written on the task, e.g. on_sanity_check_start
-            continue
-        found += [f"{type(obj).__name__}.{name}" for name in HOOKS if name not in called and name not in
-                  ("on_log", "on_log_interval") and defines(obj, name, base) and name != "on_exception"]
+        candidates = list(NOT_CALLED) + ([] if called is HOOKS else [h for h in HOOKS if h not in LOGGING_HOOKS])
+        found += [f"{type(obj).__name__}.{name}" for name in candidates if name not in called and defines(obj, name)]
     return found
 
 
@@ -206,9 +206,7 @@ def publish_late(trainer: Trainer, task: Any) -> None:
 def merge_task_callbacks(callbacks: list[Callback], task: Any) -> list[Callback]:
     """Lightning's ``configure_callbacks``: the task's callbacks replace the Trainer's of the same class; sorted by
     ``order``. Without the method, ``callbacks`` unchanged."""
-    from ..module import TaskModule
-
-    if not defines(task, "configure_callbacks", TaskModule):
+    if not defines(task, "configure_callbacks"):
         return callbacks
     extra = task.configure_callbacks()
     extra = [extra] if isinstance(extra, Callback) else list(extra or [])

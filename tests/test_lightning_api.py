@@ -689,6 +689,9 @@ def test_loaders_passed_to_the_entry_points_and_the_errors_lightning_gives_too()
     assert [p.shape for p in predictions] == [(3, 1), (3, 1)]
     with pytest.raises(MisconfigurationError, match=r"Trainer.fit\(\) got both train_dataloaders= and datamodule="):
         trainer.fit(NoData(), _loader(0, 8), datamodule=Data())
+    with pytest.raises(MisconfigurationError, match=r"Trainer.fit\(task, 'last'\): the second argument is "
+                                                    r"train_dataloaders \(Lightning's order\), not a checkpoint"):
+        trainer.fit(NoData(), "last")
     with pytest.raises(TypeError, match=r"NoData does not define `train_dataloader`, which fit needs"):
         trainer.fit(NoData())
     with pytest.raises(MisconfigurationError, match=r"Trainer.test\(\) was called without a task, and this Trainer "

@@ -5,8 +5,10 @@ resumable sampler (data.py), so exact resume and ddp sharding work for all of th
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from .callbacks.lightning_hooks import default_hook
 from .errors import MisconfigurationError
 from .init_args import AttributeDict, recorded_init_args, select_hparams
 from .module import TaskModule
@@ -30,12 +32,15 @@ class DataModule:
         self.__dict__["_hparams"] = AttributeDict(recorded_init_args(cls, args, kwargs))
         return self
 
+    @default_hook
     def prepare_data(self) -> None:
         """Download or write to disk, once per machine (on local rank 0, before ``setup``); set no state here."""
 
+    @default_hook
     def setup(self, stage: str) -> None:
         """Build what the loaders need, in every process; ``stage`` is "fit", "validate", "test" or "predict"."""
 
+    @default_hook
     def teardown(self, stage: str) -> None:
         """Release what ``setup`` built, after the run of ``stage`` ended normally."""
 
@@ -74,6 +79,11 @@ class DataSource:
             datamodule, loaders = loaders, None
         passed = [name for name, value in (("train_dataloaders", train), ("val_dataloaders", val),
                                            ("dataloaders", loaders)) if value is not None]
+        for name, value in (("train_dataloaders", train), ("val_dataloaders", val), ("dataloaders", loaders)):
+            if isinstance(value, (str, os.PathLike)):  # fit(task, "last"): taskfit's order before Lightning's
+                raise MisconfigurationError(
+                    f"Trainer.{fn}(task, {value!r}): the second argument is {name} (Lightning's order), not a "
+                    "checkpoint.", f"name it: trainer.{fn}(task, ckpt_path={value!r}).")
         if datamodule is not None and passed:
             raise MisconfigurationError(
                 f"Trainer.{fn}() got both {passed[0]}= and datamodule=.",
