@@ -130,14 +130,12 @@ def is_task_hook(fn: Hook) -> bool:
     return getattr(fn, "task_hook", False)
 
 
-def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None,
-               publish: Hook | None = None) -> dict[str, list[Hook]]:
+def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None, publish: Hook | None = None,
+               monitors: tuple[type, ...] = ()) -> dict[str, list[Hook]]:
     """For each hook, what the Trainer calls, in Lightning's order: callbacks (sorted by ``order``) that define
-    it, and the task's/data module's own. ``publish(trainer, task)`` is called after the task's
-    ``on_train_epoch_end`` (before ModelCheckpoint and EarlyStopping) and last: it publishes what was logged there."""
-    from .checkpoint import ModelCheckpoint
-    from .early_stopping import EarlyStopping
-
+    it, and the task's/data module's own. ``monitors`` are the monitoring callbacks' classes (ModelCheckpoint,
+    EarlyStopping): the task's ``on_train_epoch_end`` runs before them, and ``publish(trainer, task)`` right after it
+    and last (it publishes what was logged there)."""
     callbacks = list(callbacks)
     table: dict[str, list[Hook]] = {}
     for name in (*HOOKS, "prepare_data", "configure_model"):
@@ -146,9 +144,8 @@ def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None,
         data = [_adapter(getattr(datamodule, name))] if (
             datamodule is not None and name in DATAMODULE_HOOKS and defines(datamodule, name)) else []
         if name == "on_train_epoch_end":  # in `order`, monitors last among equals; the task's just before them
-            owners.sort(key=lambda cb: (cb.order, isinstance(cb, (ModelCheckpoint, EarlyStopping))))
-            first = next((i for i, cb in enumerate(owners) if isinstance(cb, (ModelCheckpoint, EarlyStopping))),
-                         len(owners))
+            owners.sort(key=lambda cb: (cb.order, isinstance(cb, monitors)))
+            first = next((i for i, cb in enumerate(owners) if isinstance(cb, monitors)), len(owners))
             late = [publish] if publish is not None else []
             own = [getattr(cb, name) for cb in owners]
             table[name] = own[:first] + mine + late + own[first:] + late

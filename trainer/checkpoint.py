@@ -41,8 +41,10 @@ __all__ = ["save_checkpoint", "open_checkpoint", "restore", "load_weights", "loa
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool = False) -> str:
+def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool = False,
+                    weights_only: bool = False) -> str:
     """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
+    ``weights_only``: the module's weights, counters and what describes the run; no optimizer, RNG or data state.
 
     Returns the absolute path. Earlier background saves are finished first. ``background=True`` serialises now
     and leaves the fsync and rename to ``trainer.checkpoint_writer`` (the file is in place when the next save
@@ -58,9 +60,15 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     _check_losses(trainer, path)
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
-    state = trainer.state_dict()  # on every rank: the RNG states are gathered
+    if weights_only:
+        state = {"module": trainer.strategy.module_state_dict(trainer.model),
+                 "loop": {"state": trainer.state.state_dict()}}
+    else:
+        state = trainer.state_dict()  # on every rank: the RNG states are gathered
     checkpoint = _contents(trainer, state)
-    trainer.call_hooks("on_save_checkpoint", checkpoint)  # Lightning's hook: callbacks and the task add their keys
+    for fn in trainer.hooks["on_save_checkpoint"]:  # Lightning's hook: callbacks (not for weights only), the task
+        if not weights_only or is_task_hook(fn):
+            fn(trainer, trainer.task, checkpoint)
     if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
         save_sharded(trainer.strategy, checkpoint, path, writer if background else None)
     elif trainer.is_main:
@@ -161,6 +169,11 @@ def open_checkpoint(trainer: Trainer, ckpt_path: Any) -> tuple[str, dict[str, An
     the data module's state come first, as in Lightning (the loaders may depend on that state)."""
     path = resolve(trainer, ckpt_path)
     ckpt = dict(load_checkpoint(path))
+    if "optimizer" not in ckpt:
+        raise CheckpointError(f"{path} holds only weights (ModelCheckpoint(save_weights_only=True)), not a training "
+                              "state to resume.", "resume from a full checkpoint (the last.ckpt a preemption signal "
+                              "writes is one), or start a new fit from these weights with "
+                              "TaskModule.load_from_checkpoint(path).")
     _task_loads(trainer, ckpt)
     return path, ckpt
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .callbacks import hook_table, merge_task_callbacks, publish_late, warn_uncalled
+from .callbacks import EarlyStopping, ModelCheckpoint, hook_table, merge_task_callbacks, publish_late, warn_uncalled
 from .checkpoint import load_weights, next_version_dir, open_checkpoint, restore
 from .data import fit_loaders
 from .datamodule import DataSource
@@ -45,7 +45,8 @@ def running(trainer: Trainer, task: TaskModule, fn: str, data: DataSource,
     trainer.callbacks = merge_task_callbacks(trainer.callbacks, task)  # the task's configure_callbacks()
     datamodule = data.datamodule
     trainer.task, trainer.data, trainer.preemption = task, data, None
-    trainer.hooks = hook_table(trainer.callbacks, task, datamodule, publish=publish_late)
+    trainer.hooks = hook_table(trainer.callbacks, task, datamodule, publish=publish_late,
+                               monitors=(ModelCheckpoint, EarlyStopping))
     warn_uncalled(trainer.callbacks, task, datamodule)
     with deterministic_algorithms(trainer.deterministic):  # the process's setting comes back after
         try:
