@@ -909,3 +909,27 @@ def test_prepare_data_runs_once_per_machine_and_setup_on_every_rank(tmp_path):
     calls = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("call-"))
     assert calls == ["call-prepare_data-0", "call-setup-fit-0", "call-setup-fit-1", "call-teardown-fit-0",
                      "call-teardown-fit-1"]
+
+
+def test_estimated_stepping_batches_and_manual_backward_arguments_as_lightning():
+    seen = []
+
+    class OneCycle(Line):
+        automatic_optimization = False
+
+        def configure_optimizers(self):  # a common Lightning pattern: the schedule sized from the Trainer
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            seen.append(self.trainer.estimated_stepping_batches)
+            return [opt], [torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=seen[0])]
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            loss = self.loss(self(batch[0]), batch[1])
+            opt.zero_grad()
+            self.manual_backward(loss, retain_graph=True)  # passed through to backward, as in Lightning
+            self.manual_backward(loss)  # the graph is still there
+            opt.step()
+            self.lr_schedulers().step()
+
+    Trainer(max_epochs=3, num_sanity_val_steps=0, limit_train_batches=3, **QUIET).fit(OneCycle(n=18))
+    assert seen == [9]  # 3 epochs of limit_train_batches=3 (Lightning 2.6.6: 9)

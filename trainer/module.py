@@ -298,10 +298,10 @@ class TaskModule(nn.Module):
         return None if not found else found[0] if len(found) == 1 else found
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """``loss.backward()`` with the precision's loss scaling (16-mixed) and the backward hooks; use it instead
-        of ``loss.backward()``."""
+        """``loss.backward(*args, **kwargs)`` with the precision's loss scaling (16-mixed) and the backward hooks;
+        use it instead of ``loss.backward()`` (``retain_graph=True`` passes through, as in Lightning)."""
         trainer = self._running_trainer("self.manual_backward(loss)")
-        trainer.backward(loss)  # with on_before_backward/on_after_backward when defined
+        trainer.backward(loss, *args, **kwargs)  # with on_before_backward/on_after_backward when defined
         for optimizer in trainer.manual_optimizers:  # ddp: their gradients are averaged before clipping/stepping
             optimizer.synced = False
 

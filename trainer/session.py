@@ -98,6 +98,7 @@ def setup_fit(trainer: Trainer, ckpt_path: str | None) -> None:
     """Optimizers, schedulers, the step, the loaders and their schedule, the per-fit choices of the step (hooks around
     zero_grad and backward only where defined), then the checkpoint to resume from."""
     task, strategy, hooks = trainer.task, trainer.strategy, trainer.hooks
+    trainer.train_dataloader = None  # estimated_stepping_batches in configure_optimizers asks this fit's loader
     trainer.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
     trainer.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not trainer.manual)
     trainer.optimizer, trainer.schedulers = trainer.optimizers[0], Schedulers(configs, automatic=not trainer.manual)
