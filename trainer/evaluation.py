@@ -12,7 +12,7 @@ from .callbacks import is_task_hook
 from .checks import check_loss
 from .data import batch_size_of, eval_loader, length, limit_batches, sample_order, set_epoch
 from .errors import MisconfigurationError
-from .logbook import LogBuffer
+from .logbuffer import LogBuffer
 from .metrics import metric_values
 from .module import TaskModule, predict_inputs
 from .precision import warn_once

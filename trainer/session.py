@@ -17,7 +17,7 @@ from .checkpoint import load_weights, next_version_dir, open_checkpoint, restore
 from .data import fit_loaders
 from .datamodule import DataSource
 from .errors import MisconfigurationError
-from .logbook import LogBuffer
+from .logbuffer import LogBuffer
 from .metrics import build_metrics
 from .module import TaskModule, rank_zero_only
 from .optim import Schedulers, gradient_clipper, parse_optimizers

@@ -22,7 +22,7 @@ from .data import batch_size_of, empty_train_loader, length, limit_batches, set_
 from .datamodule import DataModule, DataSource
 from .evaluation import evaluation_pass, run_entry, sanity_pass
 from .init_args import flatten, plain_hparams
-from .logbook import LogBuffer
+from .logbuffer import LogBuffer
 from .module import TaskModule
 from .precision import normalize_precision
 from .preemption import normalize_signals, preempt
