@@ -50,8 +50,7 @@ class Logger(Callback):
     _run_dir: str | None = None  # the directory this logger writes its run into (rank 0)
     _for: str | None = None  # the trainer.log_dir of the run it writes (rank 0)
     _active = False  # set up and not finalized
-    _restored: dict[str, Any] | None = None  # the run a checkpoint recorded (state_dict), until a fit starts
-    _recorded: dict[str, Any] | None = None  # ...which this resumed fit continues
+    _recorded: dict[str, Any] | None = None  # the run a checkpoint recorded, which this resumed fit continues
     resuming = False  # this run continues one a checkpoint recorded (set at fit start; setup reads it)
 
     def _where(self, save_dir: str | os.PathLike | None, name: str | None, version: int | str | None,
@@ -158,7 +157,8 @@ class Logger(Callback):
 
     # ---- the hooks that call them ----------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
-        self._continue_recorded_run(trainer)
+        if not trainer.state.resumed:  # (a resumed fit's run was chosen in on_load_checkpoint)
+            self._recorded, self.resuming = None, False
         problem: BaseException | None = None
         if trainer.is_main:
             try:
@@ -213,27 +213,23 @@ class Logger(Callback):
             self.save()
         return {"log_dir": self._run_dir, "trainer_log_dir": self._for, **self.run_state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._restored = dict(state) if state.get("log_dir") else None
-
-    def _continue_recorded_run(self, trainer: Any) -> None:
-        """A fit resumed from a checkpoint continues the run it recorded: the directory (the first directory
-        logger's becomes ``trainer.log_dir`` again, as at the first start), and the logger's own run. Rank 0 decides
-        (the directory must still exist there) and every rank follows."""
-        recorded, self._restored, self._recorded = self._restored, None, None
-        self.resuming = False
-        if not trainer.state.resumed or recorded is None:
+    def on_load_checkpoint(self, trainer: Any, task: Any, checkpoint: dict[str, Any]) -> None:
+        """A fit resumed from ``checkpoint`` continues the run it recorded: ``trainer.log_dir`` is that run's directory
+        again (before any ``on_fit_start``), and the logger's own run goes on (:meth:`setup` sees :attr:`resuming`).
+        Rank 0 decides (the directory must still exist there) and every rank follows."""
+        recorded = (checkpoint.get("callbacks") or {}).get(self.state_key) or {}
+        self._recorded, self.resuming = None, False
+        if not recorded.get("log_dir"):
             return
-        usable = trainer.strategy.broadcast(trainer.is_main and os.path.isdir(recorded["log_dir"]))
-        if not usable:
+        if not trainer.strategy.broadcast(trainer.is_main and os.path.isdir(recorded["log_dir"])):
             if trainer.is_main:
                 warnings.warn(f"{type(self).__name__}: the run this checkpoint was logged to "
                               f"({recorded['log_dir']}) is gone; the resumed fit starts a new one in "
                               f"{trainer.log_dir}.", RuntimeWarning, stacklevel=2)
             return
-        if self.has_directory and self is _first_directory_logger(trainer) and recorded.get("trainer_log_dir"):
+        if recorded.get("trainer_log_dir"):  # every logger recorded the same one
             trainer.log_dir = recorded["trainer_log_dir"]
-        self._recorded, self.resuming = recorded, True
+        self._recorded, self.resuming = dict(recorded), True
 
     # ---- runs ---------------------------------------------------------------------------------------------------
     def _start(self, trainer: Any) -> None:

@@ -164,9 +164,7 @@ class ProgressBar(Callback):
 
 def _shown_keys(trainer: Any) -> set[str]:
     """The published keys the bar shows: ``prog_bar`` values (any stage), the validation loss and metrics."""
-    prog_bar = getattr(trainer, "progress_bar_metrics", None)
-    keys = set(prog_bar) if isinstance(prog_bar, dict) else set(trainer.logs.train.prog_bar)
-    return keys | {"val/loss"} | {f"val/{name}" for name in trainer.metrics.get("val", {})}
+    return set(trainer.progress_bar_metrics) | {"val/loss"} | {f"val/{name}" for name in trainer.metrics.get("val", {})}
 
 
 def _bar(progress: ProgressBar, trainer: Any, *, values: bool = True, **kwargs: Any) -> Any:

@@ -107,3 +107,31 @@ def test_test_and_validate_from_python_print_a_results_table(tmp_path, capsys):
     assert out.startswith("Validation results\n") and f"{validated['val/loss']:.4g}" in out
     trainer.fit(task)  # a validation inside fit prints no table, on a file one line per epoch
     assert "results" not in (out := capsys.readouterr().out) and out.count("Epoch 0/0: 100%") == 1
+
+
+def test_long_evaluation_passes_get_a_bar_of_their_own(tmp_path, monkeypatch):
+    """A validation, test or predict pass shows a bar once it has run EVAL_DELAY_S (counted by Lightning's batch
+    hooks); a short one shows none."""
+    import taskfit.callbacks.progress as progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    task = ClassifierTask(val_n=90)  # 6 batches of 16
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), enable_model_summary=False,
+                      enable_checkpointing=False, callbacks=[ProgressBar(stream=(screen := Terminal()))])
+    trainer.fit(task)
+    trainer.test(task)  # passes of a few milliseconds: no bar (the test's results table only)
+    assert not re.search(r"(Validation|Test): ", screen.getvalue())
+    monkeypatch.setattr(progress, "EVAL_DELAY_S", 0.0)  # every pass counts as long...
+    monkeypatch.setattr(progress, "REFRESH_S", 0.0)  # ...and every batch redraws
+    trainer.fit(task)
+    trainer.validate(task)
+    trainer.test(task)
+    trainer.predict(task, dataloaders=task.test_dataloader())
+    shown = re.split(r"[\r\n]+", screen.getvalue())
+    for title in ("Validation", "Test", "Predict"):
+        counts = [int(m.group(1)) for line in shown if (m := re.match(rf"{title}: .*?(\d+)(?:/6|it) ", line))]
+        assert counts and max(counts) == 6, (title, shown[-40:])
+    assert any(re.match(r"Validation: +\d+%\|.*\| 6/6 ", line) for line in shown)  # in fit: the total is known
