@@ -135,3 +135,18 @@ def test_long_evaluation_passes_get_a_bar_of_their_own(tmp_path, monkeypatch):
         counts = [int(m.group(1)) for line in shown if (m := re.match(rf"{title}: .*?(\d+)(?:/6|it) ", line))]
         assert counts and max(counts) == 6, (title, shown[-40:])
     assert any(re.match(r"Validation: +\d+%\|.*\| 6/6 ", line) for line in shown)  # in fit: the total is known
+
+
+class BarValues(ClassifierTask):
+    def loss(self, outputs, targets):
+        self.log("bar_acc", (outputs.argmax(-1) == targets).float().mean(), prog_bar=True)
+        return super().loss(outputs, targets)
+
+
+def test_prog_bar_values_join_the_line_in_the_order_they_first_appeared(tmp_path, capsys):
+    Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), enable_model_summary=False,
+            enable_checkpointing=False).fit(BarValues())
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch ")]
+    keys = [re.findall(r"([\w/]+)=", line.split("it/s, ")[-1]) for line in lines]
+    assert keys[0][:2] == ["loss", "bar_acc"] and keys[1] == keys[0]  # ...and keep their places
+    assert {"val/loss", "val/acc"} <= set(keys[0]) and "acc_batch" not in keys[0]  # not a prog_bar value

@@ -218,3 +218,24 @@ def test_a_resume_whose_run_directory_is_gone_starts_a_new_one_and_says_so(tmp_p
                                             r"gone; the resumed fit starts a new one in .*version_0"):
         second.fit(RegressionTask(n=16), ckpt_path=str(moved))
     assert [int(r["step"]) for r in rows(Path(second.log_dir) / "metrics.csv")] == [6]  # the third epoch only
+
+
+def test_a_resumed_fit_with_mlflow_alone_continues_its_run_and_directory(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def fit(epochs, ckpt_path=None):
+        logger = MLFlowLogger(tracking_uri=uri)
+        trainer = Trainer(max_epochs=epochs, default_root_dir=str(tmp_path / "runs"), logger=logger,
+                          enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(RegressionTask(n=16), ckpt_path=ckpt_path)
+        return trainer, logger
+
+    first, first_logger = fit(1)
+    second, second_logger = fit(2, ckpt_path="last")  # extend the finished fit by an epoch
+    assert second.log_dir == first.log_dir and second_logger.run_id == first_logger.run_id
+    run = mlflow.tracking.MlflowClient(uri).get_run(first_logger.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["taskfit.resumed_at"] == "2"
+    assert "taskfit.killed" not in run.data.tags  # it was closed: FINISHED, not left RUNNING
+    assert [m.step for m in mlflow.tracking.MlflowClient(uri).get_metric_history(run.info.run_id,
+                                                                               "train/loss_epoch")] == [2, 4]
