@@ -135,3 +135,13 @@ def test_seq2seq_generates_exact_sums(tmp_path):
     # --quick adds two-digit numbers: about 0.9 of the 2,000 held-out sums exactly right (guessing: < 0.01).
     assert exact > 0.5 and greedy > 0.8 and forced > 0.8, out[-2000:]
     run_directory(out, tmp_path)
+
+
+def test_weight_averaging_against_plain_on_the_same_seed(tmp_path):
+    out = run_example("weight_averaging.py", tmp_path, "--quick")
+    rows = dict(re.findall(r"^\| (plain|EMA \(decay 0\.95\)|SWA \(from half-way\)) \| ([0-9.]+) \|", out, re.M))
+    assert len(rows) == 3, out[-2000:]
+    assert all(float(acc) >= 0.9 for acc in rows.values()), rows  # 3 epochs; chance is 0.1
+    assert float(rows["EMA (decay 0.95)"]) > float(rows["plain"]), rows  # 0.9740 against 0.9628
+    assert "EMAWeightAveraging: the task now holds the average of 60 updates" in out
+    run_directory(out, tmp_path)
