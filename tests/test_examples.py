@@ -145,3 +145,13 @@ def test_weight_averaging_against_plain_on_the_same_seed(tmp_path):
     assert float(rows["EMA (decay 0.95)"]) > float(rows["plain"]), rows  # 0.9740 against 0.9628
     assert "EMAWeightAveraging: the task now holds the average of 60 updates" in out
     run_directory(out, tmp_path)
+
+
+def test_lr_find_suggestion_against_the_default_lr(tmp_path):
+    out = run_example("lr_find.py", tmp_path, "--quick")
+    suggested = float(re.search(r"suggestion lr=([0-9.e-]+)", out).group(1))
+    assert 1e-3 <= suggested <= 1e-1, out[-2000:]  # the steepest descent, not the smallest lrs' noise
+    rows = re.findall(r"^\| ([0-9.e-]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)
+    (tuned, *_), (default, *_) = [(float(acc), lr) for lr, acc, *_ in rows]
+    assert tuned >= default >= 0.9, out[-2000:]  # at least as good as AdamW's 3e-3 (0.9628 both, 3 epochs)
+    assert (tmp_path / "taskfit_logs" / "lr_find" / "version_0" / "lr_find.png").is_file()

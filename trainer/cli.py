@@ -25,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import callbacks as cbs
-from . import console, modes, sweep
+from . import console, modes, sweep, tune
 from .callbacks import TensorBoardLogger
 from .checkpoint import last_checkpoint
 from .checkpoint_dirs import checkpoint_exists
@@ -156,12 +156,12 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         check_targets(config)  # every _target_ imports, every key is an argument: before any work
         mode = modes.check_mode(config)
-        if mode != "fit":
+        if mode in modes.EVALUATING:
             modes.check_checkpoint_arg(mode, config.get("ckpt_path"), str(config["name"]))
         if _is_leader():  # torchrun: only rank 0 writes; the others share its directory
             OmegaConf.save(OmegaConf.create(config), os.path.join(run_dir, "config.yaml"))
         ckpt_path = _ckpt_path(config, run_dir)
-        if mode != "fit":
+        if mode in modes.EVALUATING:
             modes.check_checkpoint(ckpt_path)  # exists, readable, has weights: before the task is built
         callbacks = build_callbacks(config)
         _describe_run(callbacks, config)
@@ -179,6 +179,8 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
             _discard_unused(run_dir)
         raise
     with console.shared_with_workers():  # ddp workers append rank 0's lines to this run's taskfit.log
+        if mode == "lr_find":  # a learning-rate range test; it prints its own report (trainer/tune.py)
+            return tune.lr_find_command(trainer, task, config, run_dir)
         result = _fit(trainer, task, config, run_dir, ckpt_path) if mode == "fit" else \
             _evaluate(trainer, task, config, run_dir, mode, ckpt_path, callbacks[-1])
     if trainer.is_main:
