@@ -74,3 +74,13 @@ def test_step_budget_prices_each_piece_of_the_step_on_the_same_work():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert float(cells[1]) > 0 and cells[-1] == "0.0e+00", row  # every variant did the hand loop's exact work
     assert all(re.fullmatch(r"[+-]\d+\.\d\d", row.split("|")[4].strip()) for row in rows[:-1]), out
+
+
+def test_tuning_benchmark_prices_averaging_and_the_profiler():
+    out = _run("benchmarks/tuning.py", "--reps", "1", "--epochs", "1")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for name in ("plain", "EMAWeightAveraging (every step)", "StochasticWeightAveraging (per epoch)", "SimpleProfiler"):
+        assert name in rows, out
+    assert re.search(r"\d+\.\d us per update", rows["EMAWeightAveraging (every step)"]), out
+    accounted = re.search(r"table accounts for ([\d.]+)% of trainer.fit's wall time", out)
+    assert accounted and 0 < float(accounted.group(1)) <= 100.5, out
