@@ -26,11 +26,12 @@ from .errors import MisconfigurationError
 clock = time.perf_counter
 # The stage that runs after a hook list (its mark is the list's head). A hook not named here opens no stage.
 NEXT_STAGE = {
-    "setup": "setup", "on_fit_start": "loop", "on_sanity_check_start": "sanity check", "on_sanity_check_end": "loop",
-    "on_train_epoch_start": "loop", "on_train_epoch_end": "loop", "on_train_batch_start": "forward+loss",
-    "on_before_zero_grad": "forward+loss", "on_before_backward": "backward", "on_after_backward": "optimizer step",
-    "on_before_optimizer_step": "optimizer step", "on_train_batch_end": "loop", "on_validation_start": "validation",
-    "on_validation_end": "loop", "on_fit_end": "fit end",
+    "on_fit_start": "loop", "on_sanity_check_start": "sanity check", "on_sanity_check_end": "loop",
+    "on_train_start": "loop", "on_train_epoch_start": "loop", "on_train_epoch_end": "loop",
+    "on_train_batch_start": "forward+loss", "on_before_zero_grad": "forward+loss", "on_before_backward": "backward",
+    "on_after_backward": "optimizer step", "on_before_optimizer_step": "optimizer step", "on_train_batch_end": "loop",
+    "on_validation_start": "validation", "on_validation_end": "loop", "on_train_end": "fit end",
+    "on_fit_end": "fit end",
 }
 STAGES = ("setup", "data wait", "forward+loss", "backward", "optimizer step", "validation", "sanity check",
           "checkpoint", "callback hooks", "fit end", "loop", "profiler")  # the table's order ("loop": the rest;
@@ -79,8 +80,6 @@ class SimpleProfiler(Callback):
             self._install(trainer, "callback hooks")  # run untimed, as "callback hooks")
 
     def _install(self, trainer: Any, stage: str) -> None:
-        from .callbacks import ModelCheckpoint
-
         self.stages, self.hook_times, self.actions = {}, {}, {}
         self._trainer, self._installed, self._start = trainer, True, clock()
         self._stage, self._opened, self._inside, self._depth, self._children = stage, self._start, 0.0, 0, [0.0]
@@ -88,14 +87,13 @@ class SimpleProfiler(Callback):
         self._own = 0.0  # the profiler's own time
         self._stage_count(stage)
         self._backward_hooks = "on_before_backward" in trainer.hooks  # without them backward is in forward+loss
+        end = "teardown" if "teardown" in trainer.hooks else "on_fit_end"  # the last hook of a fit
         for hook, fns in trainer.hooks.items():
-            timed: list[Callable[..., Any]] = [
-                fn if getattr(fn, "__self__", None) is self else
-                _Timed(self, fn, f"{type(fn.__self__).__name__}.{hook}",
-                       "checkpoint" if isinstance(fn.__self__, ModelCheckpoint) else "callback hooks") for fn in fns]
+            timed: list[Callable[..., Any]] = [fn if getattr(fn, "__self__", None) is self else
+                                               _Timed(self, fn, hook, trainer.task) for fn in fns]
             if hook in NEXT_STAGE:
                 timed.insert(0, _Mark(self, hook))
-            if hook == "on_fit_end":
+            if hook == end:
                 timed.append(_Mark(self, "end"))
             trainer.hooks[hook] = timed
 
@@ -202,10 +200,21 @@ class _Mark:
 
 
 class _Timed:
-    """A callback's hook with its own time (nested hooks' time taken out) added to its row and its stage."""
+    """A hook with its own time (nested hooks' time taken out) added to its row and its stage: ModelCheckpoint's
+    to "checkpoint", the others' to "callback hooks". Keeps what the hook table reads of an entry: ``__self__``
+    (the callback, whose ``needs_batch_hooks`` decides) or ``task_hook`` (the task's or data module's own)."""
 
-    def __init__(self, profiler: SimpleProfiler, fn: Callable[..., Any], name: str, stage: str) -> None:
-        self.__self__, self.profiler, self.fn, self.name, self.stage = fn.__self__, profiler, fn, name, stage
+    def __init__(self, profiler: SimpleProfiler, fn: Callable[..., Any], hook: str, task: Any) -> None:
+        from .callbacks import ModelCheckpoint
+
+        owner = getattr(fn, "__self__", None)
+        self.task_hook = getattr(fn, "task_hook", False)
+        if owner is not None:
+            self.__self__ = owner
+        kind = type(task).__name__ if self.task_hook else type(owner).__name__ if owner is not None else None
+        self.profiler, self.fn = profiler, fn
+        self.name = f"{kind}.{hook}" if kind else getattr(fn, "__qualname__", hook)
+        self.stage = "checkpoint" if isinstance(owner, ModelCheckpoint) else "callback hooks"
 
     def __call__(self, *args: Any) -> Any:
         p = self.profiler
