@@ -37,13 +37,16 @@ class WeightAveraging(Callback):
             the model's current buffers.
         avg_fn: ``fn(averaged, current, num_averaged) -> tensor``, per tensor (``torch.optim.swa_utils``'s).
         multi_avg_fn: ``fn(averaged_list, current_list, num_averaged)``, in place (e.g. ``get_ema_multi_avg_fn``).
+        save_average: checkpoints hold the average as the model's weights (``module``; Lightning's layout, so that
+            ``ckpt_path="best"`` and ``load_from_checkpoint`` give the averaged model) and the training weights in
+            this callback's state; False: the other way round.
     """
 
     order = 800  # before ModelCheckpoint (1000): validation's swap is undone before it saves
 
     @arguments_checked(docs="docs/tuning.md")
     def __init__(self, device: torch.device | str | None = None, use_buffers: bool = True,
-                 avg_fn: AvgFn | None = None, multi_avg_fn: MultiAvgFn | None = None) -> None:
+                 avg_fn: AvgFn | None = None, multi_avg_fn: MultiAvgFn | None = None, save_average: bool = True) -> None:
         if avg_fn is not None and multi_avg_fn is not None:
             raise MisconfigurationError(f"{type(self).__name__}(avg_fn=..., multi_avg_fn=...) got both.",
                                         "pass one averaging function: avg_fn (per tensor) or multi_avg_fn (lists).")
@@ -52,6 +55,7 @@ class WeightAveraging(Callback):
                 raise MisconfigurationError(f"{type(self).__name__}({name}={fn!r}) is not callable.",
                                             "pass a function, e.g. torch.optim.swa_utils.get_ema_multi_avg_fn(0.999).")
         self.device, self.use_buffers, self.avg_fn, self.multi_avg_fn = device, use_buffers, avg_fn, multi_avg_fn
+        self.save_average = save_average
         self.weights: AveragedWeights | None = None  # built at fit start
         self.latest_update_step, self.latest_update_epoch = 0, -1  # global step / epoch of the last update
         self._pending: dict[str, Any] | None = None  # a checkpoint's state, applied once the model is restored
@@ -162,6 +166,16 @@ class WeightAveraging(Callback):
         return {"latest_update_step": self.latest_update_step, "latest_update_epoch": self.latest_update_epoch,
                 **self.weights.state(gather=self._sharded)}
 
+    def on_save_checkpoint(self, trainer: Any, task: Any, checkpoint: dict[str, Any]) -> None:
+        """With ``save_average``: the file's ``module`` part gets the average and this callback's state the training
+        weights (``swapped``), the layout the model has after fit; a resume swaps them back."""
+        state = checkpoint.get("callbacks", {}).get(self.state_key)
+        if not self.save_average or not state or state.get("weights") is None or state.get("swapped"):
+            return
+        module = checkpoint["module"]
+        checkpoint["callbacks"] = {**checkpoint["callbacks"], self.state_key: {
+            **state, "swapped": True, "weights": self.weights.exchange(module)}}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.latest_update_step = int(state.get("latest_update_step", 0))
         self.latest_update_epoch = int(state.get("latest_update_epoch", -1))
@@ -181,13 +195,14 @@ class EMAWeightAveraging(WeightAveraging):
         update_starting_at_epoch: the first epoch (0-based) whose steps update (None: 0).
         warmup_steps: the decay rises linearly from 0 to ``decay`` over this many updates (0: ``decay`` from the
             second update on), so that an early average is not dominated by the initial weights.
+        save_average: as for :class:`WeightAveraging`.
     """
 
     @arguments_checked(docs="docs/tuning.md")
     def __init__(self, device: torch.device | str | None = None, use_buffers: bool = True, decay: float = 0.999,
                  update_every_n_steps: int = 1, update_starting_at_step: int | None = None,
-                 update_starting_at_epoch: int | None = None, warmup_steps: int = 0) -> None:
-        super().__init__(device=device, use_buffers=use_buffers)
+                 update_starting_at_epoch: int | None = None, warmup_steps: int = 0, save_average: bool = True) -> None:
+        super().__init__(device=device, use_buffers=use_buffers, save_average=save_average)
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
             raise MisconfigurationError(f"EMAWeightAveraging(decay={decay!r}) is not valid.",
                                         "pass the share of the average kept per update, in [0, 1], e.g. 0.999.")
@@ -234,13 +249,14 @@ class StochasticWeightAveraging(WeightAveraging):
         device: as for :class:`WeightAveraging`.
         use_buffers: as for :class:`WeightAveraging`; the BatchNorm statistics are averaged with the weights
             (``AveragedModel(use_buffers=True)``) rather than recomputed by an extra epoch as Lightning does.
+        save_average: as for :class:`WeightAveraging`.
     """
 
     @arguments_checked(docs="docs/tuning.md")
     def __init__(self, swa_lrs: float | list[float], swa_epoch_start: int | float = 0.8, annealing_epochs: int = 10,
                  annealing_strategy: str = "cos", avg_fn: AvgFn | None = None,
-                 device: torch.device | str | None = None, use_buffers: bool = True) -> None:
-        super().__init__(device=device, use_buffers=use_buffers, avg_fn=avg_fn)
+                 device: torch.device | str | None = None, use_buffers: bool = True, save_average: bool = True) -> None:
+        super().__init__(device=device, use_buffers=use_buffers, avg_fn=avg_fn, save_average=save_average)
         lrs = swa_lrs if isinstance(swa_lrs, (list, tuple)) else [swa_lrs]
         if not lrs or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in lrs):
             raise MisconfigurationError(f"StochasticWeightAveraging(swa_lrs={swa_lrs!r}) is not valid.",

@@ -146,6 +146,23 @@ class AveragedWeights:
         on_mesh = local.to(self.live[0].device)
         return DTensor.from_local(on_mesh, mesh, placements, shape=shape, stride=stride).full_tensor().cpu()
 
+    def exchange(self, module_state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """In a checkpoint's ``module`` state (a state dict of the module, sharded under fsdp): put the average in
+        place of the weights, and return those weights, whole (under fsdp gathered: every rank must call it)."""
+        training = {}
+        for name, averaged, layout in zip(self.names, self.average or [], self.layouts):
+            current = module_state[name]
+            if layout is None:  # no copy: the file is serialised before the next step
+                training[name], module_state[name] = current, averaged
+                continue
+            from torch.distributed.tensor import DTensor
+
+            mesh, placements, shape, stride = layout
+            training[name] = current.full_tensor().cpu()
+            module_state[name] = DTensor.from_local(averaged.to(current.device), mesh, placements, shape=shape,
+                                                    stride=stride)
+        return training
+
     @torch.no_grad()
     def load(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state`: the module holds what the checkpoint's ``module`` part holds (loaded first);
