@@ -11,7 +11,8 @@ from tasks import ClassifierTask
 
 from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.callbacks import Callback
-from taskfit.profiler import PassThroughProfiler, SimpleProfiler, profiler_for
+from taskfit.profiler import SimpleProfiler
+from taskfit.profiling import PassThroughProfiler, profiler_for
 from taskfit.torch_profiler import PyTorchProfiler
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)

@@ -7,7 +7,7 @@ Built on the hook table, not in the loop: at the start of fit the profiler puts 
 list that bounds a stage (``on_train_batch_start``, ``on_before_backward``, ``on_after_backward``,
 ``on_validation_start``...) and wraps every other callback's hook in a timer. A mark closes the stage that was
 running (its time, less the hooks that ran inside it) and opens the next. Nothing is added when the profiler is
-off: the loop pays nothing. ``profile(name)`` times a block of your own code (Lightning's
+off (trainer/profiling.py): the loop pays nothing. ``profile(name)`` times a block of your own code (Lightning's
 ``trainer.profiler.profile("...")``).
 """
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any, Callable
 from .arguments import arguments_checked
 from .callbacks import Callback
 from .console import echo
-from .errors import MisconfigurationError
 
 clock = time.perf_counter
 # The stage that runs after a hook list (its mark is the list's head). A hook not named here opens no stage.
@@ -36,17 +35,6 @@ NEXT_STAGE = {
 STAGES = ("setup", "data wait", "forward+loss", "backward", "optimizer step", "validation", "sanity check",
           "checkpoint", "callback hooks", "fit end", "loop", "profiler")  # the table's order ("loop": the rest;
 # "profiler": the marks' and timers' own time, measured)
-
-
-class PassThroughProfiler:
-    """``trainer.profiler`` when profiling is off: ``profile(name)`` does nothing (Lightning's PassThroughProfiler)."""
-
-    @contextlib.contextmanager
-    def profile(self, action_name: str) -> Iterator[None]:
-        yield
-
-    def describe(self) -> None:
-        """Nothing to report."""
 
 
 class SimpleProfiler(Callback):
@@ -240,29 +228,3 @@ class _Timed:
             p._own += (start - entered) + (left - end)
             if not p._depth:
                 p._inside += left - entered
-
-
-def profiler_for(profiler: Any, callbacks: list[Callback]) -> Any:
-    """``Trainer(profiler=...)``: None -> a pass-through (nothing added), ``"simple"``/``"torch"`` or a profiler
-    instance -> added to ``callbacks`` (first in order) and returned, as ``trainer.profiler``."""
-    if profiler is None or profiler is False:
-        return PassThroughProfiler()
-    if isinstance(profiler, str):
-        if profiler not in ("simple", "torch", "pytorch"):
-            raise MisconfigurationError(
-                f"Trainer(profiler={profiler!r}) is not a profiler taskfit has.",
-                'use profiler="simple" (time per stage and hook, cheap enough to leave on) or "torch" (a '
-                "torch.profiler trace of a few steps per rank); Lightning's \"advanced\" (cProfile) is not built in: "
-                "run python -m cProfile -o fit.prof your_script.py.")
-        if profiler == "simple":
-            profiler = SimpleProfiler()
-        else:
-            from .torch_profiler import PyTorchProfiler
-
-            profiler = PyTorchProfiler()
-    if not isinstance(profiler, SimpleProfiler):
-        raise MisconfigurationError(f"Trainer(profiler=...) got {type(profiler).__name__}.",
-                                    'pass "simple", "torch", or a SimpleProfiler/PyTorchProfiler instance.')
-    if not any(cb is profiler for cb in callbacks):
-        callbacks.insert(0, profiler)
-    return profiler
