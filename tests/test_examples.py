@@ -155,3 +155,16 @@ def test_lr_find_suggestion_against_the_default_lr(tmp_path):
     (tuned, *_), (default, *_) = [(float(acc), lr) for lr, acc, *_ in rows]
     assert tuned >= default >= 0.9, out[-2000:]  # at least as good as AdamW's 3e-3 (0.9628 both, 3 epochs)
     assert (tmp_path / "taskfit_logs" / "lr_find" / "version_0" / "lr_find.png").is_file()
+
+
+def test_profiling_prints_the_stage_table_and_writes_a_trace(tmp_path):
+    out = run_example("profiling.py", tmp_path, "--quick")
+    table = out[out.index("Profiler (SimpleProfiler)"):]
+    for stage in ("data wait", "forward+loss", "backward", "optimizer step", "validation", "checkpoint"):
+        assert re.search(rf"^{re.escape(stage)} +\d+ ", table, re.M), table[:2000]
+    assert re.search(r"^data wait +60 ", table, re.M)  # 3 epochs of 20 batches
+    assert re.search(r"^total +[\d.]+ +100\.0%$", table, re.M)  # every interval of the fit in one row
+    trace = re.search(r"trace of steps 2-4: (\S+)", out).group(1)
+    assert os.path.isfile(trace) and trace.endswith("profiler/trace_rank0.json")
+    assert "torch.profiler, cpu_time_total" in out
+    run_directory(out, tmp_path)

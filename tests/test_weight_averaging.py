@@ -118,6 +118,23 @@ def test_a_run_extended_after_its_end_continues_exactly(tmp_path):
     assert same_state(ema.state_dict()["weights"], reference_ema.state_dict()["weights"])
 
 
+@pytest.mark.parametrize("save_average", [True, False])
+def test_the_best_checkpoint_holds_the_averaged_model_it_was_ranked_by(tmp_path, save_average):
+    """ModelCheckpoint ranks files by val/loss measured on the average; with save_average (the default, Lightning's
+    layout) the file's weights are that average, so validating the file gives its score again."""
+    seed_everything(0)
+    ema = EMAWeightAveraging(decay=0.8, save_average=save_average)
+    saving = ModelCheckpoint(monitor="val/loss", save_top_k=1, min_epoch_interval=0)
+    trainer = checkpointing_trainer(tmp_path, max_epochs=3, callbacks=[ema, saving])
+    trainer.fit(ClassifierTask())
+    best = load_checkpoint(saving.best_model_path)
+    assert best["callbacks"]["EMAWeightAveraging"]["swapped"] is save_average
+    (again,) = Trainer(**QUIET).validate(ClassifierTask(), ckpt_path=saving.best_model_path)
+    assert (again["val/loss"] == pytest.approx(float(saving.best_model_score), abs=1e-6)) is save_average
+    loaded = ClassifierTask.load_from_checkpoint(saving.best_model_path)
+    assert same_state(loaded.state_dict(), best["module"])
+
+
 def test_sigkill_mid_epoch_then_resume_is_bitwise_equal(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TASKFIT_SEED", None)

@@ -73,6 +73,7 @@ class TrainerConf:
     channels_last: bool = False
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     preempt_exit_code: Optional[int] = None
+    profiler: Optional[str] = None
 
 
 @dataclass

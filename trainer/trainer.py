@@ -25,6 +25,7 @@ from .init_args import flatten, plain_hparams
 from .logbuffer import LogBuffer
 from .module import TaskModule
 from .precision import normalize_precision
+from .profiler import profiler_for
 from .preemption import normalize_signals, preempt
 from .schedule import accumulation_group
 from .serialization import CheckpointWriter
@@ -52,7 +53,7 @@ class Trainer:
         enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
         logger: bool | Logger | Sequence[Logger] = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
         channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
-        preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None,
+        preempt_exit_code: int | None = None, profiler: Any = None, config: Mapping[str, Any] | None = None,
     ) -> None:
         check_arguments(locals())
         self.precision_name = normalize_precision(precision)
@@ -79,6 +80,7 @@ class Trainer:
             self.limits["train"] = self.limits["val"] = overfit_batches
         self.callbacks = with_defaults(callbacks, progress=enable_progress_bar, summary=enable_model_summary,
                                        checkpointing=enable_checkpointing, logger=logger)
+        self.profiler = profiler_for(profiler, self.callbacks)  # None: a pass-through, nothing in the hook table
         self.state, self.log_dir, self.task, self.data, self.logs = TrainerState(), None, None, None, None
         self.model = self.optimizer = self.train_dataloader = self.val_loader = self.predict_dataloader = None
         self.optimizers, self.manual_optimizers, self.manual = [], [], False  # set by fit
