@@ -201,7 +201,7 @@ class _Timed:
             self.__self__ = owner
         kind = type(task).__name__ if self.task_hook else type(owner).__name__ if owner is not None else None
         self.profiler, self.fn = profiler, fn
-        self.name = f"{kind}.{hook}" if kind else getattr(fn, "__qualname__", hook)
+        self.name = f"{kind}.{hook}" if kind else f"Trainer.{getattr(fn, '__name__', hook)}"  # the Trainer's own
         self.stage = "checkpoint" if isinstance(owner, ModelCheckpoint) else "callback hooks"
 
     def __call__(self, *args: Any) -> Any:
