@@ -25,7 +25,7 @@ from .init_args import flatten, plain_hparams
 from .logbuffer import LogBuffer
 from .module import TaskModule
 from .precision import normalize_precision
-from .profiler import profiler_for
+from .profiling import profiler_for
 from .preemption import normalize_signals, preempt
 from .schedule import accumulation_group
 from .serialization import CheckpointWriter
