@@ -71,6 +71,7 @@ class TrainerConf:
     channels_last: bool = False
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     preempt_exit_code: Optional[int] = None
+    activation_checkpointing: Any = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ from .data import batch_size_of, empty_train_loader, eval_loader, fit_loaders, l
 from .evaluation import evaluate, predict
 from .logbook import LogBuffer
 from .metrics import build_metrics
+from .model_memory import checkpoint_policy, init_module, prepare_module
 from .module import TaskModule, flatten
 from .optim import Schedulers, gradient_clipper, parse_optimizers
 from .precision import Precision, normalize_precision
@@ -37,6 +38,7 @@ from .strategy_registry import select_strategy
 
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
+    init_module = init_module  # with trainer.init_module(empty_init=True): layers on the meta device (model_memory.py)
 
     @arguments_checked(docs="docs/trainer.md")  # Trainer(max_epoch=3): one error naming max_epochs (arguments.py)
     def __init__(
@@ -52,7 +54,7 @@ class Trainer:
         enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
         logger: bool | Logger | Sequence[Logger] = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
         channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
-        preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None,
+        preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None, activation_checkpointing: Any = None,
     ) -> None:
         check_arguments(locals())
         self.precision_name = normalize_precision(precision)
@@ -67,6 +69,7 @@ class Trainer:
         self.overfit_batches, self.deterministic, self.seed = overfit_batches, deterministic, seed
         self.default_root_dir, self.nonfinite_loss = default_root_dir, nonfinite_loss
         self.compile, self.channels_last = compile, channels_last
+        self.activation_checkpointing = checkpoint_policy(activation_checkpointing)  # model_memory.py
         self.preempt_signals, self.preempt_exit_code = normalize_signals(preempt_signals), preempt_exit_code
         self.config = dict(config) if config is not None else None
         self.fast_dev_run = int(fast_dev_run)
@@ -82,7 +85,7 @@ class Trainer:
         self.state, self.log_dir, self.task = TrainerState(), None, None  # fit starts each run with a new state
         self.model = self.optimizer = self.train_dataloader = self.val_loader = self.predict_dataloader = None
         self.optimizers, self.manual_optimizers, self.manual = [], [], False  # set by fit
-        self.checkpoint_writer = CheckpointWriter()  # fsyncs and renames checkpoint files off the training thread
+        self.checkpoint_writer = CheckpointWriter()  # writes checkpoint files off the training thread
 
     # ---- entry points -------------------------------------------------------------------------------
     def fit(self, task: TaskModule, ckpt_path: str | None = None) -> dict[str, float]:
@@ -296,9 +299,7 @@ class Trainer:
                 if self.log_dir is None:  # chosen on rank 0
                     self.log_dir = self.strategy.broadcast(self.is_main and next_version_dir(self.default_root_dir))
                 self.moves_batches = self.strategy.moves_batches  # read once: the step asks it every batch
-                if self.channels_last:
-                    task.to(memory_format=torch.channels_last)
-                wrapped = self.strategy.setup_module(task)
+                wrapped = self.strategy.setup_module(prepare_module(task, self))  # meta layers, checkpointing...
                 self.model = torch.compile(wrapped) if self.compile else wrapped  # what the loop calls
                 self.precision = Precision(self.precision_name, self.strategy.device)
                 self.metrics = build_metrics(task, self.strategy.device)
@@ -395,6 +396,5 @@ class Trainer:
         load_run_state(self, state)
 
     def save_checkpoint(self, path: str, background: bool = False) -> None:
-        """Write :meth:`state_dict` atomically to ``path`` on rank 0 (every rank calls it). ``background=True``: the
-        fsync and rename finish on :attr:`checkpoint_writer`'s thread (by the next save or fit's end)."""
+        """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously with ``background``."""
         save_checkpoint(self, path, background)
