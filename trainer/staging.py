@@ -70,7 +70,8 @@ class StagingBuffers:
             buffer = self._buffers.get(key)
             if buffer is None:
                 buffer = _allocate(source.nbytes(), tensor.device.type == "cuda")
-            cuda = tensor.device.type == "cuda"
+            # Queued on this device's stream and covered by one event; a tensor on another GPU is copied at once.
+            cuda = tensor.device.type == "cuda" and tensor.device.index == torch.cuda.current_device()
             buffer.copy_(source, non_blocking=cuda)
             if cuda and self.event is None:
                 self.event = torch.cuda.Event()
