@@ -16,7 +16,8 @@ loop's or ``fit``'s return: what waiting for the last file costs. **Extra peak**
 with saves above the peak of the steps before the first save (Linux's VmHWM, reset in between). **Copy** is
 copying the same state in memory into reused buffers, measured in the same process after the loop.
 A second table times a resume of the taskfit checkpoint (``fit(ckpt_path=...)`` up to ``on_fit_start``) and a
-hand-written ``torch.load`` + ``load_state_dict``, with their peak RSS above the freshly built model.
+hand-written ``torch.load`` + ``load_state_dict``, with their peak memory above the freshly built model: anonymous
+memory (sampled every millisecond) and RSS (which also counts the page-cache pages of a mapped file).
 """
 from __future__ import annotations
 
@@ -180,11 +181,9 @@ def run_dcp(args: argparse.Namespace, folder: str, reuse: bool) -> dict[str, Any
     return hand_loop(args, folder, save, finish)
 
 
-def run_taskfit(args: argparse.Namespace, folder: str) -> dict[str, Any]:
-    from taskfit import TaskModule, Trainer
-    from taskfit.callbacks import Callback, ModelCheckpoint
-
-    model, loader = build(args)
+def as_task(model: nn.Module, loader: DataLoader) -> nn.Module:
+    """The workload as a TaskModule: the loss and optimizer of the hand-written loops."""
+    from taskfit import TaskModule
 
     class Task(TaskModule):
         def __init__(self) -> None:
@@ -203,6 +202,13 @@ def run_taskfit(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         def train_dataloader(self) -> DataLoader:
             return loader
 
+    return Task()
+
+
+def run_taskfit(args: argparse.Namespace, folder: str) -> dict[str, Any]:
+    from taskfit import Trainer
+    from taskfit.callbacks import Callback, ModelCheckpoint
+
     clock = Clock(args.every)
 
     class Tick(Callback):  # order 0: its on_train_batch_end runs before ModelCheckpoint's (order 1000) saves
@@ -216,7 +222,7 @@ def run_taskfit(args: argparse.Namespace, folder: str) -> dict[str, Any]:
     trainer = Trainer(max_steps=args.saves * args.every, callbacks=[checkpoint, Tick()], logger=False,
                       enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                       default_root_dir=folder)
-    task = Task()
+    task = as_task(*build(args))
     trainer.fit(task)
     return {**clock.result(time.perf_counter()), "checkpoint": checkpoint.last_model_path,
             **state_copy_seconds({"model": task.state_dict(), "optimizer": trainer.optimizer.state_dict()})}
@@ -268,32 +274,15 @@ def run_resume(args: argparse.Namespace, path: str, taskfit: bool) -> dict[str, 
     model, loader = build(args)
     warm = nn.Linear(2, 2)  # an optimizer's first step imports torch._dynamo (seconds): not part of a resume
     torch.optim.Adam(warm.parameters()).step()
-    base = reset_peak()
+    base, anon = reset_peak(), AnonPeak()
     if taskfit:
-        from taskfit import TaskModule, Trainer
+        from taskfit import Trainer
         from taskfit.callbacks import Callback
 
         started: list[float] = []
 
         class Restored(Exception):
             pass
-
-        class Task(TaskModule):
-            def __init__(self) -> None:
-                super().__init__()
-                self.net = model
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return self.net(x)
-
-            def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-                return F.mse_loss(outputs, targets)
-
-            def configure_optimizers(self) -> torch.optim.Optimizer:
-                return torch.optim.Adam(self.parameters(), lr=1e-4)
-
-            def train_dataloader(self) -> DataLoader:
-                return loader
 
         class Started(Callback):
             def on_fit_start(self, trainer: Any, task: Any) -> None:
@@ -305,7 +294,7 @@ def run_resume(args: argparse.Namespace, path: str, taskfit: bool) -> dict[str, 
                           accelerator="cpu", default_root_dir=os.path.dirname(path))
         start = time.perf_counter()
         try:
-            trainer.fit(Task(), ckpt_path=path)
+            trainer.fit(as_task(model, loader), ckpt_path=path)
         except Restored:
             pass
         seconds = started[0] - start
@@ -317,7 +306,31 @@ def run_resume(args: argparse.Namespace, path: str, taskfit: bool) -> dict[str, 
         optimizer.load_state_dict(ckpt["optimizer"])
         del ckpt
         seconds = time.perf_counter() - start
-    return {"seconds": seconds, "extra_peak": memory("VmHWM") - base, "after": memory("VmRSS") - base}
+    return {"seconds": seconds, "extra_peak": memory("VmHWM") - base, "after": memory("VmRSS") - base,
+            "extra_anon": anon.stop()}
+
+
+class AnonPeak:
+    """The peak of RssAnon (memory that is not a mapped file's pages) above its value at start, sampled every
+    millisecond on a thread: VmHWM also counts the page-cache pages a mapped file shows, which the kernel can drop."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.base = self.peak = memory("RssAnon")
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, memory("RssAnon"))
+            time.sleep(0.001)
+
+    def stop(self) -> int:
+        self.running = False
+        self.thread.join()
+        return max(self.peak, memory("RssAnon")) - self.base
 
 
 # ---- the parent: one process per variant, one table -----------------------------------------------------------
@@ -418,11 +431,11 @@ def main() -> None:
               f"{s['return']:.3f} | {s['extra_peak'] / 2**20:.0f} | {result['copy_warm']:.3f} | "
               f"{s['later'] / result['copy_warm']:.2f} |")
     if resumes:
-        print(f"\n| resume of the taskfit checkpoint | seconds | extra peak RSS (MiB) | RSS after, above the model "
-              f"(MiB) |\n|---|---|---|---|")
+        print(f"\n| resume of the taskfit checkpoint | seconds | peak anonymous memory above the model (MiB) | "
+              f"peak RSS above the model (MiB) | RSS after, above the model (MiB) |\n|---|---|---|---|---|")
         for name, r in resumes.items():
-            print(f"| {name[len('resume: '):]} | {r['seconds']:.3f} | {r['extra_peak'] / 2**20:.0f} | "
-                  f"{r['after'] / 2**20:.0f} |")
+            print(f"| {name[len('resume: '):]} | {r['seconds']:.3f} | {r['extra_anon'] / 2**20:.0f} | "
+                  f"{r['extra_peak'] / 2**20:.0f} | {r['after'] / 2**20:.0f} |")
 
 
 if __name__ == "__main__":
