@@ -12,8 +12,8 @@ device (no memory) that are materialised when a run sets the task up, under fsdp
   weights. Under fsdp each wrapped unit is sharded as soon as it is initialised, so a rank holds its shards plus
   one unit in full, never the whole model.
 
-:func:`prepare_module` is what the Trainer calls before the strategy wraps the task; docs/strategies.md, "Models
-that outgrow a device", has the arithmetic.
+:func:`prepare_module` is what the Trainer calls before the strategy wraps the task; docs/big-models.md has the
+measurements and the arithmetic.
 """
 from __future__ import annotations
 
