@@ -45,8 +45,9 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
 
     Returns the absolute path. Earlier background saves are finished first. ``background=True`` copies the state
     into reused host buffers now and leaves serialising, writing, fsync and rename to ``trainer.checkpoint_writer``
-    (the file is in place when the next save starts or fit returns; under fsdp through DCP's ``async_save``). Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits
-    right after a (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
+    (the file is in place when the next save starts or fit returns; under fsdp through DCP's ``async_save``).
+    Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits right after a
+    (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
     """
     if getattr(trainer, "optimizer", None) is None:
         raise CheckpointError(f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so it "

@@ -4,9 +4,9 @@ Writes go to a hidden temporary file in the same folder, are fsynced, then renam
 ``os.replace``: a process killed at any instant leaves the previous file intact, and no partial file carries a
 checkpoint's name. An asynchronous save copies the state into reused host buffers (staging.py) and leaves
 serialising, writing, fsync and rename to a :class:`CheckpointWriter` thread, off the training loop. Reads map
-the file into memory (``mmap``) instead of reading it whole, and refuse, with one clear error, a missing, unsafe, truncated or foreign file, and a checkpoint of
-another model (listing missing/unexpected keys and shape mismatches). trainer/checkpoint.py decides what goes
-into a checkpoint and how a run continues from one.
+the file (``mmap``) instead of reading it whole, and refuse, with one clear error, a missing, unsafe, truncated
+or foreign file, and a checkpoint of another model (listing missing/unexpected keys and shape mismatches).
+trainer/checkpoint.py decides what goes into a checkpoint and how a run continues from one.
 """
 from __future__ import annotations
 
