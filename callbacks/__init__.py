@@ -14,9 +14,11 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "ModelCheckpoint": ".checkpoint",
     "TensorBoardLogger": ".tensorboard",
     "EarlyStopping": ".early_stopping",
+    "EarlyStoppingReason": ".early_stopping",
     "LearningRateMonitor": ".lr_monitor",
     "ThroughputMonitor": ".throughput",
     "PredictionWriter": ".prediction_writer",
+    "BasePredictionWriter": ".prediction_writer",
     "CSVLogger": ".csv_logger",
     "MLFlowLogger": ".mlflow_logger",
 }

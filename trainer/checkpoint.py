@@ -40,8 +40,10 @@ __all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "resolve
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool = False) -> str:
+def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool = False,
+                    weights_only: bool = False) -> str:
     """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
+    ``weights_only``: the module's weights, counters and what describes the run; no optimizer, RNG or data state.
 
     Returns the absolute path. Earlier background saves are finished first. ``background=True`` copies the state
     into reused host buffers now and leaves serialising, writing, fsync and rename to ``trainer.checkpoint_writer``
@@ -58,7 +60,11 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     _check_losses(trainer, path)
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
-    state = trainer.state_dict()  # on every rank: the RNG states are gathered
+    if weights_only:
+        state = {"module": trainer.strategy.module_state_dict(trainer.model),
+                 "loop": {"state": trainer.state.state_dict()}}
+    else:
+        state = trainer.state_dict()  # on every rank: the RNG states are gathered
     if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
         save_sharded(trainer.strategy, _contents(trainer, state), path, writer if background else None)
     elif trainer.is_main:
@@ -159,6 +165,11 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
     """Continue ``trainer`` exactly where the checkpoint left it (called by fit after setup, before on_fit_start)."""
     path = resolve(trainer, ckpt_path)
     ckpt = dict(load_checkpoint(path))
+    if "optimizer" not in ckpt:
+        raise CheckpointError(f"{path} holds only weights (ModelCheckpoint(save_weights_only=True)), not a training "
+                              "state to resume.", "resume from a full checkpoint (the last.ckpt a preemption signal "
+                              "writes is one), or start a new fit from these weights with "
+                              "TaskModule.load_from_checkpoint(path).")
     ckpt["module"] = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
     if len(ckpt["schedulers"]) != len(trainer.schedulers):
         raise CheckpointError(

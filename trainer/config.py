@@ -78,15 +78,20 @@ class TrainerConf:
 class ModelCheckpointConf:
     _target_: str = "taskfit.callbacks.ModelCheckpoint"
     dirpath: Optional[str] = None
-    filename: str = "{epoch}-{step}"
+    filename: Optional[str] = "{epoch}-{step}"
     monitor: Optional[str] = None
-    mode: str = "min"
+    verbose: bool = False
+    save_last: Optional[bool] = True
     save_top_k: int = 1
-    save_last: bool = True
+    save_on_exception: bool = False
+    save_weights_only: bool = False
+    mode: str = "min"
+    auto_insert_metric_name: bool = True
     every_n_train_steps: Optional[int] = None
-    every_n_epochs: Optional[int] = 1
     train_time_interval: Optional[float] = None
+    every_n_epochs: Optional[int] = None
     save_on_train_epoch_end: Optional[bool] = None
+    enable_version_counter: bool = True
     min_epoch_interval: float = 1.0
 
 
@@ -94,13 +99,16 @@ class ModelCheckpointConf:
 class EarlyStoppingConf:
     _target_: str = "taskfit.callbacks.EarlyStopping"
     monitor: str = "val/loss"
-    mode: str = "min"
-    patience: int = 3
     min_delta: float = 0.0
+    patience: int = 3
+    verbose: bool = False
+    mode: str = "min"
+    strict: bool = True
     check_finite: bool = True
     stopping_threshold: Optional[float] = None
     divergence_threshold: Optional[float] = None
-    verbose: bool = True
+    check_on_train_epoch_end: Optional[bool] = None
+    log_rank_zero_only: bool = False
 
 
 @dataclass
