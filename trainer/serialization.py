@@ -109,16 +109,12 @@ def remove_files(paths: list[str]) -> None:
 
 
 class CheckpointWriter:
-    """Writes checkpoint files on one background thread, in the order they were submitted.
-
-    :meth:`save` is the asynchronous save: the training thread copies the checkpoint's tensors into staging
-    buffers that are reused from one save to the next (staging.py), and this thread serialises that copy,
-    writes it, fsyncs it and renames it into place while training goes on. What else only waits for the disk
-    (a hard link, removing old files) is :meth:`submit`-ted behind it. :meth:`wait` joins that work and
-    re-raises its first error; the Trainer calls it before every checkpoint save and before fit returns, so a
-    file is never renamed over a newer one, the buffers are free again when the next save fills them, and
-    ``fit`` returns with every file in place. :meth:`close` also lets the buffers go.
-    """
+    """Writes checkpoint files on one background thread, in the order they were submitted: :meth:`save` (the
+    asynchronous save: the caller's thread copies the tensors into reused staging buffers, this thread serialises,
+    writes, fsyncs and renames the copy), then what else waits for the disk (a link, removing old files).
+    :meth:`wait` joins that work and re-raises its first error; the Trainer calls it before every save and before
+    fit returns, so a file is never renamed over a newer one, the buffers are free when the next save fills them,
+    and ``fit`` returns with every file in place. :meth:`close` also lets the buffers go."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
@@ -270,10 +266,7 @@ def check_plain(obj: Any, where: str) -> None:
 # ---- reading --------------------------------------------------------------------------------------------
 def load_file(path: str) -> Any:
     """``torch.load(path, weights_only=True, mmap=True)`` with one clear error for a missing, unsafe or damaged file.
-
-    The tensors are mapped from the file, not read into memory: loading weights into a model copies them once,
-    from the page cache, instead of holding the file's contents beside the model (a file of the old, non-zip
-    format is read whole)."""
+    Mapped, not read: weights are copied once, from the page cache, into a model (an old non-zip file: read whole)."""
     if not os.path.exists(path):
         raise CheckpointError(f"Checkpoint {path} does not exist.",
                               "check the path (it is relative to the working directory), or pass "
@@ -326,11 +319,9 @@ def _reason(exc: BaseException) -> str:
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
-    """Load a taskfit checkpoint (a full training state), refusing a newer format or a bare state dict.
-
-    The weights (``module``) stay mapped from the file (a resume copies them into the model's parameters); every
-    other tensor, which a resume keeps (optimizer states, logged values), is copied into memory, so that nothing
-    the run goes on using depends on the file (which the next save may replace)."""
+    """Load a taskfit checkpoint (a full training state), refusing a newer format or a bare state dict. The weights
+    stay mapped (a resume copies them into the parameters); what a resume keeps (optimizer states, logged values)
+    is copied into memory, so that nothing the run uses depends on the file (the next save may replace it)."""
     ckpt = load_file(path)
     if not isinstance(ckpt, Mapping) or ckpt.get("format") != FORMAT:
         raise CheckpointError(
