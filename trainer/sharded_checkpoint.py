@@ -89,7 +89,7 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
                 _complete(tmp, path, skeleton, strategy.world_size)
             return
         stager = writer.kept("dcp stager", _stager, lambda stager: stager.close())
-        group = None if no_dist else writer.kept("dcp group", _checkpoint_group)
+        group = None if no_dist else writer.kept("dcp group", _checkpoint_group, _destroy_group)
         future = _dcp_call(lambda: dcp.async_save(tensors, storage_writer=storage, process_group=group,
                                                   async_stager=stager, no_dist=no_dist), path)
         writer.submit(_finish_async, future, tmp, path, skeleton if strategy.is_main else None, strategy.world_size)
@@ -148,6 +148,14 @@ def _checkpoint_group() -> Any:
     import torch.distributed as dist
 
     return dist.new_group(backend="gloo")  # every rank creates it at its first asynchronous save, together
+
+
+def _destroy_group(group: Any) -> None:
+    """At the end of fit (a process may run several, under torchrun): the group's sockets go with it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group(group)
 
 
 def _cause(exc: BaseException) -> BaseException:
