@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -165,6 +166,7 @@ def run_fsdp_init(args: argparse.Namespace, empty: bool, width: int, out: str) -
     for r in (0, 1):
         with open(os.path.join(folder, f"rank{r}.json")) as fh:
             ranks.append(json.load(fh))
+    shutil.rmtree(folder, ignore_errors=True)
     return {"built": built, "parent": memory("VmHWM"), "setup": [r["setup"] for r in ranks],
             "end": [r["end"] for r in ranks], "params": sum(p.numel() * p.element_size() for p in task.parameters())}
 
@@ -181,34 +183,8 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--depth", type=int, default=8, help="MLP blocks (default 8)")
-    parser.add_argument("--width", type=int, default=256, help="block width (default 256; hidden 4x)")
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens per step (default 4096)")
-    parser.add_argument("--steps", type=int, default=6, help="training steps (default 6)")
-    parser.add_argument("--fsdp-depth", type=int, default=8, help="Linear layers of the fsdp model (default 8)")
-    parser.add_argument("--fsdp-width", type=int, default=5792, help="their width (default 5792: 1.07 GB fp32)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.quick:
-        args.depth, args.width, args.tokens, args.steps, args.fsdp_depth, args.fsdp_width = 2, 16, 64, 4, 2, 64
-    if args.worker:
-        return worker(args)
-    common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-              ("depth", "width", "tokens", "steps", "fsdp_depth", "fsdp_width", "threads")]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MALLOC_MMAP_THRESHOLD_="131072")
-    scratch = tempfile.mkdtemp(prefix="model-memory-")
-
-    def run(variant: str, out: str = "") -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), f"--worker={variant}", f"--out={out}",
-                               *common], env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+def tables(args: argparse.Namespace, run: Any, scratch: str) -> None:
+    """Both tables: each variant run in its own process by ``run``; weights compared from ``scratch``."""
 
     def diff(a: str, b: str) -> float:
         x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
@@ -250,6 +226,41 @@ def main() -> None:
     print("\nAt the end of a spawned fit rank 0 gathers the full weights and the launcher receives them (the task in "
           "your script holds the trained weights): the whole-fit columns include that copy; under torchrun there is "
           "no launcher and no gather.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depth", type=int, default=8, help="MLP blocks (default 8)")
+    parser.add_argument("--width", type=int, default=256, help="block width (default 256; hidden 4x)")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per step (default 4096)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps (default 6)")
+    parser.add_argument("--fsdp-depth", type=int, default=8, help="Linear layers of the fsdp model (default 8)")
+    parser.add_argument("--fsdp-width", type=int, default=5792, help="their width (default 5792: 1.07 GB fp32)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.depth, args.width, args.tokens, args.steps, args.fsdp_depth, args.fsdp_width = 2, 16, 64, 4, 2, 64
+    if args.worker:
+        return worker(args)
+    common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
+              ("depth", "width", "tokens", "steps", "fsdp_depth", "fsdp_width", "threads")]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MALLOC_MMAP_THRESHOLD_="131072")
+    scratch = tempfile.mkdtemp(prefix="model-memory-")
+
+    def run(variant: str, out: str = "") -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), f"--worker={variant}", f"--out={out}",
+                               *common], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    try:
+        tables(args, run, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
