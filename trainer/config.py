@@ -41,7 +41,9 @@ class TrainerConf:
 
     _target_: str = "taskfit.Trainer"
     max_epochs: Optional[int] = None
+    min_epochs: Optional[int] = None
     max_steps: Optional[int] = None
+    min_steps: Optional[int] = None
     accelerator: str = "auto"
     devices: Any = "auto"
     strategy: Any = "auto"
