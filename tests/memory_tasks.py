@@ -82,3 +82,17 @@ class ScaledTask(BlocksTask):
     def __init__(self) -> None:
         super().__init__(depth=1, width=4)
         self.scaled = Scaled()
+
+
+class ConfiguredTask(BlocksTask):
+    """Lightning's ``configure_model``: the blocks are built when the run sets the task up, empty when asked to."""
+
+    def __init__(self, empty: bool = False) -> None:
+        super().__init__(depth=0)
+        self.empty = empty
+
+    def configure_model(self) -> None:
+        if len(self.blocks):
+            return
+        with self.trainer.init_module(empty_init=self.empty):
+            self.blocks.extend(Block(16) for _ in range(3))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from memory_tasks import AttentionTask, Block, BlocksTask, ScaledTask
+from memory_tasks import AttentionTask, Block, BlocksTask, ConfiguredTask, ScaledTask
 from tasks import same_state
 from torch import nn
 
@@ -92,13 +92,30 @@ def test_materialised_weights_are_the_eager_ones_for_torch_s_own_layers():
 
     seed_everything(0)
     eager = AttentionTask()
-    seed_everything(0)
-    with Trainer(**QUIET).init_module(empty_init=True):
-        empty = AttentionTask()
-    before = torch.get_rng_state()
-    materialize(empty)
-    assert torch.equal(torch.get_rng_state(), before)  # the caller's random stream is left where it was
-    assert same_state(dict(empty.state_dict()), dict(eager.state_dict()))
+    after_eager = torch.get_rng_state()
+    for draw_in_between in (False, True):
+        seed_everything(0)
+        with Trainer(**QUIET).init_module(empty_init=True):
+            empty = AttentionTask()
+        if draw_in_between:
+            torch.rand(3)  # (or a seed set): the stream is the caller's, and stays where it is
+        before = torch.get_rng_state()
+        materialize(empty)
+        assert same_state(dict(empty.state_dict()), dict(eager.state_dict()))
+        # nothing drawn since the with block: the stream goes on where the eager build left it
+        assert torch.equal(torch.get_rng_state(), before if draw_in_between else after_eager)
+
+
+def test_layers_built_empty_in_configure_model_train_what_an_eager_configure_model_trains():
+    def fit(empty: bool) -> ConfiguredTask:
+        seed_everything(0)
+        task = ConfiguredTask(empty)
+        Trainer(max_steps=4, seed=1, **QUIET).fit(task)
+        return task
+
+    eager, empty = fit(False), fit(True)
+    assert len(empty.blocks) == 3 and not any(t.is_meta for t in empty.parameters())
+    assert _max_diff(empty.state_dict(), eager.state_dict()) <= 1e-6
 
 
 def test_a_layer_without_reset_parameters_cannot_be_built_empty():

@@ -155,7 +155,8 @@ def has_meta(module: nn.Module) -> bool:
 def materialize(root: nn.Module, on_done: Callable[[nn.Module], None] | None = None) -> None:
     """Give every meta parameter and buffer of ``root`` CPU memory and initialise it with its module's
     ``reset_parameters()``, children before their parent (the order of an eager construction), with the random
-    numbers drawn from the state ``init_module`` began with (the caller's random state is left as it was).
+    numbers drawn from the state ``init_module`` began with. If nothing has drawn random numbers since, the random
+    stream is left where an eager build would have left it; otherwise (a seed set since) as it was.
     ``on_done(module)`` is called after each module's subtree is done (fsdp shards a unit there)."""
     states = [m.__dict__.pop(_RNG) for m in root.modules() if _RNG in m.__dict__]
     # Tied parameters stay tied: a meta tensor seen again gets the same tensor, held weakly (fsdp frees a unit's
@@ -191,10 +192,15 @@ def materialize(root: nn.Module, on_done: Callable[[nn.Module], None] | None = N
         if on_done is not None:
             on_done(module)
 
-    with torch.random.fork_rng(devices=[]):
-        if states:
-            torch.set_rng_state(states[0])
+    caller = torch.get_rng_state()
+    untouched = bool(states) and torch.equal(caller, states[0])  # no random number drawn since the with block
+    if states:
+        torch.set_rng_state(states[0])
+    try:
         visit(root)
+    finally:
+        if not untouched:  # else the stream goes on where an eager build would have left it
+            torch.set_rng_state(caller)
 
 
 def _own_tensors(module: nn.Module, recurse: bool, named: bool = False) -> Iterator[Any]:
