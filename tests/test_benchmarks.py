@@ -84,3 +84,24 @@ def test_tuning_benchmark_prices_averaging_and_the_profiler():
     assert re.search(r"\d+\.\d us per update", rows["EMAWeightAveraging (every step)"]), out
     accounted = re.search(r"table accounts for ([\d.]+)% of trainer.fit's wall time", out)
     assert accounted and 0 < float(accounted.group(1)) <= 100.5, out
+
+
+def test_checkpoint_stall_prints_one_row_per_variant_and_the_resume_table():
+    out = _run("benchmarks/checkpoint_stall.py", "--quick")
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    variants = ["torch.save", "dcp async_save", "dcp async_save, reused stager", "taskfit"]
+    assert rows[:5] == ["variant", *variants], out
+    table = [line for line in out.splitlines() if line.startswith("| taskfit |")][0]
+    cells = [cell.strip() for cell in table.strip("|").split("|")]
+    assert len(cells) == 9 and all(float(c) == float(c) for c in cells[1:5]), table  # numbers, not NaN
+    assert ("| lightning |" in out) != ("Lightning is not installed" in out), out  # a row, or why there is none
+    assert "| taskfit | " in out.split("resume of the taskfit checkpoint")[1] and "| torch.load |" in out, out
+
+
+def test_model_memory_compares_with_and_without_each_feature_on_the_same_weights():
+    out = _run("benchmarks/model_memory.py", "--quick")
+    ac = [line for line in out.splitlines() if line.startswith("| None |") or line.startswith("| {Block} |")]
+    meta = [line for line in out.splitlines() if line.startswith("| eager |") or line.startswith("| init_module")]
+    assert len(ac) == 2 and len(meta) == 2, out
+    assert float(ac[1].rstrip(" |").rsplit("|", 1)[-1]) <= 1e-6, out  # checkpointing trains the same weights
+    assert float(meta[1].rstrip(" |").rsplit("|", 1)[-1]) <= 1e-6, out  # so does the empty build under fsdp

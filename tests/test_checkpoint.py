@@ -387,15 +387,7 @@ class Threads(Callback):
         self.names.append({t.name.split("_")[0] for t in threading.enumerate()})
 
 
-# Small checkpoints are serialised into memory and written by the writer thread; large ones are streamed to
-# their file first and only fsynced and renamed there. IN_MEMORY_BYTES=0 makes every checkpoint "large".
-BOTH_WAYS = pytest.mark.parametrize("in_memory_bytes", [8 * 2**20, 0], ids=["in memory", "streamed"])
-
-
-@BOTH_WAYS
-def test_files_are_finished_on_a_background_thread_and_in_place_when_fit_returns(tmp_path, monkeypatch,
-                                                                                 in_memory_bytes):
-    monkeypatch.setattr("taskfit.checkpoint.IN_MEMORY_BYTES", in_memory_bytes)
+def test_files_are_written_on_a_background_thread_and_in_place_when_fit_returns(tmp_path):
     threads = Threads()
     cb = ModelCheckpoint(save_top_k=-1, filename="{epoch}")
     _trainer(tmp_path, max_epochs=3, callbacks=[cb, threads]).fit(_task())
@@ -407,10 +399,7 @@ def test_files_are_finished_on_a_background_thread_and_in_place_when_fit_returns
     assert [(s["epoch"], s["epoch_done"]) for s in states] == [(0, True), (1, True), (2, True)]
 
 
-@BOTH_WAYS
-def test_a_failed_background_write_is_reported_and_the_previous_file_is_intact(tmp_path, monkeypatch,
-                                                                              in_memory_bytes):
-    monkeypatch.setattr("taskfit.checkpoint.IN_MEMORY_BYTES", in_memory_bytes)
+def test_a_failed_background_write_is_reported_and_the_previous_file_is_intact(tmp_path):
     folder = tmp_path / "ckpts"
     (folder / "last.ckpt").mkdir(parents=True)  # something else sits at the name: the rename must fail
     cb = ModelCheckpoint(dirpath=folder, save_top_k=-1, every_n_train_steps=2, every_n_epochs=None, filename="{step}")

@@ -23,7 +23,7 @@ from .data import ResumableSampler, data_position, finite, restore_position, sta
 from .errors import CheckpointError, NonFiniteLossError
 from .init_args import plain_hparams
 from .optim import check_optimizer_state, lr_course
-from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
+from .serialization import (FORMAT, FORMAT_VERSION, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
 from .sharded_checkpoint import checkpoint_exists, is_sharded, meta_entries, read_shards, save_sharded
@@ -46,10 +46,11 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
     ``weights_only``: the module's weights, counters and what describes the run; no optimizer, RNG or data state.
 
-    Returns the absolute path. Earlier background saves are finished first. ``background=True`` serialises now
-    and leaves the fsync and rename to ``trainer.checkpoint_writer`` (the file is in place when the next save
-    starts or fit returns). Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits
-    right after a (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
+    Returns the absolute path. Earlier background saves are finished first. ``background=True`` copies the state
+    into reused host buffers now and leaves serialising, writing, fsync and rename to ``trainer.checkpoint_writer``
+    (the file is in place when the next save starts or fit returns; under fsdp through DCP's ``async_save``).
+    Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits right after a
+    (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
     """
     if getattr(trainer, "optimizer", None) is None:
         raise CheckpointError(f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so it "
@@ -72,8 +73,8 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
         save_sharded(trainer.strategy, checkpoint, path, writer if background else None)
     elif trainer.is_main:
-        size = check_plain(checkpoint, "checkpoint")
-        atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
+        check_plain(checkpoint, "checkpoint")
+        atomic_save(checkpoint, path, writer if background else None)
     trainer.strategy.barrier()
     return path
 

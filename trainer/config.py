@@ -74,6 +74,7 @@ class TrainerConf:
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     preempt_exit_code: Optional[int] = None
     profiler: Optional[str] = None
+    activation_checkpointing: Any = None
 
 
 @dataclass

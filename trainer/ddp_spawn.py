@@ -27,6 +27,7 @@ from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 
 from .errors import MisconfigurationError
+from .model_memory import has_meta
 from .seed import current_seed, seed_everything
 
 if TYPE_CHECKING:
@@ -166,8 +167,8 @@ def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...], weights: dict[str, 
 def _restore(fn: Callable[..., Any], args: tuple[Any, ...], snapshot: dict[str, Any]) -> None:
     trainer = getattr(fn, "__self__", None)
     task = next((a for a in args if isinstance(a, nn.Module)), None)
-    if task is not None and "weights" in snapshot:
-        task.load_state_dict(snapshot["weights"])
+    if task is not None and "weights" in snapshot:  # (a task built on the meta device takes the tensors as they are)
+        task.load_state_dict(snapshot["weights"], assign=has_meta(task))
     if trainer is not None and "state" in snapshot:
         trainer.state = type(trainer.state)(**snapshot["state"])
         trainer.log_dir = snapshot["log_dir"]

@@ -23,11 +23,11 @@ class PassThroughProfiler:
         """Nothing to report."""
 
 
-def profiler_for(profiler: Any, callbacks: list[Callback]) -> Any:
-    """``Trainer(profiler=...)``: None -> a pass-through (nothing added), ``"simple"``/``"torch"`` or a profiler
-    instance -> added to ``callbacks`` (first in order) and returned, as ``trainer.profiler``."""
+def profiler_for(profiler: Any, callbacks: list[Callback]) -> tuple[list[Callback], Any]:
+    """``Trainer(profiler=...)``: the callbacks and ``trainer.profiler``. None: the callbacks as they are and a
+    pass-through; ``"simple"``/``"torch"`` or a profiler instance: the profiler first among the callbacks."""
     if profiler is None or profiler is False:
-        return PassThroughProfiler()
+        return callbacks, PassThroughProfiler()
     if isinstance(profiler, str):
         if profiler not in ("simple", "torch", "pytorch"):
             raise MisconfigurationError(
@@ -44,6 +44,4 @@ def profiler_for(profiler: Any, callbacks: list[Callback]) -> Any:
     if not isinstance(profiler, SimpleProfiler):
         raise MisconfigurationError(f"Trainer(profiler=...) got {type(profiler).__name__}.",
                                     'pass "simple", "torch", or a SimpleProfiler/PyTorchProfiler instance.')
-    if not any(cb is profiler for cb in callbacks):
-        callbacks.insert(0, profiler)
-    return profiler
+    return ([profiler] if not any(cb is profiler for cb in callbacks) else []) + list(callbacks), profiler

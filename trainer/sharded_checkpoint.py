@@ -63,7 +63,10 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
     """Write ``contents`` as a sharded checkpoint directory at ``path`` (every rank calls it; each writes its shards).
 
     Rank 0 writes the rest and, after every shard is on disk, the completion marker, then renames the directory
-    into place (on ``writer``'s thread when given).
+    into place. With ``writer``, through DCP's ``async_save``: each rank's shards are copied now into staging
+    buffers that the writer keeps from one save to the next (DCP's ``DefaultStager``), and written, fsynced,
+    completed and renamed on the writer's thread (DCP's collectives there use a gloo group of their own, so they
+    never interleave with the training's).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -74,29 +77,85 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
     tmp = strategy.broadcast(tmp)
+    storage = dcp.FileSystemWriter(tmp, sync_files=True)
+    no_dist = strategy.world_size == 1 and not _distributed()
     try:
-        try:
+        if writer is None:
             with warnings.catch_warnings():  # one process without a group: "assuming ... a single process", yes
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
-                         no_dist=strategy.world_size == 1 and not _distributed())
-        except BaseException as exc:  # DCP wraps each rank's error (a full disk: OSError) in a CheckpointException
-            cause = _cause(exc)
-            if isinstance(cause, OSError):
-                raise _write_error(path, cause) from None
-            raise
-        strategy.barrier()  # every rank's shards are on disk
-        if strategy.is_main:
-            atomic_save(skeleton, os.path.join(tmp, STATE_FILE))
-            _write_marker(tmp, strategy.world_size)
-            if writer is None:
-                publish(tmp, path)
-            else:
-                writer.submit(publish, tmp, path)
+                _dcp_call(lambda: dcp.save(tensors, storage_writer=storage, no_dist=no_dist), path)
+            strategy.barrier()  # every rank's shards are on disk
+            if strategy.is_main:
+                _complete(tmp, path, skeleton, strategy.world_size)
+            return
+        stager = writer.kept("dcp stager", _stager, lambda stager: stager.close())
+        group = None if no_dist else writer.kept("dcp group", _checkpoint_group, _destroy_group)
+        future = _dcp_call(lambda: dcp.async_save(tensors, storage_writer=storage, process_group=group,
+                                                  async_stager=stager, no_dist=no_dist), path)
+        writer.submit(_finish_async, future, tmp, path, skeleton if strategy.is_main else None, strategy.world_size)
     except BaseException:
         if strategy.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _finish_async(future: Any, tmp: str, path: str, skeleton: dict[str, Any] | None, world_size: int) -> None:
+    """On the writer's thread: wait for this rank's shards (on rank 0, DCP's future completes once every rank's
+    are written and the index is too), then rank 0 (``skeleton`` given) completes the directory and renames it."""
+    try:
+        _dcp_call(future.result, path)
+        if skeleton is not None:
+            _complete(tmp, path, skeleton, world_size)
+    except BaseException:
+        if skeleton is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _complete(tmp: str, path: str, skeleton: dict[str, Any], world_size: int) -> None:
+    atomic_save(skeleton, os.path.join(tmp, STATE_FILE))
+    _write_marker(tmp, world_size)
+    publish(tmp, path)
+
+
+def _dcp_call(fn: Any, path: str) -> Any:
+    """``fn()``; DCP wraps each rank's error in a CheckpointException: one clear error naming the first. A full
+    disk is an OSError, or (DCP writes through torch's zip writer) a RuntimeError about a file position: the free
+    space is then part of the message."""
+    try:
+        return fn()
+    except BaseException as exc:
+        cause = _cause(exc)
+        if isinstance(cause, OSError):
+            raise _write_error(path, cause) from None
+        if isinstance(cause, Exception) and not isinstance(cause, CheckpointError):
+            reason = " ".join(str(cause).split())[:200]
+            free = shutil.disk_usage(os.path.dirname(path)).free
+            raise _write_error(path, RuntimeError(f"{type(cause).__name__}: {reason}; {free} bytes free on its "
+                                                  "file system")) from None
+        raise
+
+
+def _stager() -> Any:
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()  # pinned buffers (page-locked exactly, not rounded up) where a GPU copies
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=False))
+
+
+def _checkpoint_group() -> Any:
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")  # every rank creates it at its first asynchronous save, together
+
+
+def _destroy_group(group: Any) -> None:
+    """At the end of fit (a process may run several, under torchrun): the group's sockets go with it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group(group)
 
 
 def _cause(exc: BaseException) -> BaseException:
