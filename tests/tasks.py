@@ -135,6 +135,18 @@ class SignalAt(Callback):
             os.kill(self.pid, self.signum)
 
 
+class SlowSteps(Callback):
+    """Every training step takes ``seconds`` more (a big model's step), on every rank."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+
 # ---- for the checkpoint and resume tests: checkpoints on, everything else that prints or logs off ----------
 CHECKPOINTING = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
 

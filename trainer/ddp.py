@@ -86,6 +86,7 @@ class DDPStrategy(Strategy):
                                         "start one process per GPU: torchrun --nproc-per-node=<number of GPUs>.")
         self._init_method = "env://"
         self._owns_group = False
+        self._flag_group: Any = None  # a gloo group of its own for exchange_flags (created on first use)
         self.place(self.local_rank)
 
     def place(self, local_rank: int) -> None:
@@ -136,6 +137,7 @@ class DDPStrategy(Strategy):
             self.barrier()
             dist.destroy_process_group()
         self._owns_group = False
+        self._flag_group = None  # destroyed with the default group
 
     # ---- the module -------------------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -168,6 +170,15 @@ class DDPStrategy(Strategy):
         out = tensor.clone()  # out of place: the caller's tensor is left as it was
         dist.all_reduce(out, op=_OPS[op])
         return out / self.world_size if op == "mean" else out
+
+    def exchange_flags(self, flags: torch.Tensor) -> Any:
+        """Start an all-reduce (max) of ``flags`` (a small CPU tensor, reduced in place) and return at once with
+        the work; ``work.wait()`` gives the result. On a gloo group of its own (also under nccl): the work runs on
+        gloo's threads, never waits behind DDP's gradient buckets, and reading the result is no device sync.
+        Every rank must call it as many times, in the same order (preemption.py: once per optimizer step)."""
+        if self._flag_group is None:  # every rank gets here at the same step: new_group is a collective
+            self._flag_group = dist.new_group(backend="gloo")
+        return dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._flag_group, async_op=True)
 
     def average_gradients(self, params: list[torch.Tensor]) -> None:
         """Manual optimization's gradient sync (DDP's hooks are not armed there): one all-reduce of the

@@ -1,8 +1,12 @@
 """Preemption: a signal (SIGTERM, SIGUSR1...) becomes a flag; the loop saves at the next step boundary and exits.
 
 The handler only records the signal. The loop asks :attr:`Preemption.requested` between epochs and
-:meth:`Preemption.should_break` after each optimizer step; under ddp every rank must stop at the same step, so
-the flags are agreed with one tiny all-reduce per log interval, validation and epoch (:meth:`Preemption.agree`).
+:meth:`Preemption.should_break` after each optimizer step. Under ddp every rank must stop at the same step, and a
+scheduler's grace period (30 s) must not wait for a log interval of slow steps: after each optimizer step every
+rank starts an all-reduce of its flags without waiting for it (gloo threads do the work) and reads the result of
+the previous step's, finished by then, so the ranks agree on a signal one or two steps after it arrives with no
+blocking collective per step. The log interval, validation and the epoch end agree with a blocking one
+(:meth:`Preemption.agree`). One process pays nothing of this.
 """
 from __future__ import annotations
 
@@ -55,6 +59,8 @@ class Preemption:
         self.agreed = False  # ddp: every rank knows of a signal, so all of them save together
         self.stop_agreed = False  # ddp: every rank knows of a stop (should_stop or a signal)
         self._previous: dict[int, Any] = {}
+        self._flags = torch.zeros(2)  # ddp: [should_stop, signal number], all-reduced in place once per optimizer step
+        self._work: Any = None  # ... and that all-reduce, in flight until the next step reads it
         if install and threading.current_thread() is threading.main_thread():
             for name in names:
                 signum = getattr(signal, name, None)
@@ -82,20 +88,34 @@ class Preemption:
     def should_break(self, state: TrainerState) -> bool:
         """Leave the epoch after this optimizer step: a stop or a signal (under ddp: agreed by every rank)."""
         if self.strategy.world_size > 1:
+            self._exchange(state)
             return self.stop_agreed
         return state.should_stop or self.signum is not None
+
+    def _exchange(self, state: TrainerState) -> None:
+        """ddp, after every optimizer step: take the flags every rank had one step ago (that all-reduce has had a
+        whole step to finish: ``wait`` returns at once) and start the all-reduce of this step's."""
+        if self._work is not None:
+            self._work.wait()
+            self._absorb(state, *self._flags.tolist())
+        self._flags[0], self._flags[1] = float(state.should_stop), float(self.signum or 0)
+        self._work = self.strategy.exchange_flags(self._flags)
+
+    def _absorb(self, state: TrainerState, stop: float, signalled: float) -> None:
+        """Some rank wanted to stop, or got a signal: now every rank knows it (each reads the same reduced flags;
+        of several signals, the highest number: SIGTERM over SIGUSR1 over SIGINT)."""
+        state.should_stop = state.should_stop or bool(stop)
+        if signalled:
+            self.signum = max(self.signum or 0, int(signalled))
+        self.agreed = self.agreed or bool(signalled)
+        self.stop_agreed = self.stop_agreed or bool(stop or signalled)
 
     def agree(self, state: TrainerState) -> None:
         """Under ddp, make every rank agree on ``should_stop`` and a signal: one tiny all-reduce."""
         if self.strategy.world_size == 1:
             return
-        flags = torch.tensor([float(state.should_stop), float(self.signum is not None)], device=self.strategy.device)
-        stop, signalled = self.strategy.all_reduce(flags, op="max").tolist()
-        state.should_stop = state.should_stop or bool(stop)
-        if signalled and self.signum is None:
-            self.signum = signal.SIGTERM
-        self.agreed = bool(signalled)
-        self.stop_agreed = bool(stop or signalled)
+        flags = torch.tensor([float(state.should_stop), float(self.signum or 0)], device=self.strategy.device)
+        self._absorb(state, *self.strategy.all_reduce(flags, op="max").tolist())
 
 
 def preempt(trainer: Trainer) -> None:
