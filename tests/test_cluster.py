@@ -74,3 +74,68 @@ def test_ddp_ranks_agree_on_a_signal_within_two_steps_of_slow_steps(tmp_path):
     (last,) = tmp_path.rglob("last.ckpt")
     state = torch.load(last, weights_only=True)["loop"]["state"]
     assert 2 < state["global_step"] <= 4, state  # the signal came after step 2
+
+
+# ---- the self-launching parent of ddp/fsdp killed: its workers stop at once -------------------------------------
+LAUNCHER_KILLED = """
+import os, signal, sys, time
+from tasks import RegressionTask
+from taskfit import Trainer
+from taskfit.callbacks import Callback, ModelCheckpoint
+
+
+class Trace(Callback):  # every rank: its pid once, then each step it finishes; rank 0 kills the launcher at step 3
+    def __init__(self, out, launcher):
+        self.out, self.launcher = out, launcher
+
+    def on_fit_start(self, trainer, task):
+        with open(os.path.join(self.out, f"pid{{trainer.strategy.rank}}"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx):
+        time.sleep(0.3)
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        with open(os.path.join(self.out, "steps"), "a") as fh:
+            fh.write(f"{{trainer.strategy.rank}} {{trainer.state.global_step}}\\n")
+        if trainer.strategy.rank == 0 and trainer.state.global_step == 3:
+            os.kill(self.launcher, signal.SIGKILL)  # the out-of-memory killer picks the launcher
+
+
+if __name__ == "__main__":
+    Trainer(max_epochs=4, strategy={strategy!r}, devices=2, accelerator="cpu", default_root_dir={root!r},
+            logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            callbacks=[ModelCheckpoint(every_n_train_steps=1, save_top_k=-1), Trace({out!r}, os.getpid())]).fit(
+        RegressionTask(n=64))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_workers_stop_at_once_when_their_launcher_is_killed(tmp_path, strategy):
+    """3/3 workers used to train on to the end and write checkpoints; now they stop within the step they were in
+    and write nothing more. 16 steps of 0.3 s would follow the kill at step 3."""
+    script = tmp_path / "train.py"
+    script.write_text(LAUNCHER_KILLED.format(strategy=strategy, root=str(tmp_path / "runs"), out=str(tmp_path)))
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    pids = [int((tmp_path / f"pid{rank}").read_text()) for rank in (0, 1)]
+    import time
+
+    deadline = time.monotonic() + 60  # only catches workers that never stop
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "a worker outlived its launcher"
+    steps = [tuple(map(int, line.split())) for line in (tmp_path / "steps").read_text().splitlines()]
+    assert max(step for _, step in steps) <= 4, steps  # no rank trained on (each step is >= 0.3 s)
+    saved = [torch.load(p / "checkpoint.pt" if p.is_dir() else p, weights_only=True)["loop"]["state"]["global_step"]
+             for p in (tmp_path / "runs").rglob("*.ckpt")]
+    assert saved and max(saved) <= 3, saved  # nothing written after the kill
