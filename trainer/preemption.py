@@ -15,12 +15,14 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .checkpoint import save_checkpoint
+from .cluster import requeue_job, slurm_job_id
 from .console import echo
 from .errors import MisconfigurationError
 from .serialization import LAST
@@ -48,6 +50,25 @@ def normalize_signals(names: Any) -> tuple[str, ...]:
                 "SIGSTOP cannot be caught. Pass () to turn preemption checkpoints off.")
         out.append(full)
     return tuple(out)
+
+
+def requeue_setting(requeue: Any, signals: Sequence[str]) -> bool:
+    """``Trainer(requeue=...)``: whether a SIGUSR1 also requeues the SLURM job (``scontrol requeue``) after its
+    checkpoint. None: yes in a SLURM batch job (as Lightning's SLURMEnvironment(auto_requeue=True)), else no."""
+    if requeue is not None and not isinstance(requeue, bool):
+        raise MisconfigurationError(f"Trainer(requeue={requeue!r}) is not valid.",
+                                    "pass True (requeue the SLURM job on SIGUSR1), False, or None (True under SLURM).")
+    in_slurm = slurm_job_id() is not None
+    if requeue and "SIGUSR1" not in signals:
+        raise MisconfigurationError(
+            f"Trainer(requeue=True) requeues the SLURM job when SIGUSR1 arrives, but preempt_signals={signals!r} "
+            "leaves SIGUSR1 alone.", 'add "SIGUSR1" to preempt_signals (sbatch --signal=USR1@120 sends it), or pass '
+            "requeue=False.")
+    if requeue and not in_slurm:
+        warnings.warn("Trainer(requeue=True) outside a SLURM job (no SLURM_JOB_ID): a SIGUSR1 saves and exits, and "
+                      "there is no job to requeue. HINT: it takes effect in a job started by sbatch; requeue=None "
+                      "turns it on there by itself.", UserWarning, stacklevel=4)
+    return bool(requeue if requeue is not None else in_slurm and "SIGUSR1" in signals)
 
 
 class Preemption:
@@ -128,12 +149,14 @@ def preempt(trainer: Trainer) -> None:
         path = os.path.join(trainer.log_dir, "checkpoints", LAST)
     save_checkpoint(trainer, path)
     code = trainer.preempt_exit_code if trainer.preempt_exit_code is not None else 128 + signum
+    job = slurm_job_id() if trainer.requeue and signum == signal.SIGUSR1 and trainer.is_main else None
+    requeued = f" Then {requeue_job(job)}." if job is not None else ""  # rank 0, once the checkpoint is in place
     if trainer.is_main:
         st, name = trainer.state, signal.Signals(signum).name
         # A run of the `taskfit` command carries its config: say how to resume it there.
         how = "the same `taskfit` command with ckpt_path=last" if trainer.config is not None else \
             'trainer.fit(task, ckpt_path="last")'
         echo(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
-             f"step {st.global_step} to {path}. Exiting with status {code}. Resume with {how} (or "
+             f"step {st.global_step} to {path}.{requeued} Exiting with status {code}. Resume with {how} (or "
              f"ckpt_path=\"{path}\").", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
     raise SystemExit(code)
