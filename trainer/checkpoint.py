@@ -25,7 +25,8 @@ from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
-from .sharded_checkpoint import checkpoint_exists, is_sharded, meta_entries, read_shards, save_sharded
+from .sharded_checkpoint import (MARKER, checkpoint_exists, is_sharded, meta_entries, read_index, read_shards,
+                                 save_sharded)
 
 from .rng import gather_rng_states, set_rng_state
 from .strategies import unwrap
@@ -98,23 +99,49 @@ def next_version_dir(default_root_dir: str | None) -> str:
     return os.path.join(root, f"version_{max(taken, default=-1) + 1}")
 
 
-def last_checkpoint(root: str | os.PathLike) -> str | None:
-    """The newest ``last.ckpt`` under ``root``: of ``root`` itself, else of the highest ``version_N/checkpoints``."""
+def last_checkpoint(root: str | os.PathLike, warn: bool = True) -> str | None:
+    """The newest complete checkpoint to continue from under ``root``: ``root/last.ckpt``, else the ``last.ckpt``
+    of the highest ``version_N/checkpoints`` that has one; None when there is none.
+
+    A sharded ``last.ckpt`` without its COMPLETE marker (a copy or a write that stopped half-way) is skipped for
+    the newest complete checkpoint of its folder (an ``epoch=...-step=...`` one), else of the next older version,
+    and ``warn`` says which one was skipped for which."""
     root = os.fspath(root)
-    direct = os.path.join(root, LAST)
-    if checkpoint_exists(direct):
-        return os.path.abspath(direct)
     versions = sorted(((int(m.group(1)), d) for d in (os.listdir(root) if os.path.isdir(root) else [])
                        if (m := re.fullmatch(r"version_(\d+)", d))), reverse=True)
-    for _, d in versions:
-        candidate = os.path.join(root, d, "checkpoints", LAST)
-        if checkpoint_exists(candidate):
-            return os.path.abspath(candidate)
-    return None
+    skipped, found = [], None
+    for folder in [root] + [os.path.join(root, d, "checkpoints") for _, d in versions]:
+        last = os.path.join(folder, LAST)
+        if checkpoint_exists(last):
+            found = last
+        elif is_sharded(last):  # a directory of that name, without its marker
+            skipped.append(os.path.abspath(last))
+            found = _newest_complete(folder)
+        if found:
+            break
+    if skipped and warn:
+        instead = f"resuming from {os.path.abspath(found)}, the newest complete checkpoint" if found else \
+            "there is no complete checkpoint to resume from"
+        warnings.warn(f"Skipped {', '.join(skipped)}: incomplete (no COMPLETE marker; its write or copy stopped "
+                      f"half-way); {instead}. HINT: delete the incomplete directory, or copy it again whole.",
+                      UserWarning, stacklevel=3)
+    return os.path.abspath(found) if found else None
 
 
-def resolve(trainer: Trainer, ckpt_path: Any) -> str:
-    """A path for ``ckpt_path``: "last", "best" (see docs/checkpointing.md) or a file path."""
+def _newest_complete(folder: str) -> str | None:
+    """The most recently written complete checkpoint in ``folder`` (a sharded one dates from its marker)."""
+    dated = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if name.endswith(".ckpt") and not name.startswith(".") and checkpoint_exists(path):
+            dated.append((os.path.getmtime(os.path.join(path, MARKER) if os.path.isdir(path) else path), path))
+    return max(dated)[1] if dated else None
+
+
+def resolve(trainer: Trainer, ckpt_path: Any, fresh: bool = False) -> str | None:
+    """A path for ``ckpt_path``: "last", "best" (see docs/checkpointing.md) or a file path. With ``fresh`` (fit),
+    "last" with nothing to resume is None (a fresh start), with one warning, as in Lightning: the first start of a
+    job and its restarts run the same command."""
     if ckpt_path not in ("last", "best"):
         if not isinstance(ckpt_path, (str, os.PathLike)):
             raise CheckpointError(f"ckpt_path={ckpt_path!r} is not a path.",
@@ -129,16 +156,23 @@ def resolve(trainer: Trainer, ckpt_path: Any) -> str:
         last = None
         for root in roots:
             looked.append(root)
-            last = last_checkpoint(root)
+            last = last_checkpoint(root, warn=trainer.is_main)
             if last:
                 break
     if ckpt_path == "last":
+        where = f"looked for {LAST} in {' and '.join(looked)} and its version_*/checkpoints folders"
+        if last is None and fresh:
+            if trainer.is_main:
+                warnings.warn(f'fit(ckpt_path="last"): there is no checkpoint to resume yet ({where}), so this fit '
+                              "starts fresh. HINT: expected on a job's first start; otherwise check default_root_dir "
+                              "(or ModelCheckpoint(dirpath=...)) is the folder of the run to resume.", UserWarning,
+                              stacklevel=5)
+            return None
         if last is None:
             raise CheckpointError(
-                f"ckpt_path=\"last\" but no checkpoint has been saved yet (looked for {LAST} in "
-                f"{' and '.join(looked)} and its version_*/checkpoints folders).",
-                "start without ckpt_path for a fresh run, pass the path of a .ckpt file, or set "
-                "Trainer(default_root_dir=...) to the folder of the run to resume.")
+                f"ckpt_path=\"last\" but no checkpoint has been saved yet ({where}).",
+                "pass the path of a .ckpt file, or set Trainer(default_root_dir=...) to the folder of the run whose "
+                "checkpoint to evaluate.")
         return last
     best = cb.best_model_path if cb is not None and cb.best_model_path else None
     if best is None and last is not None:  # the newest run's bookkeeping names its best file
@@ -154,10 +188,15 @@ def resolve(trainer: Trainer, ckpt_path: Any) -> str:
 
 
 # ---- restoring a run ------------------------------------------------------------------------------------
-def restore(trainer: Trainer, ckpt_path: Any) -> None:
-    """Continue ``trainer`` exactly where the checkpoint left it (called by fit after setup, before on_fit_start)."""
-    path = resolve(trainer, ckpt_path)
+def restore(trainer: Trainer, ckpt_path: Any) -> bool:
+    """Continue ``trainer`` exactly where the checkpoint left it (called by fit after setup, before on_fit_start).
+    False: ``ckpt_path="last"`` found nothing to resume, and the fit starts fresh."""
+    path = resolve(trainer, ckpt_path, fresh=True)
+    if path is None:
+        return False
     ckpt = dict(load_checkpoint(path))
+    if is_sharded(path):
+        read_index(path)  # a damaged or hostile shard directory is refused before anything else is said or done
     ckpt["module"] = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
     if len(ckpt["schedulers"]) != len(trainer.schedulers):
         raise CheckpointError(
@@ -180,6 +219,7 @@ def restore(trainer: Trainer, ckpt_path: Any) -> None:
         st = trainer.state
         from .console import echo  # printed, and logged to `taskfit` (the taskfit command's taskfit.log)
         echo(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.")
+    return True
 
 
 def _warn_schedule(trainer: Trainer, data: Mapping[str, Any], path: str) -> None:

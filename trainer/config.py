@@ -71,6 +71,7 @@ class TrainerConf:
     channels_last: bool = False
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     preempt_exit_code: Optional[int] = None
+    requeue: Optional[bool] = None
 
 
 @dataclass
@@ -344,7 +345,9 @@ def _accepts(annotation: Any, value: Any) -> bool | None:
     """Whether ``value`` fits ``annotation``; None when the annotation is not simple enough to check."""
     allowed = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
         else (annotation,)
-    if not all(a in _SIMPLE for a in allowed):
+    tensor = [a for a in allowed if getattr(a, "__module__", "") == "torch" and getattr(a, "__name__", "") == "Tensor"]
+    allowed = tuple(a for a in allowed if a not in tensor)  # `lr: float | Tensor`: a config value is never a Tensor
+    if not allowed or not all(a in _SIMPLE for a in allowed):
         return None
     if isinstance(value, bool):
         return bool in allowed

@@ -26,7 +26,7 @@ from .metrics import build_metrics
 from .module import TaskModule, flatten
 from .optim import Schedulers, gradient_clipper, parse_optimizers
 from .precision import Precision, normalize_precision
-from .preemption import Preemption, normalize_signals, preempt
+from .preemption import Preemption, normalize_signals, preempt, requeue_setting
 from .schedule import ValidationSchedule, accumulation_group
 from .seed import deterministic_algorithms, run_seed, seed_everything
 from .serialization import CheckpointWriter
@@ -52,7 +52,7 @@ class Trainer:
         enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
         logger: bool | Logger | Sequence[Logger] = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
         channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
-        preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None,
+        preempt_exit_code: int | None = None, requeue: bool | None = None, config: Mapping[str, Any] | None = None,
     ) -> None:
         check_arguments(locals())
         self.precision_name = normalize_precision(precision)
@@ -68,6 +68,7 @@ class Trainer:
         self.default_root_dir, self.nonfinite_loss = default_root_dir, nonfinite_loss
         self.compile, self.channels_last = compile, channels_last
         self.preempt_signals, self.preempt_exit_code = normalize_signals(preempt_signals), preempt_exit_code
+        self.requeue = requeue_setting(requeue, self.preempt_signals)  # SIGUSR1 under SLURM: save, requeue, exit
         self.config = dict(config) if config is not None else None
         self.fast_dev_run = int(fast_dev_run)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
@@ -336,8 +337,7 @@ class Trainer:
         self._loss_checked = False
         self.before_step_work = self.precision.scaler is not None or bool(self.hooks["on_before_optimizer_step"])
         if ckpt_path is not None:
-            restore(self, ckpt_path)
-            self.state.resumed = True
+            self.state.resumed = restore(self, ckpt_path)  # False: "last" found nothing, a fresh start
 
     def _call(self, hook: str, *args: Any) -> None:
         for fn in self.hooks[hook]:
