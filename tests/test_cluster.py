@@ -105,7 +105,7 @@ class Trace(Callback):  # every rank: its pid once, then each step it finishes; 
 if __name__ == "__main__":
     Trainer(max_epochs=4, strategy={strategy!r}, devices=2, accelerator="cpu", default_root_dir={root!r},
             logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-            callbacks=[ModelCheckpoint(every_n_train_steps=1, save_top_k=-1), Trace({out!r}, os.getpid())]).fit(
+            callbacks=[ModelCheckpoint(every_n_train_steps=1, save_top_k=-1), Trace({out!r}, {launcher})]).fit(
         RegressionTask(n=64))
 """
 
@@ -118,14 +118,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "torchrun"])
 def test_workers_stop_at_once_when_their_launcher_is_killed(tmp_path, strategy):
     """3/3 workers used to train on to the end and write checkpoints; now they stop within the step they were in
-    and write nothing more. 16 steps of 0.3 s would follow the kill at step 3."""
+    and write nothing more. 16 steps of 0.3 s would follow the kill at step 3. The launcher: the script that
+    started ddp or fsdp workers itself, or torchrun's agent."""
     script = tmp_path / "train.py"
-    script.write_text(LAUNCHER_KILLED.format(strategy=strategy, root=str(tmp_path / "runs"), out=str(tmp_path)))
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                            timeout=240)
+    launcher = "os.getppid()" if strategy == "torchrun" else "os.getpid()"
+    script.write_text(LAUNCHER_KILLED.format(strategy="ddp" if strategy == "torchrun" else strategy, launcher=launcher,
+                                             root=str(tmp_path / "runs"), out=str(tmp_path)))
+    command = [sys.executable, str(script)] if strategy != "torchrun" else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    result = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     pids = [int((tmp_path / f"pid{rank}").read_text()) for rank in (0, 1)]
     import time

@@ -10,7 +10,9 @@
   is not treated as one: processes started by hand there launch themselves. One task is one process (a ddp run
   with ``devices=N`` then starts its workers itself).
 
-``requeue_job`` runs ``scontrol requeue <job id>``: a ``Trainer(requeue=True)`` (the default under SLURM) does that
+Under torchrun, :func:`watch_parent` ends a worker whose agent is gone (SIGKILLed by the out-of-memory killer, a
+lost node): its workers would otherwise train on as orphans next to the restarted job. ``requeue_job`` runs
+``scontrol requeue <job id>``: a ``Trainer(requeue=True)`` (the default under SLURM) does that
 on rank 0 after the checkpoint a SIGUSR1 asked for (``sbatch --signal=USR1@120``): preemption.py.
 """
 from __future__ import annotations
@@ -19,9 +21,12 @@ import dataclasses
 import os
 import re
 import subprocess
+import threading
+import time
 from collections.abc import Mapping
 
 _INTERACTIVE = ("bash", "interactive")
+_WATCHED: list[int] = []  # the parent this process watches (one watch per process)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,3 +108,24 @@ def requeue_job(job_id: str) -> str:
         detail = " ".join((done.stderr or done.stdout).split())[:200]
         return f"`scontrol requeue {job_id}` failed with status {done.returncode} ({detail}); requeue the job by hand"
     return f"requeued SLURM job {job_id} (scontrol requeue {job_id})"
+
+
+def watch_parent(who: str, interval: float = 0.25) -> None:
+    """End this process (``os._exit``, nothing more written) within ``interval`` seconds of its parent's death: a
+    thread compares ``os.getppid()`` with the parent it had when the watch started. Once per process."""
+    if _WATCHED:
+        return
+    parent = os.getppid()
+    _WATCHED.append(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        try:
+            os.write(2, f"taskfit: {who} (pid {parent}) is gone; this process (rank {global_rank()}) stops now, "
+                        "without writing anything more.\n".encode())
+        except OSError:
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="taskfit-parent-watch", daemon=True).start()

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .ddp_spawn import free_port, spawn
-from .cluster import detect
+from .cluster import detect, watch_parent
 from .errors import MisconfigurationError
 from .strategies import Strategy, gpu_indices, parse_devices, resolve_accelerator, unwrap
 
@@ -128,10 +128,12 @@ class DDPStrategy(Strategy):
                     f"strategy expects {self.world_size}.",
                     "use one process count per script (torchrun --nproc-per-node and Trainer(devices=...)).")
             return
+        if self.external and os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun's agent killed: no orphans training
+            watch_parent("torchrun's agent")
         dist.init_process_group(self.backend, init_method=self._init_method, rank=self.rank,
                                 world_size=self.world_size, timeout=timedelta(seconds=self.timeout))
         self._owns_group = True
-        if self.external:  # torchrun: the group lives as long as the process
+        if self.external:  # torchrun or SLURM: the group lives as long as the process
             atexit.register(_leave_at_exit)
 
     def teardown(self) -> None:

@@ -5,7 +5,6 @@ import contextlib
 import os
 import random
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
