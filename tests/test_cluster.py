@@ -347,3 +347,49 @@ def test_requeue_settings_are_checked(monkeypatch):
     assert not Trainer(**QUIET).requeue
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     assert Trainer(**QUIET).requeue and not Trainer(requeue=False, **QUIET).requeue
+
+
+USR1_TO_THE_STEP = """
+import os, signal, time
+from tasks import RegressionTask
+from taskfit import Trainer
+from taskfit.callbacks import Callback
+
+
+class Usr1ToEveryProcess(Callback):  # SLURM's --signal=USR1 under `srun torchrun`: agent and workers get it
+    def on_fit_start(self, trainer, task):
+        with open(os.path.join({out!r}, f"pid{{trainer.strategy.rank}}"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx):
+        time.sleep(0.3)
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        if trainer.strategy.rank == 0 and trainer.state.global_step == 3:
+            os.kill(os.getppid(), signal.SIGUSR1)  # torchrun dies of it (it does not handle SIGUSR1)
+            for rank in (0, 1):
+                os.kill(int(open(os.path.join({out!r}, f"pid{{rank}}")).read()), signal.SIGUSR1)
+
+
+Trainer(max_epochs=4, accelerator="cpu", default_root_dir={root!r}, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Usr1ToEveryProcess()]).fit(RegressionTask(n=64))
+"""
+
+
+def test_a_signal_that_kills_torchrun_still_lets_its_workers_save(tmp_path):
+    """The workers' watch on their agent must not cut short the checkpoint a signal asked for: torchrun dies of
+    SIGUSR1, its workers got it too, and they save together before they stop."""
+    script = tmp_path / "train.py"
+    script.write_text(USR1_TO_THE_STEP.format(root=str(tmp_path / "runs"), out=str(tmp_path)))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == -signal.SIGUSR1, result.stderr[-3000:]
+    pids = [int((tmp_path / f"pid{rank}").read_text()) for rank in (0, 1)]
+    import time
+
+    deadline = time.monotonic() + 120  # only catches workers that never stop
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+    (last,) = (tmp_path / "runs").rglob("last.ckpt")
+    assert 3 <= torch.load(last, weights_only=True)["loop"]["state"]["global_step"] <= 5

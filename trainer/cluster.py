@@ -27,6 +27,8 @@ from collections.abc import Mapping
 
 _INTERACTIVE = ("bash", "interactive")
 _WATCHED: list[int] = []  # the parent this process watches (one watch per process)
+_SIGNALLED: list[int] = []  # preemption signals this process received
+ORPHAN_GRACE_S = 120.0  # how long an orphan with a preemption signal may take to save (SLURM's USR1@120)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,9 +112,32 @@ def requeue_job(job_id: str) -> str:
     return f"requeued SLURM job {job_id} (scontrol requeue {job_id})"
 
 
+def note_signal(signum: int) -> None:
+    """A preemption signal reached this process (preemption.py): a launcher's death is then not a reason to stop
+    before the checkpoint the signal asked for (torchrun dies of a SIGUSR1 that SLURM sends to every process)."""
+    _SIGNALLED.append(signum)
+
+
+def orphaned(who: str, pid: int) -> None:
+    """This process's launcher ``who`` (pid ``pid``) is gone: end the process now (``os._exit``: nothing more is
+    written), or, when a preemption signal came too, once the trainer has saved and exited by itself (at most
+    ``ORPHAN_GRACE_S`` seconds)."""
+    def say(text: str) -> None:
+        try:
+            os.write(2, f"taskfit: {who} (pid {pid}) is gone; rank {global_rank()} {text}.\n".encode())
+        except OSError:
+            pass
+
+    if _SIGNALLED:
+        say("finishes the checkpoint its preemption signal asked for, then stops")
+        time.sleep(ORPHAN_GRACE_S)  # the trainer saves and exits the process before this ends
+    say("stops now, without writing anything more")
+    os._exit(1)
+
+
 def watch_parent(who: str, interval: float = 0.25) -> None:
-    """End this process (``os._exit``, nothing more written) within ``interval`` seconds of its parent's death: a
-    thread compares ``os.getppid()`` with the parent it had when the watch started. Once per process."""
+    """End this process within ``interval`` seconds of its parent's death (:func:`orphaned`): a thread compares
+    ``os.getppid()`` with the parent it had when the watch started. Once per process."""
     if _WATCHED:
         return
     parent = os.getppid()
@@ -121,11 +146,6 @@ def watch_parent(who: str, interval: float = 0.25) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval)
-        try:
-            os.write(2, f"taskfit: {who} (pid {parent}) is gone; this process (rank {global_rank()}) stops now, "
-                        "without writing anything more.\n".encode())
-        except OSError:
-            pass
-        os._exit(1)
+        orphaned(who, parent)
 
     threading.Thread(target=watch, name="taskfit-parent-watch", daemon=True).start()

@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 
+from .cluster import orphaned
 from .errors import MisconfigurationError
 from .seed import current_seed, seed_everything
 
@@ -98,7 +99,7 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
 def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, port: int) -> None:
     """Entry point of spawned worker ``local_rank``: become that rank, run ``fn``, report to the parent."""
     env, out_fd, err_fd, alive, launcher = parent
-    _watch_launcher(alive, launcher, local_rank)
+    _watch_launcher(alive, launcher)
     os.environ.clear()
     os.environ.update(env)
     for fd, target in ((out_fd, 1), (err_fd, 2)):
@@ -134,7 +135,7 @@ def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, 
     strategy.teardown()
 
 
-def _watch_launcher(alive: int | None, launcher: int, rank: int) -> None:
+def _watch_launcher(alive: int | None, launcher: int) -> None:
     """End this worker the moment the launching process is gone: ``alive`` is the read end of a pipe whose write
     end only the launcher holds, so a read returns (end of file) when it exits or is killed."""
     if alive is None:
@@ -146,12 +147,7 @@ def _watch_launcher(alive: int | None, launcher: int, rank: int) -> None:
                 pass
         except OSError:
             pass
-        try:
-            os.write(2, f"taskfit: the process that launched the ddp workers (pid {launcher}) is gone; rank {rank} "
-                        "stops now, without writing anything more.\n".encode())
-        except OSError:
-            pass
-        os._exit(1)  # no cleanup, no checkpoint, no log line from the training thread
+        orphaned("the process that launched the ddp workers", launcher)  # ends this process
 
     threading.Thread(target=watch, name="taskfit-launcher-watch", daemon=True).start()
 

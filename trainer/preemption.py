@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .checkpoint import save_checkpoint
-from .cluster import requeue_job, slurm_job_id
+from .cluster import note_signal, requeue_job, slurm_job_id
 from .console import echo
 from .errors import MisconfigurationError
 from .serialization import LAST
@@ -92,6 +92,7 @@ class Preemption:
         if signum == signal.SIGINT and self.signum is not None:
             raise KeyboardInterrupt  # a second Ctrl-C: abort at once, as Python would have
         self.signum = signum  # only a flag: the loop saves and exits at the next step boundary
+        note_signal(signum)  # a launcher that dies now does not stop this process before it has saved
         if signum == signal.SIGINT and self.strategy.is_main:
             echo("\ntaskfit: Ctrl-C: finishing this step, then saving a checkpoint and exiting (Ctrl-C again to "
                  "abort at once).", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
