@@ -166,7 +166,7 @@ def resolve(trainer: Trainer, ckpt_path: Any, fresh: bool = False) -> str | None
                 warnings.warn(f'fit(ckpt_path="last"): there is no checkpoint to resume yet ({where}), so this fit '
                               "starts fresh. HINT: expected on a job's first start; otherwise check default_root_dir "
                               "(or ModelCheckpoint(dirpath=...)) is the folder of the run to resume.", UserWarning,
-                              stacklevel=5)
+                              stacklevel=7)  # the line that called fit
             return None
         if last is None:
             raise CheckpointError(
