@@ -135,6 +135,18 @@ class SignalAt(Callback):
             os.kill(self.pid, self.signum)
 
 
+class RecordPeriod(Callback):
+    """Rank 0 writes the ddp flag-exchange period it uses at global step ``step`` to ``<out>/period``."""
+
+    def __init__(self, out: str, step: int) -> None:
+        self.out, self.step = out, step
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
+        if trainer.is_main and trainer.state.global_step == self.step:
+            with open(f"{self.out}/period", "w") as fh:
+                fh.write(str(trainer.preemption.period))
+
+
 class SlowSteps(Callback):
     """Every training step takes ``seconds`` more (a big model's step), on every rank."""
 

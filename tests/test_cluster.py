@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import RegressionTask, SignalAt, SlowSteps
+from tasks import RecordPeriod, RegressionTask, SignalAt, SlowSteps
 from taskfit import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +74,26 @@ def test_ddp_ranks_agree_on_a_signal_within_two_steps_of_slow_steps(tmp_path):
     (last,) = tmp_path.rglob("last.ckpt")
     state = torch.load(last, weights_only=True)["loop"]["state"]
     assert 2 < state["global_step"] <= 4, state  # the signal came after step 2
+
+
+def test_ddp_with_fast_steps_exchanges_flags_less_often_and_still_agrees(tmp_path):
+    """Steps of a millisecond or two: after the first log interval the ranks exchange their flags every `period`
+    steps (about 50 ms of steps), and a signal is still agreed within two periods."""
+    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=3, log_every_n_steps=50,
+                      callbacks=[RecordPeriod(str(tmp_path), 79), SignalAt(step=80, pid=os.getpid(),
+                                                                           signum=signal.SIGTERM)],
+                      default_root_dir=str(tmp_path), num_sanity_val_steps=0, **QUIET)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as info:
+            trainer.fit(RegressionTask(n=2 * 8 * 60))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert info.value.code == 143
+    period = int((tmp_path / "period").read_text())
+    (last,) = tmp_path.rglob("last.ckpt")
+    saved = torch.load(last, weights_only=True)["loop"]["state"]["global_step"]
+    assert period > 1 and 80 < saved <= 80 + 2 * period + 1, (period, saved)
 
 
 # ---- the self-launching parent of ddp/fsdp killed: its workers stop at once -------------------------------------

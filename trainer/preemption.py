@@ -2,11 +2,13 @@
 
 The handler only records the signal. The loop asks :attr:`Preemption.requested` between epochs and
 :meth:`Preemption.should_break` after each optimizer step. Under ddp every rank must stop at the same step, and a
-scheduler's grace period (30 s) must not wait for a log interval of slow steps: after each optimizer step every
-rank starts an all-reduce of its flags without waiting for it (gloo threads do the work) and reads the result of
-the previous step's, finished by then, so the ranks agree on a signal one or two steps after it arrives with no
-blocking collective per step. The log interval, validation and the epoch end agree with a blocking one
-(:meth:`Preemption.agree`). One process pays nothing of this.
+scheduler's grace period (30 s) must not wait for a log interval of slow steps: every ``period`` optimizer steps
+each rank starts an all-reduce of its flags without waiting for it (gloo threads do the work) and reads the
+result of the previous one, finished by then, so the ranks agree on a signal one or two exchanges after it
+arrives, with no collective that waits. The period is 1 step unless steps are shorter than ``EXCHANGE_S`` (an
+exchange costs ~70 us of the training thread): then as many steps as take that long, agreed by every rank at each
+blocking agreement (:meth:`Preemption.agree`: the log interval, validation, the epoch end). One process pays
+nothing of this.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,6 +55,10 @@ def normalize_signals(names: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+EXCHANGE_S = 0.05  # ddp: the flag exchange runs at least every this many seconds of steps (or every step)
+MAX_PERIOD = 1000
+
+
 def requeue_setting(requeue: Any, signals: Sequence[str]) -> bool:
     """``Trainer(requeue=...)``: whether a SIGUSR1 also requeues the SLURM job (``scontrol requeue``) after its
     checkpoint. None: yes in a SLURM batch job (as Lightning's SLURMEnvironment(auto_requeue=True)), else no."""
@@ -80,8 +87,10 @@ class Preemption:
         self.agreed = False  # ddp: every rank knows of a signal, so all of them save together
         self.stop_agreed = False  # ddp: every rank knows of a stop (should_stop or a signal)
         self._previous: dict[int, Any] = {}
-        self._flags = torch.zeros(2)  # ddp: [should_stop, signal number], all-reduced in place once per optimizer step
-        self._work: Any = None  # ... and that all-reduce, in flight until the next step reads it
+        self._flags = torch.zeros(2)  # ddp: [should_stop, signal number], all-reduced in place every `period` steps
+        self._work: Any = None  # ... and that all-reduce, in flight until the next exchange reads it
+        self.period, self._steps = 1, 0  # ddp: optimizer steps between exchanges; steps since the last one
+        self._clock: tuple[float, int] | None = None  # ddp: time and global step at the last blocking agreement
         if install and threading.current_thread() is threading.main_thread():
             for name in names:
                 signum = getattr(signal, name, None)
@@ -110,17 +119,24 @@ class Preemption:
     def should_break(self, state: TrainerState) -> bool:
         """Leave the epoch after this optimizer step: a stop or a signal (under ddp: agreed by every rank)."""
         if self.strategy.world_size > 1:
-            self._exchange(state)
+            self._steps += 1
+            if self._steps >= self.period:
+                self._steps = 0
+                self._exchange(state)
             return self.stop_agreed
         return state.should_stop or self.signum is not None
 
     def _exchange(self, state: TrainerState) -> None:
-        """ddp, after every optimizer step: take the flags every rank had one step ago (that all-reduce has had a
-        whole step to finish: ``wait`` returns at once) and start the all-reduce of this step's."""
+        """ddp, every ``period`` optimizer steps: take the flags every rank had at the last exchange (that
+        all-reduce has had ``period`` steps to finish: ``wait`` returns at once) and start the all-reduce of now's."""
+        reduced = [0.0, 0.0]  # what the buffer holds now (zeros before the first exchange)
         if self._work is not None:
             self._work.wait()
-            self._absorb(state, *self._flags.tolist())
-        self._flags[0], self._flags[1] = float(state.should_stop), float(self.signum or 0)
+            reduced = self._flags.tolist()
+            self._absorb(state, *reduced)
+        mine = [float(state.should_stop), float(self.signum or 0)]
+        if mine != reduced:  # written only when it differs: no tensor write on a step where nothing happened
+            self._flags.copy_(torch.tensor(mine))
         self._work = self.strategy.exchange_flags(self._flags)
 
     def _absorb(self, state: TrainerState, stop: float, signalled: float) -> None:
@@ -133,11 +149,19 @@ class Preemption:
         self.stop_agreed = self.stop_agreed or bool(stop or signalled)
 
     def agree(self, state: TrainerState) -> None:
-        """Under ddp, make every rank agree on ``should_stop`` and a signal: one tiny all-reduce."""
+        """Under ddp, make every rank agree on ``should_stop`` and a signal (one tiny all-reduce), and on the
+        exchange period: the smallest that any rank proposes from its own step time since the last agreement."""
         if self.strategy.world_size == 1:
             return
-        flags = torch.tensor([float(state.should_stop), float(self.signum or 0)], device=self.strategy.device)
-        self._absorb(state, *self.strategy.all_reduce(flags, op="max").tolist())
+        now, steps = time.perf_counter(), state.global_step
+        (then, before), self._clock = self._clock or (now, steps), (now, steps)  # the first: after a resume too
+        proposal = self.period if steps <= before else \
+            max(1, min(MAX_PERIOD, int(EXCHANGE_S * (steps - before) / max(now - then, 1e-9))))
+        flags = torch.tensor([float(state.should_stop), float(self.signum or 0), -float(proposal)],
+                             device=self.strategy.device)
+        stop, signalled, period = self.strategy.all_reduce(flags, op="max").tolist()
+        self._absorb(state, stop, signalled)
+        self.period, self._steps = int(-period), 0  # every rank, at the same step
 
 
 def preempt(trainer: Trainer) -> None:
