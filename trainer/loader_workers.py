@@ -71,12 +71,14 @@ def shielded_context(context: Any, names: Sequence[str]) -> Any:
     """A copy of ``context`` (a multiprocessing context, a start method name, or None for the default) whose
     processes start with the signals ``names`` blocked and are stopped with SIGKILL. ``context`` itself is
     left as it is (contexts are process-wide singletons)."""
-    if isinstance(context, str) or context is None:
-        method = context or multiprocessing.get_start_method(allow_none=True) or \
+    if context is None or isinstance(context, (str, multiprocessing.context.DefaultContext)):
+        method = context if isinstance(context, str) else multiprocessing.get_start_method(allow_none=True) or \
             multiprocessing.get_all_start_methods()[0]  # the platform's default, without fixing it for the process
         context = multiprocessing.get_context(method)
-    cls = _PROCESS_CLASSES.get(getattr(context, "_name", ""))
-    if cls is None or not isinstance(context, multiprocessing.context.BaseContext):
+    if not isinstance(context, multiprocessing.context.BaseContext):
+        return context
+    cls = _PROCESS_CLASSES.get(context.get_start_method())
+    if cls is None:
         return context  # a context of another kind: used as it is (worker_init_fn still ignores the signals)
     shielded = copy.copy(context)
     shielded.Process = functools.partial(_new_process, cls, signal_numbers(names))
