@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
 
+from resume_script import start_child  # noqa: E402
 from tasks import RegressionTask  # noqa: E402
 from torch.utils.data._utils import signal_handling  # noqa: E402
 
@@ -95,28 +96,7 @@ def _child(root: str, mode: str) -> None:
 def _run(root: str, mode: str) -> dict:
     log = os.path.join(root, "output.txt")
     os.makedirs(root, exist_ok=True)
-    pid = os.fork()
-    if pid == 0:  # the trainer process: its own process group, its output in a file
-        code = 70
-        try:
-            os.setpgid(0, 0)
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            random.seed(os.getpid())
-            _child(root, mode)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    pid = start_child(lambda: (random.seed(os.getpid()), _child(root, mode)), log)  # its own process group
     deadline, hung = time.monotonic() + DEADLINE, False
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
