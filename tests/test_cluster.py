@@ -275,13 +275,14 @@ if trainer.is_main:
 
 
 def test_torchrun_restarts_after_a_rank_is_killed_and_ends_bitwise_equal(tmp_path):
-    """`srun torchrun --max-restarts=1 ...` (SLURM's variables of one task per node are set: torchrun's win)."""
+    """`srun torchrun --max-restarts=1 ...` (SLURM's variables of one task per node are set: torchrun's win). Each
+    attempt's process group has keys of its own in torchrun's store (without, 3 of 4 restarts failed or hung)."""
     script = tmp_path / "train.py"
     script.write_text(RESTARTED)
     slurm = dict(SLURM_JOB_ID="77", SLURM_JOB_NAME="train", SLURM_NTASKS="1", SLURM_PROCID="0",
                  SLURM_LOCALID="0", SLURM_NODELIST="localhost")
     runs = {}
-    for name, kill in (("uninterrupted", "0"), ("killed", "1")):
+    for name, kill in (("uninterrupted", "0"), ("killed", "1"), ("killed again", "1")):  # restarts raced: twice
         root = tmp_path / name
         root.mkdir()
         result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -290,10 +291,11 @@ def test_torchrun_restarts_after_a_rank_is_killed_and_ends_bitwise_equal(tmp_pat
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert result.stderr.count("there is no checkpoint to resume yet") == 1  # rank 0, first attempt
         runs[name] = torch.load(root / "result.pt", weights_only=True)
-    assert runs["killed"]["attempt"] == "1" and runs["killed"]["resumed"]  # restarted, and continued
     assert runs["uninterrupted"]["attempt"] == "0" and not runs["uninterrupted"]["resumed"]  # "last": a fresh start
     expected = runs["uninterrupted"]["weights"]
-    assert all(torch.equal(runs["killed"]["weights"][k], v) for k, v in expected.items())
+    for killed in (runs["killed"], runs["killed again"]):
+        assert killed["attempt"] == "1" and killed["resumed"]  # restarted, and continued
+        assert all(torch.equal(killed["weights"][k], v) for k, v in expected.items())
 
 
 # ---- "last": a fresh start when there is nothing yet; the newest complete checkpoint when last.ckpt is not --------

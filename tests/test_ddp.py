@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import ClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt
+from tasks import ClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt, SlowSteps
 from taskfit import Trainer, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,9 +127,9 @@ def test_ddp_spawn_a_preemption_signal_to_the_parent_reaches_every_rank(tmp_path
         seen.append(signum)
 
     previous = signal.signal(signal.SIGTERM, parent_handler)
-    try:
+    try:  # steps of 0.2 s: the parent's forwarding (a few ms, more on a busy machine) arrives within the next step
         trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=5, log_every_n_steps=1,
-                          callbacks=[SignalAt(step=2, pid=os.getpid(), signum=signal.SIGTERM)],
+                          callbacks=[SlowSteps(0.2), SignalAt(step=2, pid=os.getpid(), signum=signal.SIGTERM)],
                           default_root_dir=str(tmp_path), **QUIET)
         with pytest.raises(SystemExit) as info:
             trainer.fit(RegressionTask())  # 5 epochs x 8 steps without the signal

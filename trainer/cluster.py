@@ -24,6 +24,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
 
 _INTERACTIVE = ("bash", "interactive")
 _WATCHED: list[int] = []  # the parent this process watches (one watch per process)
@@ -133,6 +135,20 @@ def orphaned(who: str, pid: int) -> None:
         time.sleep(ORPHAN_GRACE_S)  # the trainer saves and exits the process before this ends
     say("stops now, without writing anything more")
     os._exit(1)
+
+
+def restart_store(world_size: int, timeout: float) -> Any:
+    """Under torchrun with its agent's store (``TORCHELASTIC_USE_AGENT_STORE``): that store, with a prefix per restart
+    attempt; None elsewhere. torchrun reuses one store across ``--max-restarts`` attempts and the process group's
+    keys are the same in each, so a restarted rank could read the address of a peer of the dead attempt: with gloo,
+    3 of 4 restarts failed (connection refused) or hung. A prefix per attempt keeps each attempt's keys apart."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return None
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timedelta(seconds=timeout))
+    return dist.PrefixStore(f"taskfit/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def watch_parent(who: str, interval: float = 0.25) -> None:

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .ddp_spawn import free_port, spawn
-from .cluster import detect, watch_parent
+from .cluster import detect, restart_store, watch_parent
 from .errors import MisconfigurationError
 from .strategies import Strategy, gpu_indices, parse_devices, resolve_accelerator, unwrap
 
@@ -91,6 +91,7 @@ class DDPStrategy(Strategy):
         self._init_method = launcher.init_method if launcher is not None else "env://"
         self._owns_group = False
         self._flag_group: Any = None  # a gloo group of its own for exchange_flags (created on first use)
+        self._last_work: Any = None  # all_reduce's last work (see there)
         self.place(self.local_rank)
 
     def place(self, local_rank: int) -> None:
@@ -128,10 +129,12 @@ class DDPStrategy(Strategy):
                     f"strategy expects {self.world_size}.",
                     "use one process count per script (torchrun --nproc-per-node and Trainer(devices=...)).")
             return
-        if self.external and os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun's agent killed: no orphans training
-            watch_parent("torchrun's agent")
-        dist.init_process_group(self.backend, init_method=self._init_method, rank=self.rank,
-                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout))
+        store = None
+        if self.external and os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun
+            watch_parent("torchrun's agent")  # its agent killed: no orphans training on
+            store = restart_store(self.world_size, self.timeout)  # each --max-restarts attempt: keys of its own
+        dist.init_process_group(self.backend, init_method=None if store else self._init_method, store=store,
+                                rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=self.timeout))
         self._owns_group = True
         if self.external:  # torchrun or SLURM: the group lives as long as the process
             atexit.register(_leave_at_exit)
@@ -143,7 +146,7 @@ class DDPStrategy(Strategy):
             self.barrier()
             dist.destroy_process_group()
         self._owns_group = False
-        self._flag_group = None  # destroyed with the default group
+        self._flag_group = self._last_work = None  # destroyed with the default group
 
     # ---- the module -------------------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -174,7 +177,10 @@ class DDPStrategy(Strategy):
         if self.world_size == 1 or not dist.is_initialized():
             return tensor
         out = tensor.clone()  # out of place: the caller's tensor is left as it was
-        dist.all_reduce(out, op=_OPS[op])
+        # Waited here, and kept until the next call: freed by gloo's thread instead, the work would need the GIL
+        # for its Python tensor, and a process exiting right after (fit's last agreement) could abort.
+        self._last_work = dist.all_reduce(out, op=_OPS[op], async_op=True)
+        self._last_work.wait()
         return out / self.world_size if op == "mean" else out
 
     def exchange_flags(self, flags: torch.Tensor) -> Any:

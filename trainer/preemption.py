@@ -88,7 +88,9 @@ class Preemption:
         self.stop_agreed = False  # ddp: every rank knows of a stop (should_stop or a signal)
         self._previous: dict[int, Any] = {}
         self._flags = torch.zeros(2)  # ddp: [should_stop, signal number], all-reduced in place every `period` steps
-        self._work: Any = None  # ... and that all-reduce, in flight until the next exchange reads it
+        self._work: Any = None  # ... and that all-reduce (in flight while _pending, until the next exchange reads it)
+        self._pending = False
+        self._held = [0.0, 0.0]  # what the buffer holds (the last reduced flags)
         self.period, self._steps = 1, 0  # ddp: optimizer steps between exchanges; steps since the last one
         self._clock: tuple[float, int] | None = None  # ddp: time and global step at the last blocking agreement
         if install and threading.current_thread() is threading.main_thread():
@@ -129,15 +131,20 @@ class Preemption:
     def _exchange(self, state: TrainerState) -> None:
         """ddp, every ``period`` optimizer steps: take the flags every rank had at the last exchange (that
         all-reduce has had ``period`` steps to finish: ``wait`` returns at once) and start the all-reduce of now's."""
-        reduced = [0.0, 0.0]  # what the buffer holds now (zeros before the first exchange)
-        if self._work is not None:
-            self._work.wait()
-            reduced = self._flags.tolist()
-            self._absorb(state, *reduced)
+        self._collect(state)
         mine = [float(state.should_stop), float(self.signum or 0)]
-        if mine != reduced:  # written only when it differs: no tensor write on a step where nothing happened
+        if mine != self._held:  # written only when it differs: no tensor write on a step where nothing happened
             self._flags.copy_(torch.tensor(mine))
-        self._work = self.strategy.exchange_flags(self._flags)
+        self._work, self._pending = self.strategy.exchange_flags(self._flags), True
+
+    def _collect(self, state: TrainerState) -> None:
+        """The exchange in flight, if any: wait for it (every rank has started it) and take in its result. The
+        finished work stays referenced here until the next one: released by gloo's thread instead, it would need
+        the GIL to free its Python tensor, and at interpreter exit that thread aborts the process."""
+        if self._pending:
+            self._work.wait()
+            self._pending, self._held = False, self._flags.tolist()
+            self._absorb(state, *self._held)
 
     def _absorb(self, state: TrainerState, stop: float, signalled: float) -> None:
         """Some rank wanted to stop, or got a signal: now every rank knows it (each reads the same reduced flags;
@@ -150,9 +157,11 @@ class Preemption:
 
     def agree(self, state: TrainerState) -> None:
         """Under ddp, make every rank agree on ``should_stop`` and a signal (one tiny all-reduce), and on the
-        exchange period: the smallest that any rank proposes from its own step time since the last agreement."""
+        exchange period: the smallest that any rank proposes from its own step time since the last agreement.
+        Every rank calls it at the same points (the log interval, validation, each epoch's start)."""
         if self.strategy.world_size == 1:
             return
+        self._collect(state)  # nothing stays in flight past an agreement (fit's last one included)
         now, steps = time.perf_counter(), state.global_step
         (then, before), self._clock = self._clock or (now, steps), (now, steps)  # the first: after a resume too
         proposal = self.period if steps <= before else \
