@@ -53,7 +53,7 @@ class ClusterEnvironment:
 
 def slurm_managed(env: Mapping[str, str] = os.environ) -> bool:
     """This process is a task of a SLURM job step (``srun``), not an interactive session's shell."""
-    return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in _INTERACTIVE
+    return "SLURM_NTASKS" in env and "SLURM_PROCID" in env and env.get("SLURM_JOB_NAME") not in _INTERACTIVE
 
 
 def detect(env: Mapping[str, str] = os.environ) -> ClusterEnvironment | None:
