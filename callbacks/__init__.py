@@ -5,7 +5,9 @@ import importlib
 from typing import Any
 
 from ..errors import MisconfigurationError
-from .base import HOOKS, Callback, callback_states, drop_idle_batch_hooks, hook_table, load_callback_states
+from .base import Callback, callback_states, load_callback_states
+from .lightning_hooks import (HOOKS, drop_idle_batch_hooks, hook_table, is_task_hook, merge_task_callbacks,
+                              publish_late, warn_uncalled)
 from .logger import Logger
 
 LAZY = {  # class name: its module, relative to this package (imported on first use)
@@ -14,15 +16,18 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "ModelCheckpoint": ".checkpoint",
     "TensorBoardLogger": ".tensorboard",
     "EarlyStopping": ".early_stopping",
+    "EarlyStoppingReason": ".early_stopping",
     "LearningRateMonitor": ".lr_monitor",
     "ThroughputMonitor": ".throughput",
     "PredictionWriter": ".prediction_writer",
+    "BasePredictionWriter": ".prediction_writer",
     "CSVLogger": ".csv_logger",
     "MLFlowLogger": ".mlflow_logger",
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",
-           "load_callback_states", "with_defaults", *LAZY]
+           "is_task_hook", "load_callback_states", "merge_task_callbacks", "publish_late", "warn_uncalled",
+           "with_defaults", *LAZY]
 
 
 def __getattr__(name: str) -> Any:

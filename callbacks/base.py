@@ -19,11 +19,13 @@
 Every hook receives ``(trainer, task, ...)``; read ``trainer.state`` for where the run is (``state.fn`` is the
 entry point: "fit", "validate", "test" or "predict"). The Trainer calls a hook only on callbacks that override
 it, sorted by ``order`` (lower first), so an unused hook costs nothing; ``needs_batch_hooks`` lets a callback
-skip its per-batch hooks for a whole fit.
+skip its per-batch hooks for a whole fit. Lightning's further hooks (``setup``, ``on_train_start``,
+``on_validation_epoch_end``, ``on_before_backward``, ``on_save_checkpoint``...) are called too, with Lightning's
+meaning and arguments, when a callback defines them: callbacks/lightning_hooks.py lists them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     import torch
@@ -121,21 +123,6 @@ class Callback:
     def state_key(self) -> str:
         """The key of this callback's state in a checkpoint."""
         return type(self).__qualname__
-
-
-def hook_table(callbacks: Iterable[Callback]) -> dict[str, list[Callable[..., None]]]:
-    """For each hook, the bound methods of the callbacks (already sorted by ``order``) that override it."""
-    return {name: [getattr(cb, name) for cb in callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
-            for name in HOOKS}
-
-
-def drop_idle_batch_hooks(hooks: dict[str, list[Callable[..., None]]],
-                          trainer: Trainer) -> tuple[list[Callable[..., None]], list[Callable[..., None]]]:
-    """Remove from ``hooks`` the batch hooks of callbacks whose ``needs_batch_hooks`` says False for this fit;
-    return the ``on_train_batch_start`` and ``on_train_batch_end`` lists that remain."""
-    for name in ("on_train_batch_start", "on_train_batch_end"):
-        hooks[name] = [fn for fn in hooks[name] if fn.__self__.needs_batch_hooks(trainer)]
-    return hooks["on_train_batch_start"], hooks["on_train_batch_end"]
 
 
 def callback_states(callbacks: Iterable[Callback]) -> dict[str, dict[str, Any]]:

@@ -1,35 +1,29 @@
 """ModelCheckpoint: saves the run every N epochs/steps/seconds, keeps the top-k files and a ``last.ckpt``.
 
 On by default (``Trainer(enable_checkpointing=False)`` turns it off). The files are complete training states
-(docs/checkpointing.md): ``trainer.fit(task, ckpt_path="last")`` continues exactly where the run stopped.
+(docs/checkpointing.md): ``trainer.fit(task, ckpt_path="last")`` continues exactly where the run stopped. Lightning's
+arguments mean what they mean there; where taskfit differs, docs/migrating-lightning.md says so.
 """
 from __future__ import annotations
 
 import datetime
 import difflib
-import math
 import os
-import re
 import time
 import warnings
-from typing import Any
+from typing import Any, Literal
 
+import torch
+
+from ..arguments import arguments_checked
 from ..console import echo
 from ..errors import CheckpointError, MisconfigurationError
 from ..serialization import atomic_copy, remove_files, write_probe
 from ..sharded_checkpoint import checkpoint_exists
 from .base import Callback
+from .checkpoint_policy import Ranking, check_arguments, format_filename, seconds, versioned
 
-_FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
-
-
-def format_filename(template: str, values: dict[str, Any]) -> str:
-    """``"{epoch}-{val/acc:.3f}"`` -> ``"epoch=3-val_acc=0.912"``: each field as ``name=value``, ``/`` made safe."""
-    def field(match: re.Match) -> str:
-        name, spec = match.group(1).strip(), match.group(2) or ""
-        return f"{safe_name(name)}={format(values[name], spec)}"
-
-    return safe_name(_FIELD.sub(field, template), keep="=.-")
+__all__ = ["ModelCheckpoint", "format_filename"]
 
 
 def _unwritable(folder: str) -> str | None:
@@ -42,104 +36,118 @@ def _unwritable(folder: str) -> str | None:
     return None
 
 
-def safe_name(name: str, keep: str = ".-") -> str:
-    return re.sub(rf"[^\w{re.escape(keep)}]", "_", name)
-
-
 class ModelCheckpoint(Callback):
     """Save checkpoints during fit; keep the ``save_top_k`` best by ``monitor`` and a ``last.ckpt``.
 
+    Lightning's arguments in Lightning's order, with its meanings (docs/checkpointing.md has the table and says where
+    taskfit differs):
+
     Args:
         dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``).
-        filename: name template without ``.ckpt``: ``{epoch}``, ``{step}`` and any logged key, with an optional
-            format spec, e.g. ``"{epoch}-{val/acc:.3f}"`` (written ``epoch=3-val_acc=0.912.ckpt``).
-        monitor: logged key that ranks the files (e.g. ``"val/loss"``); None ranks them by recency.
+        filename: name template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` gives
+            ``epoch=003-val_acc=0.91``.
+        monitor: logged key that ranks the files (e.g. ``"val/loss"``); None keeps the newest.
+        verbose: print each monitored save, as Lightning logs it.
+        save_last: keep ``last.ckpt``, the newest state (``"link"``: the same; None/False: none).
+        save_top_k: how many ranked files to keep (-1: all, 0: none).
+        save_on_exception: only False (a preemption signal saves ``last.ckpt`` instead).
+        save_weights_only: files hold the weights only (inference; a resume needs a full checkpoint).
         mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
-        save_top_k: how many ranked files to keep (-1: all, 0: none, only ``last.ckpt``).
-        save_last: keep ``last.ckpt``, the newest state (what ``ckpt_path="last"`` resumes).
-        every_n_train_steps: also save every N optimizer steps (after that step's validation, if any).
-        every_n_epochs: save in every N-th epoch (None or 0: never by epoch): at its end, or after each of its
-            validations when they run elsewhere (see ``save_on_train_epoch_end``).
-        save_on_train_epoch_end: where the epoch saves happen, as in Lightning. None decides: at the epoch's end
-            when it validates once at its end (``val_check_interval=1.0``, ``check_val_every_n_epoch=1``) or not at
-            all, else after each validation (so a file is ranked by the score of the very state it holds, and an
-            epoch that did not validate is never ranked).
-        train_time_interval: also save when this much time (seconds or a ``timedelta``) has passed since the
-            last save, checked at step boundaries (under ddp at each ``log_every_n_steps``, with one broadcast).
-        min_epoch_interval: seconds (or a ``timedelta``) that must pass since the last save before an epoch save
-            is written, when only the newest file is kept (``monitor=None``, ``save_top_k`` 0 or 1): very short
-            epochs then do not pay a save each. A skipped state is saved at the end of fit (and by a preemption
-            signal); a SIGKILL can lose up to this long plus one epoch. 0 saves every epoch, as Lightning does.
+        auto_insert_metric_name: write ``name=`` before each field of ``filename``.
+        every_n_train_steps: save every N optimizer steps.
+        train_time_interval: save when this long (seconds or a ``timedelta``) has passed since the last save.
+        every_n_epochs: save every N-th epoch; None: every epoch unless a step or time trigger is given.
+        save_on_train_epoch_end: where epoch saves happen (None: as Lightning decides).
+        enable_version_counter: a name taken by another file gets ``-v1``, ``-v2``... (False: overwrite).
+        min_epoch_interval: (taskfit) seconds since the last save below which an unmonitored top-1 epoch save
+            is skipped (0: every epoch).
 
-    After fit: ``best_model_path``, ``best_model_score``, ``last_model_path``, ``best_k_models`` ({path: score}).
-    Every rank runs this callback (a save gathers RNG states from all ranks); only rank 0 touches files.
+    After fit: ``best_model_path``, ``best_model_score``, ``best_k_models`` (monitored runs only, as Lightning),
+    ``last_model_path``. Every rank runs this callback (a save gathers RNG states); only rank 0 touches files.
     """
 
     order = 1000  # last of the defaults: a checkpoint must hold every other callback's state after this hook
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str = "{epoch}-{step}",
-                 monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
-                 every_n_train_steps: int | None = None, every_n_epochs: int | None = 1,
-                 train_time_interval: float | datetime.timedelta | None = None,
-                 save_on_train_epoch_end: bool | None = None,
+    @arguments_checked(docs="docs/checkpointing.md")
+    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = "{epoch}-{step}",
+                 monitor: str | None = None, verbose: bool = False, save_last: bool | Literal["link"] | None = True,
+                 save_top_k: int = 1, save_on_exception: bool = False, save_weights_only: bool = False,
+                 mode: str = "min", auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
+                 train_time_interval: float | datetime.timedelta | None = None, every_n_epochs: int | None = None,
+                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True, *,
                  min_epoch_interval: float | datetime.timedelta = 1.0) -> None:
-        if mode not in ("min", "max"):
-            raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
-                                        'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
-        if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise MisconfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) is not valid.",
-                                        "use -1 (keep all), 0 (only last.ckpt) or a positive number of files.")
-        for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid.",
-                                            "use a positive integer, or None/0 to turn this trigger off.")
-        if isinstance(train_time_interval, datetime.timedelta):
-            train_time_interval = train_time_interval.total_seconds()
-        if train_time_interval is not None and (not isinstance(train_time_interval, (int, float))
-                                                or train_time_interval <= 0):
-            raise MisconfigurationError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}) is not valid.",
-                                        "pass a number of seconds > 0 or a datetime.timedelta.")
-        if isinstance(min_epoch_interval, datetime.timedelta):
-            min_epoch_interval = min_epoch_interval.total_seconds()
-        if isinstance(min_epoch_interval, bool) or not isinstance(min_epoch_interval, (int, float)) \
-                or not min_epoch_interval >= 0:
-            raise MisconfigurationError(f"ModelCheckpoint(min_epoch_interval={min_epoch_interval!r}) is not valid.",
-                                        "pass a number of seconds >= 0 (0: save every epoch, as Lightning does) or "
-                                        "a datetime.timedelta.")
-        stem = filename[:-5] if filename.endswith(".ckpt") else filename
-        if not stem or stem == "last" or os.sep in _FIELD.sub("", stem):
-            raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not valid.",
-                                        'give a file name template without folders and other than "last", e.g. '
-                                        '"{epoch}-{step}" or "{epoch}-{val/acc:.3f}" (put folders in dirpath).')
+        stem = check_arguments(mode, save_top_k, {"every_n_train_steps": every_n_train_steps, "every_n_epochs":
+                               every_n_epochs}, save_last, save_on_exception, filename)
+        self.train_time_interval = seconds("train_time_interval", train_time_interval, "save at every step",
+                                            allow_none=True)
+        self.min_epoch_interval = seconds("min_epoch_interval", min_epoch_interval,
+                                           "save every epoch, as Lightning does")
+        if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
+            every_n_epochs = 1  # Lightning: no trigger given means every epoch; a step or time trigger replaces it
         self.dirpath_arg = os.path.abspath(os.fspath(dirpath)) if dirpath is not None else None
         self.dirpath: str | None = self.dirpath_arg
         self.filename, self.monitor, self.mode, self.save_top_k = stem, monitor, mode, save_top_k
-        self.save_last, self.every_n_train_steps = save_last, every_n_train_steps or None
-        self.every_n_epochs, self.train_time_interval = every_n_epochs or None, train_time_interval
-        self.best_k_models: dict[str, float] = {}
-        self.best_model_path, self.best_model_score, self.last_model_path = "", None, ""
-        self.save_on_train_epoch_end, self.min_epoch_interval = save_on_train_epoch_end, float(min_epoch_interval)
+        self.verbose, self.save_last, self.save_weights_only = bool(verbose), bool(save_last), bool(save_weights_only)
+        self.auto_insert_metric_name, self.enable_version_counter = auto_insert_metric_name, enable_version_counter
+        self.every_n_train_steps, self._every_n_epochs = every_n_train_steps or None, every_n_epochs or 0
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self._ranking = Ranking(mode, by_recency=monitor is None, k=save_top_k)
+        self.best_model_path, self.last_model_path = "", ""
+        self.current_score: torch.Tensor | None = None  # the score of the latest ranked save (monitored runs)
         self._evicted: dict[str, float] = {}  # files out of the top k whose removal may not have run yet
-        self._last_step = self._saved_step = self._monitor_step = -1  # global steps of the last batch, save, score
-        self._last_time = 0.0
-        self._warned_missing = False
-        self._epoch_saves = self._skipped = 0  # this fit's due epoch saves and those skipped (in memory only)
-        self._skipped_since_save = False
+        self._monitor_step = -1  # the global step at which the monitored key was last logged
+        self._new_fit(-1)
+
+    def _new_fit(self, step: int) -> None:
+        """One fit's bookkeeping: global steps of the last batch seen, full save and last.ckpt written."""
+        self._last_step = self._saved_step = self._last_written = step
+        self._awaiting, self._last_time = -1, time.monotonic()  # _awaiting: a step save waiting for its validation
+        self._epoch_saves = self._skipped = 0  # due epoch saves and those skipped (in memory only)
+        self._skipped_since_save = self._pending = self._validated = self._warned_unscored = False
+
+    # ---- what Lightning's ModelCheckpoint exposes ---------------------------------------------------------
+    @property
+    def every_n_epochs(self) -> int:
+        """The resolved epoch trigger (0: never by epoch)."""
+        return self._every_n_epochs
+
+    @property
+    def best_k_models(self) -> dict[str, torch.Tensor]:
+        """``{path: score}`` of the ranked files; empty without a monitor (the files are then the newest)."""
+        return {p: torch.tensor(s) for p, s in self._ranking.kept.items()} if self.monitor is not None else {}
+
+    @property
+    def best_model_score(self) -> torch.Tensor | None:
+        if self.monitor is None or self.best_model_path not in self._ranking.kept:
+            return None
+        return torch.tensor(self._ranking.kept[self.best_model_path])
+
+    @property
+    def kth_best_model_path(self) -> str:
+        """The worst of the ranked files ("" without a monitor)."""
+        return self._ranking.worst() if self.monitor is not None else ""
+
+    @property
+    def kth_value(self) -> torch.Tensor:
+        worst = self.kth_best_model_path
+        return torch.tensor(self._ranking.kept[worst] if worst else float("inf" if self.mode == "min" else "-inf"))
 
     # ---- hooks ----------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         self.dirpath = self.dirpath_arg or os.path.join(trainer.log_dir, "checkpoints")
+        if self.save_weights_only and trainer.strategy.sharded_checkpoints:
+            raise MisconfigurationError(
+                "ModelCheckpoint(save_weights_only=True) cannot write sharded (fsdp) checkpoints.",
+                "save full checkpoints under fsdp and write one weights file afterwards: python -m taskfit.consolidate "
+                "<checkpoint> <file> (TaskModule.load_from_checkpoint reads it).")
         problem = trainer.strategy.broadcast(_unwritable(self.dirpath) if trainer.is_main else None)
         if problem:  # before the first step, on every rank: not after an epoch of training
             raise CheckpointError(f"Checkpoints cannot be written to {self.dirpath}: {problem}.",
                                   "make the folder writable (permissions, a read-only or full file system), or "
                                   "pass ModelCheckpoint(dirpath=...) / Trainer(default_root_dir=...) elsewhere.")
         if not trainer.state.resumed:  # a fresh run ranks its own files (a resume restored them)
-            self.best_k_models, self.best_model_path, self.best_model_score = {}, "", None
-        self._last_step = self._saved_step = trainer.state.global_step  # after a restore: the resumed step
-        self._last_time = time.monotonic()
-        self._epoch_saves = self._skipped = 0
-        self._skipped_since_save = False
+            self._ranking.kept, self.best_model_path, self.current_score = {}, "", None
+        self._new_fit(trainer.state.global_step)  # a resume: the resumed step
 
     def needs_batch_hooks(self, trainer: Any) -> bool:
         return self.every_n_train_steps is not None or self.train_time_interval is not None
@@ -152,8 +160,12 @@ class ModelCheckpoint(Callback):
         due = self.every_n_train_steps is not None and step % self.every_n_train_steps == 0
         if self.train_time_interval is not None and not due:
             due = self._time_due(trainer, step)
-        if due and not trainer.fast_dev_run:
-            self.save(trainer)
+        if due and step != self._saved_step and not trainer.fast_dev_run:
+            if self.monitor is not None and self._monitor_step != step and self._validates_now(trainer, batch_idx):
+                self._pending, self._awaiting = True, step  # this step's validation brings its score
+                self._last_time = time.monotonic()
+            else:
+                self.save(trainer)
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
         if self.monitor in metrics:  # the step whose state produced the score: a file is ranked by its own score
@@ -162,8 +174,8 @@ class ModelCheckpoint(Callback):
     def on_validation_end(self, trainer: Any, task: Any) -> None:
         if trainer.state.fn != "fit":
             return
-        if self.monitor is not None and self.monitor.startswith("val/"):
-            self._check_monitor(trainer)
+        self._validated = True
+        self._save_pending(trainer)
         if not self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
             self._epoch_save(trainer)
 
@@ -171,22 +183,36 @@ class ModelCheckpoint(Callback):
         # A partial epoch (max_steps, a stop, a signal) is saved by on_fit_end or the preemption handler.
         if not trainer.state.epoch_done:
             return
-        if self.monitor is not None and not self.monitor.startswith("val/"):
-            self._check_monitor(trainer)  # training values are logged before on_train_epoch_end
+        self._check_monitor(trainer)
+        self._save_pending(trainer)
         if self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
             self._epoch_save(trainer)
+
+    def _validates_now(self, trainer: Any, batch_idx: int) -> bool:
+        """A validation runs right after this batch, at this step (Lightning defers a step save to it)."""
+        schedule, st = trainer.val_schedule, trainer.state
+        return bool(trainer.num_val_batches) and schedule.in_epoch(st.epoch) and schedule.due(st.epoch, batch_idx)
+
+    def _save_pending(self, trainer: Any) -> None:
+        """A step/time save that had no score of its own: rank this state if its score is here now."""
+        step = trainer.state.global_step
+        if self._pending and self._monitor_step == step and step != self._saved_step:
+            self.save(trainer)
+        elif self._awaiting == step:  # the validation of its step did not log the monitor either
+            self._unscored(trainer)
+        self._awaiting = -1
 
     def _saves_at_epoch_end(self, trainer: Any) -> bool:
         """Lightning's rule for where epoch saves happen (see ``save_on_train_epoch_end``)."""
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        if self.train_time_interval is not None or trainer.check_val_every_n_epoch != 1:
+        if trainer.check_val_every_n_epoch != 1:
             return False
         return not trainer.num_val_batches or trainer.val_check_interval == 1.0
 
     def _epoch_due(self, trainer: Any) -> bool:
         st = trainer.state
-        return bool(self.every_n_epochs) and (st.epoch + 1) % self.every_n_epochs == 0 \
+        return self._every_n_epochs >= 1 and (st.epoch + 1) % self._every_n_epochs == 0 \
             and st.global_step != self._saved_step and not trainer.fast_dev_run
 
     def _epoch_save(self, trainer: Any) -> None:
@@ -204,10 +230,12 @@ class ModelCheckpoint(Callback):
         self.save(trainer)
 
     def _check_monitor(self, trainer: Any) -> None:
-        """The monitored key was logged by now (the first validation, or the first epoch's end), else one error."""
-        logged = sorted(trainer.state.metrics)
-        if self.monitor in logged:
+        """At the end of a completed epoch after a validation (or without validation data), the monitored key must
+        have been logged: anything a validation or an epoch logs has been by then. Else one error, before saving."""
+        if self.monitor is None or self.monitor in trainer.state.metrics or (
+                trainer.num_val_batches and not self._validated):
             return
+        logged = sorted(trainer.state.metrics)
         close = difflib.get_close_matches(self.monitor, logged, n=1, cutoff=0.5)
         raise MisconfigurationError(
             f"ModelCheckpoint(monitor={self.monitor!r}) is not a logged key; logged: {logged}.",
@@ -219,19 +247,19 @@ class ModelCheckpoint(Callback):
         ``best_k_models``, ``best_model_path`` and the folder agree (the previous best is still there)."""
         if not trainer.is_main:
             return
-        kept = {**self._evicted, **self.best_k_models}  # a file whose removal was skipped is still ranked
-        self.best_k_models = {p: s for p, s in kept.items() if checkpoint_exists(p)}
-        self._update_best()
+        kept = {**self._evicted, **self._ranking.kept}  # a file whose removal was skipped is still ranked
+        self._ranking.kept = {p: s for p, s in kept.items() if checkpoint_exists(p)}
+        self.best_model_path = self._ranking.best()
         if self.last_model_path and not checkpoint_exists(self.last_model_path):
             self.last_model_path = ""
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
-        if trainer.state.global_step != self._saved_step and not trainer.fast_dev_run:
+        step = trainer.state.global_step
+        if step != self._saved_step and not trainer.fast_dev_run:
             if self._skipped_since_save:  # the ranked file too: best_model_path must be the final state
                 self.save(trainer)
-            elif self.save_last:  # training ended between two saves
-                trainer.save_checkpoint(self.prepare_last(trainer))
-                self._saved_step = trainer.state.global_step
+            elif self.save_last and step != self._last_written:  # training ended between two saves
+                self._write_last(trainer)
         if self._skipped and trainer.is_main:
             echo(f"ModelCheckpoint: {self._skipped} of {self._epoch_saves} epoch-end saves skipped (epochs shorter "
                  f"than min_epoch_interval={self.min_epoch_interval} s); the final state is in "
@@ -252,34 +280,56 @@ class ModelCheckpoint(Callback):
         self.last_model_path = os.path.join(self.dirpath or os.path.join(trainer.log_dir, "checkpoints"), "last.ckpt")
         return self.last_model_path
 
+    def _write(self, trainer: Any, path: str, background: bool) -> None:
+        if self.save_weights_only:
+            from ..checkpoint import save_checkpoint  # imported here: taskfit.checkpoint imports the callbacks
+            save_checkpoint(trainer, path, background, weights_only=True)
+        else:
+            trainer.save_checkpoint(path, background=background)
+
+    def _write_last(self, trainer: Any) -> None:
+        if self.save_last:
+            self._write(trainer, self.prepare_last(trainer), background=True)
+            self._last_written = trainer.state.global_step
+
     def save(self, trainer: Any) -> None:
         """Save now: a ranked file if it makes the top k, and ``last.ckpt``; then delete what fell out of the top k.
-
-        The checkpoint is serialised now; its fsync and rename, the ``last.ckpt`` link and the removals follow in
-        that order on ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk.
-        """
-        before = (dict(self.best_k_models), self.best_model_path, self.best_model_score, self.last_model_path)
+        Serialised now; the fsync, rename, ``last.ckpt`` link and removals follow in that order on
+        ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk."""
+        before = (dict(self._ranking.kept), self.best_model_path, self.current_score, self.last_model_path)
         try:
             self._save(trainer)
         except BaseException:  # nothing of this save is on disk: the bookkeeping must not name its files
-            self.best_k_models, self.best_model_path, self.best_model_score, self.last_model_path = before
+            self._ranking.kept, self.best_model_path, self.current_score, self.last_model_path = before
             raise
+        self._last_time = time.monotonic()
 
     def _save(self, trainer: Any) -> None:
-        score = self._score(trainer)
-        path, evicted, scores = None, [], dict(self.best_k_models)
-        if self.save_top_k != 0 and score is not None and self._qualifies(score):
+        st = trainer.state
+        score = float(st.global_step) if self.monitor is None else \
+            st.metrics[self.monitor] if self.monitor in st.metrics and self._monitor_step == st.global_step else None
+        if score is None:
+            self._unscored(trainer)
+            return
+        path, evicted, scores = None, [], dict(self._ranking.kept)
+        if self.save_top_k != 0 and self._ranking.qualifies(score):
             path = self._new_path(trainer)
-            evicted = self._admit(path, score)
-        if self.save_last:
-            last = self.prepare_last(trainer)
-        writer = trainer.checkpoint_writer
+            evicted = self._ranking.admit(path, score)
+            self.best_model_path = self._ranking.best()
+            self.current_score = torch.tensor(score) if self.monitor is not None else None
+            top = len(scores) + 1 if self.save_top_k == -1 else self.save_top_k
+            best = self._ranking.kept[self.best_model_path]
+            self._say(trainer, f"{self.monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to {path!r} "
+                               f"as top {top}")
+        elif self.save_top_k != 0:
+            self._say(trainer, f"{self.monitor!r} was not in top {self.save_top_k}")
+        last = self.prepare_last(trainer) if self.save_last else None
         if path is not None:
-            trainer.save_checkpoint(path, background=True)  # holds the bookkeeping above, which counts this file
-            if self.save_last and trainer.is_main:
-                writer.submit(atomic_copy, path, last)  # a hard link: no second write
-        elif self.save_last:
-            trainer.save_checkpoint(last, background=True)
+            self._write(trainer, path, background=True)  # holds the bookkeeping above, which counts this file
+            if last and trainer.is_main:
+                trainer.checkpoint_writer.submit(atomic_copy, path, last)  # a hard link: no second write
+        elif last:
+            self._write(trainer, last, background=True)
         evicted = [old for old in evicted if os.path.dirname(old) == self.dirpath
                    and old not in (path, self.last_model_path)]
         # Until their removal has run (after the new file is in place), evicted files and their scores are kept
@@ -287,82 +337,54 @@ class ModelCheckpoint(Callback):
         self._evicted = {p: s for p, s in self._evicted.items() if checkpoint_exists(p)}
         self._evicted.update((old, scores[old]) for old in evicted)
         if trainer.is_main and evicted:
-            writer.submit(remove_files, evicted)  # old files go only once their replacement is in place
-        self._saved_step, self._skipped_since_save = trainer.state.global_step, False
-        self._last_time = time.monotonic()
+            trainer.checkpoint_writer.submit(remove_files, evicted)  # old files go only once their replacement is in
+        self._saved_step, self._skipped_since_save, self._pending = st.global_step, False, False
+        self._last_written = st.global_step if last else self._last_written
 
-    def _score(self, trainer: Any) -> float | None:
-        """The score of the state being saved, or None when this state has none (the file is then not ranked)."""
-        if self.monitor is None:
-            return float(trainer.state.global_step)  # ranked by recency
-        metrics = trainer.state.metrics
-        if self.monitor in metrics and self._monitor_step == trainer.state.global_step:
-            return float(metrics[self.monitor])
-        if not self._warned_missing:  # e.g. a step-triggered save between validations: only last.ckpt this time
-            what = "was logged at an earlier step" if self.monitor in metrics else "has not been logged yet"
+    def _unscored(self, trainer: Any) -> None:
+        """This state has no score of its own (e.g. a step save between validations): last.ckpt only, and the
+        next state that has one is ranked (Lightning would rank this one by the score of an earlier state)."""
+        st = trainer.state
+        self._pending = True
+        if not self._warned_unscored:
+            what = "was logged at an earlier step" if self.monitor in st.metrics else "has not been logged yet"
             warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}) {what}, so the state of step "
-                          f"{trainer.state.global_step} has no score of its own: only last.ckpt is written for it. "
-                          "HINT: save when validation has run (every_n_epochs), or validate at the steps you save "
-                          "(val_check_interval).", stacklevel=2)
-            self._warned_missing = True
-        return None
+                          f"{st.global_step} has no score of its own: only last.ckpt is written for it, and the "
+                          "next state whose score is logged (after a validation or at an epoch end) is ranked "
+                          "instead. HINT: save when validation has run (every_n_epochs), or validate at the steps "
+                          "you save (val_check_interval).", stacklevel=3)
+            self._warned_unscored = True
+        if st.global_step != self._last_written:
+            self._write_last(trainer)
 
-    def _better(self, a: float, b: float) -> bool:
-        if math.isnan(a):
-            return False
-        lower = self.mode == "min" and self.monitor is not None  # without a monitor the newest (highest step) wins
-        return math.isnan(b) or (a < b if lower else a > b)
-
-    def _qualifies(self, score: float) -> bool:
-        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
-            return True
-        return self._better(score, self.best_k_models[self._worst()])
-
-    def _worst(self) -> str:
-        worst = None
-        for path, score in self.best_k_models.items():
-            if worst is None or self._better(self.best_k_models[worst], score):
-                worst = path
-        return worst
-
-    def _admit(self, path: str, score: float) -> list[str]:
-        self.best_k_models[path] = score
-        evicted = []
-        while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
-            worst = self._worst()
-            evicted.append(worst)
-            del self.best_k_models[worst]
-        self._update_best()
-        return evicted
-
-    def _update_best(self) -> None:
-        best = None
-        for p, s in self.best_k_models.items():
-            if best is None or self._better(s, self.best_k_models[best]):
-                best = p
-        self.best_model_path, self.best_model_score = (best, self.best_k_models[best]) if best else ("", None)
+    def _say(self, trainer: Any, message: str) -> None:
+        """``verbose``: Lightning's line for a monitored save."""
+        if self.verbose and self.monitor is not None and trainer.is_main:
+            st = trainer.state
+            echo(f"Epoch {st.epoch:d}, global step {st.global_step:d}: {message}", name="taskfit.checkpoint")
 
     def _new_path(self, trainer: Any) -> str:
         st = trainer.state  # between two epochs (the end of fit): named after the epoch it completed
         epoch = st.epoch - 1 if st.epoch and not st.batches_done and not st.epoch_done else st.epoch
         values = {**st.metrics, "epoch": epoch, "step": st.global_step}
         try:
-            name = format_filename(self.filename, values)
+            name = format_filename(self.filename, values, self.auto_insert_metric_name)
         except KeyError as exc:
             raise MisconfigurationError(
                 f"ModelCheckpoint(filename={self.filename!r}) uses {exc.args[0]!r}, which is not logged; "
                 f"available: {sorted(values)}.",
                 "use {epoch}, {step} or a logged key (e.g. {val/loss:.4f}) in the filename.") from None
-        path, version = os.path.join(self.dirpath, name + ".ckpt"), 0
-        while os.path.exists(path) and path not in self.best_k_models:  # a file from another run: keep it
-            version += 1
-            path = os.path.join(self.dirpath, f"{name}-v{version}.ckpt")
-        return path
+        # A name may be reused for the file this save replaces (Lightning: the k-th best it evicts; without a
+        # monitor the previous newest); any other file keeps its name and the new one gets -v1, -v2...
+        replaceable = {self._ranking.would_evict(), self.best_model_path if self.monitor is None else ""} - {""}
+        return versioned(self.dirpath, name, lambda p: p in replaceable or not (
+            os.path.exists(p) or p in self._ranking.kept), self.enable_version_counter)
 
     # ---- state in the checkpoint -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"monitor": self.monitor, "mode": self.mode, "best_k_models": dict(self.best_k_models),
-                "best_model_path": self.best_model_path, "best_model_score": self.best_model_score,
+        score = self.best_model_score
+        return {"monitor": self.monitor, "mode": self.mode, "best_k_models": dict(self._ranking.kept),
+                "best_model_path": self.best_model_path, "best_model_score": None if score is None else float(score),
                 "last_model_path": self.last_model_path, "dirpath": self.dirpath}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -372,7 +394,6 @@ class ModelCheckpoint(Callback):
                           "empty. HINT: keep monitor/mode when resuming to continue the same ranking.", stacklevel=2)
             self.last_model_path = state.get("last_model_path", "")
             return
-        self.best_k_models = {str(k): float(v) for k, v in state.get("best_k_models", {}).items()}
+        self._ranking.kept = {str(k): float(v) for k, v in state.get("best_k_models", {}).items()}
         self.best_model_path = state.get("best_model_path", "")
-        self.best_model_score = state.get("best_model_score")
         self.last_model_path = state.get("last_model_path", "")

@@ -97,7 +97,7 @@ SCENARIOS = {
     # SIGTERM to the process group (2 DataLoader workers included) mid-epoch: a checkpoint at that step boundary,
     # exit status 143; the resume is mid-epoch with workers
     "sigterm": (dict(TASK, num_workers=2), dict(max_epochs=2, log_every_n_steps=4),
-                dict(every_n_epochs=None), [("term", 0, 5), ("finish",)]),
+                dict(every_n_epochs=0), [("term", 0, 5), ("finish",)]),
     # manual optimization, two optimizers and schedulers (global_step: 2 per batch), SIGKILLed mid-epoch
     "manual": (dict(TASK), dict(max_epochs=3, log_every_n_steps=3, val_check_interval=5),
                dict(every_n_train_steps=4, every_n_epochs=None), [("kill", 1, 7), ("finish",)]),

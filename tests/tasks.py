@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from taskfit.callbacks import Callback
-from taskfit import TaskModule
+from taskfit import DataModule, TaskModule
 
 
 def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:
@@ -64,8 +64,10 @@ class ClassifierTask(TaskModule):
         return self.net(inputs)
 
     def loss(self, outputs, targets):
-        self.log("acc_batch", (outputs.argmax(-1) == targets).float().mean())
+        self.log("acc_batch", (outputs.argmax(-1) == targets).float().mean(), on_epoch=self.epoch_acc or None)
         return F.cross_entropy(outputs, targets)
+
+    epoch_acc = False  # EpochAccClassifierTask: also the epoch's mean in training (train/acc_batch_step, _epoch)
 
     def configure_metrics(self):
         import torchmetrics
@@ -183,3 +185,95 @@ def same_state(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
     return a == b
+
+
+class EpochAccClassifierTask(ClassifierTask):
+    """ClassifierTask whose acc_batch is also averaged per training epoch (self.log(..., on_epoch=True))."""
+
+    epoch_acc = True
+
+
+class RankLogs(RegressionTask):
+    """Logs ``rank * 10 + batch_idx`` with each reduction, and a torchmetrics mean of it (test_lightning_api)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(n=16, batch_size=4, val_n=8, **kwargs)  # 2 ranks: 2 training batches each per epoch
+        import torchmetrics
+
+        self.mean = torchmetrics.MeanMetric()
+
+    def training_step(self, batch, batch_idx):
+        v = torch.tensor(float(self.global_rank * 10 + batch_idx))
+        for fx in ("mean", "sum", "max", "min"):
+            self.log(fx, v, on_step=False, on_epoch=True, reduce_fx=fx)
+        self.log("mine", v, on_step=False, on_epoch=True, rank_zero_only=True)
+        self.mean.update(v)
+        self.log("metric", self.mean, on_step=False, on_epoch=True)
+        return self.loss(self(batch[0]), batch[1])
+
+
+class MetricsProbe(Callback):
+    """Writes each rank's ``state.metrics`` at fit end to ``<out>/metrics<r>.pt``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_fit_end(self, trainer, task) -> None:
+        torch.save(dict(trainer.state.metrics), f"{self.out}/metrics{trainer.strategy.rank}.pt")
+
+
+class Line(TaskModule):
+    """y = w * x with w starting at 0; the loss is the mean squared error to y = x (x = 0..n-1 in batches of
+    ``batch_size`` for training, 100..103 in batches of 2 for validation): test_lightning_semantics/_api."""
+
+    def __init__(self, n: int = 18, batch_size: int = 2, lr: float = 1e-4, scheduler: dict | None = None) -> None:
+        super().__init__()
+        self.n, self.batch_size, self.lr, self.scheduler_args = n, batch_size, lr, scheduler
+        self.net = nn.Linear(1, 1, bias=False)
+        nn.init.zeros_(self.net.weight)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, outputs, targets):
+        return ((outputs - targets) ** 2).mean()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        if self.scheduler_args is None:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **self.scheduler_args}}
+
+    def _data(self, start: int, n: int) -> TensorDataset:
+        x = torch.arange(start, start + n, dtype=torch.float32).unsqueeze(1)
+        return TensorDataset(x, x)
+
+    def train_dataloader(self):
+        return DataLoader(self._data(0, self.n), batch_size=self.batch_size)
+
+    def val_dataloader(self):
+        return DataLoader(self._data(100, 4), batch_size=2)
+
+
+class RecordingData(DataModule):
+    """RankLogs' data as a DataModule that leaves a file ``call-<hook>[-<stage>]-<rank>`` per hook call."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.out = out
+
+    def _mark(self, *what: str) -> None:
+        open(f"{self.out}/call-{'-'.join(what)}-{self.trainer.global_rank}", "w").close()
+
+    def prepare_data(self):
+        self._mark("prepare_data")
+
+    def setup(self, stage):
+        self._mark("setup", stage)
+
+    def teardown(self, stage):
+        self._mark("teardown", stage)
+
+    def train_dataloader(self):
+        return DataLoader(regression_data(16, 4), batch_size=4)

@@ -61,23 +61,24 @@ def test_early_stopping_counts_patience_and_min_delta(capsys):
     trainer, _ = fit_scripted([1.0, 0.8, 0.75, 0.79, 0.85, 0.5, 0.4, 0.3], stopper)
     assert stopper.stopped_epoch == 4 and trainer.state.epoch == 5  # epoch 4 completes, no epoch 5
     assert trainer.state.global_step == 5 * 2
-    assert stopper.best == pytest.approx(0.8) and stopper.wait == 3
+    assert float(stopper.best_score) == pytest.approx(0.8) and stopper.wait_count == 3
     reason = trainer.state.stop_reason
-    assert reason.startswith("EarlyStopping: val/score did not improve by more than 0.1 for 3 checks"), reason
+    assert reason == ("EarlyStopping: Monitored metric val/score did not improve in the last 3 records. Best score: "
+                      "0.800. Signaling Trainer to stop."), reason
     assert "EarlyStopping: stopping at epoch 4 (global step 10)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("script, kwargs, epoch, why", [
-    ([0.5, 0.7, 0.91, 0.95, 0.99], dict(mode="max", stopping_threshold=0.9), 2, "reached the stopping threshold 0.9"),
+    ([0.5, 0.7, 0.91, 0.95, 0.99], dict(mode="max", stopping_threshold=0.9), 2, "Stopping threshold reached"),
     ([1.0, 0.9, math.nan, 0.1], dict(mode="min"), 2, "val/score = nan is not finite"),
-    ([1.0, 0.9, 4.0, 0.1], dict(mode="min", divergence_threshold=3.0), 2, "worse than the divergence threshold 3.0"),
-    ([0.1, 0.2, 0.3, 0.35, 0.4], dict(mode="max"), None, None),  # always improving: never stops
+    ([1.0, 0.9, 4.0, 0.1], dict(mode="min", divergence_threshold=3.0), 2, "Divergence threshold reached"),
+    ([0.1, 0.2, 0.3, 0.35, 0.4], dict(mode="max"), 0, None),  # always improving: never stops (stopped_epoch 0)
 ])
 def test_early_stopping_thresholds_and_non_finite(script, kwargs, epoch, why):
     stopper = EarlyStopping(monitor="val/score", patience=2, verbose=False, **kwargs)
     trainer, _ = fit_scripted(script, stopper)
     assert stopper.stopped_epoch == epoch
-    assert trainer.state.epoch == (len(script) if epoch is None else epoch + 1)
+    assert trainer.state.epoch == (len(script) if why is None else epoch + 1)
     assert (why or "") in trainer.state.stop_reason and bool(trainer.state.stop_reason) == (why is not None)
 
 
@@ -92,7 +93,7 @@ def test_early_stopping_survives_a_checkpoint_resume(tmp_path):
     script = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]  # never improves after epoch 0
     first = EarlyStopping(monitor="val/score", patience=4, verbose=False)
     trainer, task = fit_scripted(script, first, max_epochs=3)  # checks at epochs 1, 2: wait 2
-    assert (first.best, first.wait, first.stopped_epoch) == (1.0, 2, None)
+    assert (float(first.best_score), first.wait_count, first.stopped_epoch) == (1.0, 2, 0)
     path = str(tmp_path / "after3.ckpt")
     trainer.save_checkpoint(path)
 
@@ -100,7 +101,7 @@ def test_early_stopping_survives_a_checkpoint_resume(tmp_path):
     trainer = Trainer(max_epochs=len(script), logger=False, callbacks=[resumed, EpochToTask()], **QUIET)
     trainer.fit(ScriptedTask(script), ckpt_path=path)
     assert resumed.stopped_epoch == 4  # 2 restored + epochs 3, 4; a fresh counter would stop at epoch 7
-    assert resumed.best == 1.0 and trainer.state.epoch == 5
+    assert float(resumed.best_score) == 1.0 and trainer.state.epoch == 5
 
     fresh = EarlyStopping(monitor="val/score", patience=4, verbose=False)
     fresh.load_state_dict(first.state_dict())
@@ -110,7 +111,8 @@ def test_early_stopping_survives_a_checkpoint_resume(tmp_path):
 def test_early_stopping_explains_an_unknown_key():
     stopper = EarlyStopping(monitor="val/acc")
     with pytest.raises(MisconfigurationError, match=r"monitors 'val/acc', which was not logged\. Logged keys: "
-                                                    r"val/loss, val/score\."):
+                                                    r"train/loss, train/loss_epoch, val/loss, val/score\.\n  HINT: "
+                                                    r"did you mean 'val/score'\?"):
         fit_scripted([1.0, 0.5], stopper)
 
 

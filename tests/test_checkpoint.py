@@ -295,7 +295,7 @@ def test_short_epochs_skip_saves_and_fit_end_saves_the_final_state(tmp_path, cap
     assert due == "5" and int(skipped) >= 1 and len(saves) == 5 - int(skipped) + 1  # the skipped ones + fit end
     folder = tmp_path / "version_0" / "checkpoints"
     assert sorted(os.listdir(folder)) == ["epoch=4-step=40.ckpt", "last.ckpt"]  # named after its epoch
-    assert cb.best_model_path == str(folder / "epoch=4-step=40.ckpt") and cb.best_model_score == 40.0
+    assert cb.best_model_path == str(folder / "epoch=4-step=40.ckpt") and cb.best_model_score is None  # no monitor
     assert _step(cb.last_model_path) == _step(cb.best_model_path) == trainer.state.global_step == 40
 
 

@@ -97,7 +97,8 @@ def test_resume_early_stopping_and_preemption_messages_reach_the_log(trained):
     (resumed,) = [m for name, _, m in records if m.startswith("Resumed from ")]
     assert resumed.startswith(f"Resumed from {first}/version_0/checkpoints/last.ckpt: epoch 1, batch 0, global step 3")
     (stop,) = [m for name, _, m in records if name == "taskfit.early_stopping"]
-    assert stop.startswith("EarlyStopping: stopping at epoch 1 (global step 6): val/loss = ")
+    assert stop.startswith("EarlyStopping: stopping at epoch 1 (global step 6): Stopping threshold reached: "
+                           "val/loss = ")
     (preempted,) = [(level, m) for name, level, m in records if name == "taskfit.preemption"]
     assert preempted[0] == "WARNING" and preempted[1].startswith("taskfit: SIGTERM received; saved a checkpoint at ")
     assert "global step 6 to " in preempted[1]
@@ -127,11 +128,12 @@ def test_outside_the_command_the_output_is_printed_once_and_the_logger_gets_it(c
         logging.getLogger("taskfit").removeHandler(collector)
     out, err = capsys.readouterr()
     messages = [r.getMessage() for r in kept]
-    assert [r.name for r in kept] == ["taskfit.summary", "taskfit.early_stopping", "taskfit.progress"]
+    # EarlyStopping decides after the other callbacks (order 990), so its line follows the epoch's
+    assert [r.name for r in kept] == ["taskfit.summary", "taskfit.progress", "taskfit.early_stopping"]
     for message in messages:
         assert out.count(message) == 1, message  # printed to stdout as before
         assert message not in err  # the root handler did not print it again
-    assert messages[1].startswith("EarlyStopping: stopping at epoch 0") and messages[2].startswith("Epoch 0/1: 100%|")
+    assert messages[2].startswith("EarlyStopping: stopping at epoch 0") and messages[1].startswith("Epoch 0/1: 100%|")
 
 
 def test_on_a_terminal_the_bar_stays_there_and_the_log_gets_one_line_per_epoch(tmp_path):

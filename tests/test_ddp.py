@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import ClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt, SlowSteps
+from tasks import ClassifierTask, EpochAccClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt, SlowSteps
 from taskfit import Trainer, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def _env() -> dict[str, str]:
 def _single_reference(epochs: int, root: Path, **kwargs) -> tuple[ClassifierTask, dict[str, float], Trainer]:
     """The 1-process run every ddp run is compared with: batch 16 = 2 ranks x 8, same seed, same data order."""
     seed_everything(0)
-    task = ClassifierTask(batch_size=16)
+    task = EpochAccClassifierTask(batch_size=16)
     trainer = Trainer(max_epochs=epochs, default_root_dir=str(root), **QUIET, **kwargs)
     return task, trainer.fit(task), trainer
 
@@ -60,12 +60,12 @@ def test_ddp_spawn_equals_one_process_and_checkpoints_cross_over(tmp_path, capfd
     reference, expected, _ = _single_reference(2, tmp_path / "reference", enable_checkpointing=False, **common)
 
     seed_everything(0)
-    first = ClassifierTask(batch_size=16)
+    first = EpochAccClassifierTask(batch_size=16)
     single = Trainer(max_epochs=1, default_root_dir=str(tmp_path / "single"), **QUIET, **common)
     single.fit(first)
     single_ckpt = single.checkpoint_callback.last_model_path
 
-    task = ClassifierTask(batch_size=8)  # per rank
+    task = EpochAccClassifierTask(batch_size=8)  # per rank
     trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, callbacks=[RankProbe(str(tmp_path))],
                       default_root_dir=str(tmp_path / "ddp"), **QUIET, **common)
     capfd.readouterr()

@@ -40,14 +40,16 @@ def test_hook_order(quiet):
     names = [entry[0] for entry in log]
     assert names == ["on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start",
                      "on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end",
-                     "on_train_batch_start", "on_before_optimizer_step", "on_log_interval", "on_validation_start",
-                     "on_validation_end", "on_train_batch_end", "on_train_epoch_end", "on_fit_end"]
-    assert log[1][:3] == ("on_sanity_check_start", "sanity", "fit") and log[10][:2] == ("on_validation_start", "val")
+                     "on_train_batch_start", "on_before_optimizer_step", "on_log_interval", "on_train_batch_end",
+                     "on_validation_start", "on_validation_end", "on_train_epoch_end", "on_fit_end"]
+    # Lightning's order: a batch's on_train_batch_end, then the validation that batch triggers
+    assert log[1][:3] == ("on_sanity_check_start", "sanity", "fit") and log[11][:2] == ("on_validation_start", "val")
     # Lightning's arguments: the batch and its index; after the step, its detached loss; the optimizer.
     batch, batch_idx = log[4][3]
     assert batch_idx == 0 and isinstance(batch, list) and batch[0].shape == (8, 4)
-    outputs, batch, batch_idx = log[6][3]
-    assert batch_idx == 0 and outputs.shape == () and not outputs.requires_grad and batch[0].shape == (8, 4)
+    outputs, batch, batch_idx = log[6][3]  # Lightning's outputs: a mapping with the step's detached loss
+    assert batch_idx == 0 and list(outputs) == ["loss"] and outputs["loss"].shape == () and \
+        not outputs["loss"].requires_grad and batch[0].shape == (8, 4)
     assert log[5][3] == (trainer.optimizer,)
     log.clear()
     trainer.validate(task)  # a validation on its own: the same hooks, state.fn says which

@@ -15,46 +15,12 @@ import os
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from taskfit import MisconfigurationError, TaskModule, Trainer
+from taskfit import MisconfigurationError, Trainer
 from taskfit.callbacks import Callback, ModelCheckpoint
+from tasks import Line
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
-
-
-class Line(TaskModule):
-    """y = w * x with w starting at 0; the loss is the mean squared error to y = x."""
-
-    def __init__(self, n: int = 18, batch_size: int = 2, lr: float = 1e-4, scheduler: dict | None = None) -> None:
-        super().__init__()
-        self.n, self.batch_size, self.lr, self.scheduler_args = n, batch_size, lr, scheduler
-        self.net = nn.Linear(1, 1, bias=False)
-        nn.init.zeros_(self.net.weight)
-
-    def forward(self, x):
-        return self.net(x)
-
-    def loss(self, outputs, targets):
-        return ((outputs - targets) ** 2).mean()
-
-    def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
-        if self.scheduler_args is None:
-            return optimizer
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **self.scheduler_args}}
-
-    def _data(self, start: int, n: int) -> TensorDataset:
-        x = torch.arange(start, start + n, dtype=torch.float32).unsqueeze(1)
-        return TensorDataset(x, x)
-
-    def train_dataloader(self):
-        return DataLoader(self._data(0, self.n), batch_size=self.batch_size)
-
-    def val_dataloader(self):
-        return DataLoader(self._data(100, 4), batch_size=2)
 
 
 class Record(Callback):
@@ -165,7 +131,7 @@ def test_a_monitor_that_is_never_logged_fails_after_the_first_validation(tmp_pat
 # ---- epoch means: weighted by batch size, as Lightning ----------------------------------------------------------
 class LogsY(Line):
     def loss(self, outputs, targets):
-        self.log("y", targets.mean())
+        self.log("y", targets.mean(), on_epoch=True)  # training: y_step and y_epoch; validation: y
         return super().loss(outputs, targets)
 
 

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .callbacks import callback_states, load_callback_states
+from .callbacks import callback_states, is_task_hook, load_callback_states
 from .data import ResumableSampler, data_position, finite, restore_position, stateful
 from .errors import CheckpointError, NonFiniteLossError
+from .init_args import plain_hparams
 from .optim import check_optimizer_state, lr_course
 from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
@@ -35,14 +36,16 @@ from .version import __version__
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["save_checkpoint", "restore", "load_weights", "load_module", "resolve", "last_checkpoint",
+__all__ = ["save_checkpoint", "open_checkpoint", "restore", "load_weights", "load_module", "resolve", "last_checkpoint",
            "next_version_dir", "load_checkpoint", "atomic_copy",
            "remove_files", "CheckpointWriter", "FORMAT_VERSION"]
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool = False) -> str:
+def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool = False,
+                    weights_only: bool = False) -> str:
     """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
+    ``weights_only``: the module's weights, counters and what describes the run; no optimizer, RNG or data state.
 
     Returns the absolute path. Earlier background saves are finished first. ``background=True`` serialises now
     and leaves the fsync and rename to ``trainer.checkpoint_writer`` (the file is in place when the next save
@@ -58,11 +61,18 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     _check_losses(trainer, path)
     writer = trainer.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
-    state = trainer.state_dict()  # on every rank: the RNG states are gathered
+    if weights_only:
+        state = {"module": trainer.strategy.module_state_dict(trainer.model),
+                 "loop": {"state": trainer.state.state_dict()}}
+    else:
+        state = trainer.state_dict()  # on every rank: the RNG states are gathered
+    checkpoint = _contents(trainer, state)
+    for fn in trainer.hooks["on_save_checkpoint"]:  # Lightning's hook: callbacks (not for weights only), the task
+        if not weights_only or is_task_hook(fn):
+            fn(trainer, trainer.task, checkpoint)
     if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
-        save_sharded(trainer.strategy, _contents(trainer, state), path, writer if background else None)
+        save_sharded(trainer.strategy, checkpoint, path, writer if background else None)
     elif trainer.is_main:
-        checkpoint = _contents(trainer, state)
         size = check_plain(checkpoint, "checkpoint")
         atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
     trainer.strategy.barrier()
@@ -87,7 +97,7 @@ def _contents(trainer: Trainer, state: dict[str, Any]) -> dict[str, Any]:
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
             "hparams": trainer.hparams, "config": trainer.config,
-            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": task.hparams}}
+            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": plain_hparams(task)}}
 
 
 # ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
@@ -188,15 +198,38 @@ def resolve(trainer: Trainer, ckpt_path: Any, fresh: bool = False) -> str | None
 
 
 # ---- restoring a run ------------------------------------------------------------------------------------
-def restore(trainer: Trainer, ckpt_path: Any) -> bool:
-    """Continue ``trainer`` exactly where the checkpoint left it (called by fit after setup, before on_fit_start).
-    False: ``ckpt_path="last"`` found nothing to resume, and the fit starts fresh."""
+def open_checkpoint(trainer: Trainer, ckpt_path: Any) -> tuple[str, dict[str, Any]] | None:
+    """``fit(ckpt_path=...)``'s checkpoint, read before the loaders are built: the task's ``on_load_checkpoint`` and
+    the data module's state come first, as in Lightning (the loaders may depend on that state). None:
+    ``ckpt_path="last"`` found nothing to resume, and the fit starts fresh (with a warning)."""
     path = resolve(trainer, ckpt_path, fresh=True)
     if path is None:
-        return False
+        return None
     ckpt = dict(load_checkpoint(path))
     if is_sharded(path):
         read_index(path)  # a damaged or hostile shard directory is refused before anything else is said or done
+    if "optimizer" not in ckpt:
+        raise CheckpointError(f"{path} holds only weights (ModelCheckpoint(save_weights_only=True)), not a training "
+                              "state to resume.", "resume from a full checkpoint (the last.ckpt a preemption signal "
+                              "writes is one), or start a new fit from these weights with "
+                              "TaskModule.load_from_checkpoint(path).")
+    _task_loads(trainer, ckpt)
+    return path, ckpt
+
+
+def _task_loads(trainer: Trainer, ckpt: Mapping[str, Any]) -> None:
+    """The task's own ``on_load_checkpoint`` (Lightning calls it for every entry point), then the data module's
+    ``load_state_dict``."""
+    for fn in trainer.hooks["on_load_checkpoint"]:
+        if is_task_hook(fn):
+            fn(trainer, trainer.task, ckpt)
+    if trainer.datamodule is not None and ckpt.get("datamodule"):
+        trainer.datamodule.load_state_dict(ckpt["datamodule"])
+
+
+def restore(trainer: Trainer, path: str, ckpt: dict[str, Any]) -> None:
+    """Continue ``trainer`` exactly where the checkpoint (:func:`open_checkpoint`) left it (called by fit after the
+    loaders are built, before on_fit_start)."""
     ckpt["module"] = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
     if len(ckpt["schedulers"]) != len(trainer.schedulers):
         raise CheckpointError(
@@ -213,13 +246,15 @@ def restore(trainer: Trainer, ckpt_path: Any) -> bool:
     if is_sharded(path):  # each rank reads its part of every tensor (any number of ranks may have written them)
         templates = trainer.strategy.checkpoint_templates(trainer.model, trainer.optimizers, meta_entries(ckpt))
         ckpt = read_shards(path, ckpt, templates)
+    for fn in trainer.hooks["on_load_checkpoint"]:  # the callbacks' (the task's came first: open_checkpoint)
+        if not is_task_hook(fn):
+            fn(trainer, trainer.task, ckpt)
     trainer.load_state_dict(ckpt)
     _warn_schedule(trainer, ckpt["data"], path)
     if trainer.is_main:
         st = trainer.state
         from .console import echo  # printed, and logged to `taskfit` (the taskfit command's taskfit.log)
         echo(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.")
-    return True
 
 
 def _warn_schedule(trainer: Trainer, data: Mapping[str, Any], path: str) -> None:
@@ -253,7 +288,7 @@ def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
              "accumulate_grad_batches": data.get("accumulate_grad_batches"),
              "batches per epoch": data.get("num_train_batches")}
     changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if saved[k] != now[k]]
-    old, new = ckpt.get("task", {}).get("hparams", {}), trainer.task.hparams
+    old, new = ckpt.get("task", {}).get("hparams", {}), plain_hparams(trainer.task)
     changed += [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
                 if old.get(k) != new.get(k) and k != "batch_size" and " at 0x" not in str(old.get(k))]
     state = ckpt["loop"]["state"]
@@ -278,7 +313,9 @@ def _warn_changes(trainer: Trainer, ckpt: Mapping[str, Any], path: str) -> None:
 def load_weights(trainer: Trainer, ckpt_path: Any) -> str:
     """Load only the module weights (validate/test/predict with ``ckpt_path``)."""
     path = resolve(trainer, ckpt_path)
-    weights = check_weights(unwrap(trainer.model), module_state(load_file(path), path), path)
+    ckpt = load_file(path)
+    weights = check_weights(unwrap(trainer.model), module_state(ckpt, path), path)
+    _task_loads(trainer, ckpt)
     if is_sharded(path):
         templates = trainer.strategy.checkpoint_templates(trainer.model, [], meta_entries({"module": weights}))
         weights = read_shards(path, {"module": weights}, templates, parts=("module",))["module"]
@@ -330,7 +367,8 @@ def run_state(trainer: Trainer) -> dict[str, Any]:
             "logbooks": None if book is None or strategy.world_size == 1 else strategy.all_gather_object(_cpu(book)),
             "rng": gather_rng_states(trainer.strategy),
             "data": data_position(trainer.train_dataloader, trainer.num_train_batches, st, trainer.data_seed, trainer),
-            "callbacks": callback_states(trainer.callbacks)}
+            "callbacks": callback_states(trainer.callbacks),
+            "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else None}
 
 
 def _cpu(tree: Any) -> Any:
@@ -357,6 +395,6 @@ def load_run_state(trainer: Trainer, state: Mapping[str, Any]) -> None:
     trainer.logs.load_state_dict({"book": book, "fold_mark": fold_mark})
     trainer.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
     restore_position(trainer.train_dataloader, trainer.val_loader, state["data"])
-    load_callback_states(trainer.callbacks, state.get("callbacks", {}))
+    load_callback_states(trainer.callbacks, state.get("callbacks", {}))  # (a data module's state: open_checkpoint)
     rng, rank = state["rng"], trainer.strategy.rank
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers

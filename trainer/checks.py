@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .callbacks.lightning_hooks import MODULE_HOOKS
 from .errors import MisconfigurationError, TaskModuleError
 from .module import TaskModule
 
@@ -45,11 +46,13 @@ def _signature(method: str) -> str:
 
 def check_arguments(args: dict[str, Any]) -> None:
     """The Trainer's arguments (``args``: its keyword arguments by name), before anything is built."""
-    for name, minimum in (("max_epochs", 0), ("max_steps", 0), ("accumulate_grad_batches", 1),
+    for name, minimum in (("max_epochs", 0), ("max_steps", 0), ("min_epochs", 0), ("min_steps", 0),
+                          ("accumulate_grad_batches", 1),
                           ("check_val_every_n_epoch", 1), ("num_sanity_val_steps", 0), ("log_every_n_steps", 1),
                           ("seed", 0)):
         check_count(name, args[name], minimum,
-                    allow_none=name in ("max_epochs", "max_steps", "seed", "check_val_every_n_epoch"))
+                    allow_none=name in ("max_epochs", "max_steps", "min_epochs", "min_steps", "seed",
+                                        "check_val_every_n_epoch"))
     for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
                  "overfit_batches", "val_check_interval"):
         check_limit(name, args[name])
@@ -69,8 +72,10 @@ def check_arguments(args: dict[str, Any]) -> None:
                                     "pass a positive number (e.g. 1.0), or None to turn clipping off.")
 
 
-def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: int | None = None) -> None:
-    """The TaskModule defines what ``stage`` needs (and fit has an end: ``max_epochs`` or ``max_steps``)."""
+def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: int | None = None,
+               data: Any = None) -> None:
+    """The TaskModule defines what ``stage`` needs (and fit has an end: ``max_epochs`` or ``max_steps``); the
+    training loader may come from ``data`` (loaders passed to fit, a DataModule) instead."""
     if stage == "fit" and max_epochs is None and max_steps is None:
         raise MisconfigurationError("Neither max_epochs nor max_steps is set, so fit would never end.",
                                     "pass Trainer(max_epochs=N) or Trainer(max_steps=N).")
@@ -83,7 +88,7 @@ def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: 
     step = {"fit": "training_step", "validate": "validation_step", "test": "test_step", "predict": "predict_step"}
     own_step = callable(getattr(type(task), step[stage], None))  # its own step: forward and loss are its business
     needed = ([] if own_step else ["forward"] + (["loss"] if stage != "predict" else [])) + (
-        ["train_dataloader"] if stage == "fit" else [])
+        ["train_dataloader"] if stage == "fit" and not (data is not None and data.provides("train_dataloader")) else [])
     for method in needed:
         owner = next(c for c in type(task).__mro__ if method in c.__dict__)
         if owner in (TaskModule, nn.Module):
@@ -120,7 +125,7 @@ def check_manual(task: Any, accumulate_grad_batches: int, gradient_clip_val: flo
 # What the Trainer calls on a TaskModule (and Lightning's step names): a method a letter or two away is a typo.
 _CALLED = ("forward", "loss", "split_batch", "train_dataloader", "val_dataloader", "test_dataloader",
            "predict_dataloader", "configure_optimizers", "configure_metrics", "training_step", "validation_step",
-           "test_step", "predict_step")
+           "test_step", "predict_step", "configure_callbacks", *MODULE_HOOKS)
 
 
 def warn_misspelt_hooks(task: Any) -> None:

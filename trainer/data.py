@@ -188,7 +188,8 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
 
 def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int, strategy: Any,
                 ignore_signals: tuple[str, ...] = ()) -> tuple[Any, float, Any, float]:
-    """``(train loader, its batches per epoch, val loader or None, its batches)`` for fit, after ``limit_*_batches``.
+    """``(train loader, its batches per epoch, val loader or None, its batches)`` for fit, after ``limit_*_batches``;
+    ``task`` is where the loaders come from (the task, or a ``DataSource``: loaders passed, a DataModule).
 
     With ``overfit_batches`` the training batches, unshuffled, are also the validation batches."""
     args = dict(seed=seed, rank=strategy.rank, world_size=strategy.world_size,
@@ -212,8 +213,10 @@ def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
     method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[fn]
     loader = getattr(task, method)()
     if loader is None:
-        raise TaskModuleError(f"Trainer.{fn} needs data, but {type(task).__name__}.{method}() returned None.",
-                              f"define `def {method}(self): return DataLoader(...)`.")
+        owner = getattr(task, "owner", type(task).__name__)
+        raise TaskModuleError(f"Trainer.{fn} needs data, but {owner}.{method}() returned None.",
+                              f"define `def {method}(self): return DataLoader(...)`, or pass the loader: "
+                              f"trainer.{fn}(task, dataloaders=...).")
     return prepare_loader(loader, train=False, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
                           pin_memory=strategy.device.type == "cuda")
 

@@ -319,6 +319,8 @@ class GatheredEval:
         return self
 
     def train(self, mode: bool = True) -> GatheredEval:
+        if mode:  # the pass is over: free the gathered copy (local), as the next training forward would
+            release(self.root)
         self.root.train(mode)
         return self
 

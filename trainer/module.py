@@ -1,8 +1,11 @@
 """TaskModule: the one class a user subclasses. It says *what* to train; the Trainer decides *how*."""
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
+import contextlib
+import functools
+import itertools
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -10,31 +13,16 @@ from torch import nn
 
 from .checkpoint import load_module
 from .errors import MisconfigurationError, TaskModuleError
+from .init_args import AttributeDict, recorded_init_args, select_hparams
 from .optim import gradient_clipper
 
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-_PRIMITIVES = (int, float, str, bool, type(None))
 # torch.compiler.disable, applied at the first call: the decorator imports torch._dynamo (about a second), which
 # `import taskfit` should not pay. torch.optim defers it the same way, with this helper; where a torch lacks it,
 # the public decorator (and the import at once).
 _EAGER = getattr(torch, "_disable_dynamo", torch.compiler.disable)
-
-
-def _plain(value: Any) -> Any:
-    """An init argument as a primitive (hparams must be loggable and safe to store in a checkpoint)."""
-    if isinstance(value, _PRIMITIVES):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    func = getattr(value, "func", None)  # functools.partial, e.g. a Hydra `_partial_: true` optimizer
-    if func is not None:
-        args = {k: _plain(v) for k, v in getattr(value, "keywords", {}).items()}
-        return {"_target_": f"{func.__module__}.{func.__qualname__}", **args}
-    return repr(value)
 
 
 class TaskModule(nn.Module):
@@ -47,6 +35,7 @@ class TaskModule(nn.Module):
     Beyond forward and loss (docs/steps.md): define ``training_step(batch, batch_idx)`` (returns the loss, or a
     dict with ``"loss"``), ``validation_step``/``test_step``/``predict_step(batch, batch_idx)``; set
     ``automatic_optimization = False`` to step the optimizers yourself (:meth:`optimizers`, :meth:`manual_backward`).
+    Lightning's hooks (``setup``, ``on_train_epoch_end``...) are called when defined (docs/taskmodule.md).
 
     The arguments a subclass is constructed with are recorded automatically in :attr:`hparams`
     (they are written to TensorBoard's HParams tab and to every checkpoint).
@@ -54,20 +43,8 @@ class TaskModule(nn.Module):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "TaskModule":
         self = super().__new__(cls)
-        init_args: dict[str, Any] = {}
-        try:  # record the init arguments; unpickling calls __new__ without them, then restores __dict__
-            signature = inspect.signature(cls.__init__)
-            bound = signature.bind(None, *args, **kwargs)
-            bound.apply_defaults()
-            for name, value in list(bound.arguments.items())[1:]:
-                kind = signature.parameters[name].kind
-                if kind is inspect.Parameter.VAR_KEYWORD:
-                    init_args.update({k: _plain(v) for k, v in value.items()})
-                elif kind is not inspect.Parameter.VAR_POSITIONAL:
-                    init_args[name] = _plain(value)
-        except TypeError:
-            init_args = {}
-        object.__setattr__(self, "_init_args", init_args)
+        # unpickling calls __new__ without the arguments, then restores __dict__
+        object.__setattr__(self, "_hparams", AttributeDict(recorded_init_args(cls, args, kwargs)))
         return self
 
     trainer: Trainer | None = None  # the Trainer running this module (set for the length of fit/validate/...)
@@ -157,9 +134,16 @@ class TaskModule(nn.Module):
 
     # ---- what the Trainer provides ---------------------------------------------------------
     @property
-    def hparams(self) -> dict[str, Any]:
-        """The arguments this module was constructed with, as primitives."""
-        return dict(self.__dict__.get("_init_args", {}))
+    def hparams(self) -> AttributeDict:
+        """The arguments this module was constructed with (``self.hparams.lr``), or those
+        :meth:`save_hyperparameters` kept. Checkpoints and loggers get them as primitives."""
+        return self.__dict__.setdefault("_hparams", AttributeDict())
+
+    def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True) -> None:
+        """Lightning's call. taskfit records every ``__init__`` argument already; this keeps only ``args`` (names),
+        or all but ``ignore`` (``ignore=["net"]``); ``logger=False`` keeps them out of the loggers' hyperparameters."""
+        select_hparams(self, args, ignore)
+        object.__setattr__(self, "_log_hparams", bool(logger))
 
     @property
     def stage(self) -> str | None:
@@ -168,18 +152,133 @@ class TaskModule(nn.Module):
         return {"sanity": "val", "idle": None}.get(stage, stage)  # type: ignore[arg-type]
 
     @_EAGER  # under compile=True: run eagerly (a graph break), not traced into guards per key
-    def log(self, name: str, value: torch.Tensor | float, prog_bar: bool = False) -> None:
-        """Record ``value`` under ``name``; averaged over the epoch (and across ddp ranks).
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool | None = None,
+            on_step: bool | None = None, on_epoch: bool | None = None, reduce_fx: str | Callable[..., Any] = "mean",
+            enable_graph: bool = False, sync_dist: bool = False, sync_dist_group: Any = None,
+            add_dataloader_idx: bool = True, batch_size: int | None = None, metric_attribute: str | None = None,
+            rank_zero_only: bool = False) -> None:
+        """Record ``value`` (a scalar tensor, a number or a torchmetrics Metric) under ``name``, as Lightning's
+        ``self.log``: in training hooks every ``log_every_n_steps`` (``on_step``), in validation/test and epoch-end
+        hooks as the epoch's ``reduce_fx`` ("mean" weighted by ``batch_size``, "sum", "max", "min") over all ranks
+        (``on_epoch``); both on: ``<name>_step`` and ``<name>_epoch``. ``prog_bar`` shows it on the progress bar,
+        ``logger=False`` keeps it out of the loggers (callbacks still read it).
 
         A name without a ``/`` gets the stage as prefix: ``self.log("acc", a)`` during validation is ``val/acc``.
-        Tensors stay on the device: logging costs no host-device sync.
+        Tensors stay on the device: logging costs no host-device sync (step values are converted at the log
+        interval, epoch values once per epoch). ``sync_dist``: epoch values are always reduced over ranks, step
+        values never (docs/taskmodule.md).
         """
-        if self.trainer is None:
+        trainer = self.trainer
+        if trainer is None:
             raise MisconfigurationError(
                 f"self.log({name!r}, ...) was called outside a Trainer run.",
-                "call self.log only from methods the Trainer calls (forward, loss, split_batch...).")
-        self.trainer.logs.current.log(name, value, prog_bar)
+                "call self.log only from methods the Trainer calls (forward, loss, split_batch, the steps, hooks).")
+        trainer.logs.current.log(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
+                                 reduce_fx=reduce_fx, batch_size=batch_size, rank_zero_only=rank_zero_only,
+                                 enable_graph=enable_graph, sync_dist_group=sync_dist_group)
 
+    def log_dict(self, dictionary: Mapping[str, Any], prog_bar: bool = False, logger: bool | None = None,
+                 on_step: bool | None = None, on_epoch: bool | None = None,
+                 reduce_fx: str | Callable[..., Any] = "mean", enable_graph: bool = False, sync_dist: bool = False,
+                 sync_dist_group: Any = None, add_dataloader_idx: bool = True, batch_size: int | None = None,
+                 rank_zero_only: bool = False) -> None:
+        """:meth:`log` each ``name: value`` of ``dictionary`` with the same options (Lightning's ``log_dict``)."""
+        for name, value in dictionary.items():
+            self.log(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
+                     reduce_fx=reduce_fx, enable_graph=enable_graph, sync_dist=sync_dist,
+                     sync_dist_group=sync_dist_group, add_dataloader_idx=add_dataloader_idx, batch_size=batch_size,
+                     rank_zero_only=rank_zero_only)
+
+    # ---- Lightning's attributes, read from the running Trainer ----------------------------------------------
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being trained, from 0 (``trainer.state.epoch``; 0 outside a run)."""
+        return 0 if self.trainer is None else self.trainer.state.epoch
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (``trainer.state.global_step``; 0 outside a run)."""
+        return 0 if self.trainer is None else self.trainer.state.global_step
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank (0 in one process)."""
+        return 0 if self.trainer is None else self.trainer.strategy.rank
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its machine."""
+        return 0 if self.trainer is None else self.trainer.strategy.local_rank
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the module's parameters (the Trainer's device during a run; batches arrive on it)."""
+        if "_device" in self.__dict__:
+            return self.__dict__["_device"]
+        tensor = next(itertools.chain(self.parameters(), self.buffers()), None)
+        return tensor.device if tensor is not None else torch.device("cpu")
+
+    @device.setter
+    def device(self, value: Any) -> None:  # a subclass that sets self.device keeps its own value
+        self.__dict__["_device"] = torch.device(value)
+
+    @property
+    def logger(self) -> Any:
+        """The first logger (``self.logger.experiment.add_image(...)`` with TensorBoard), None without one."""
+        if "_logger" in self.__dict__:
+            return self.__dict__["_logger"]
+        return None if self.trainer is None else self.trainer.logger
+
+    @logger.setter
+    def logger(self, value: Any) -> None:  # e.g. self.logger = logging.getLogger(...) in an older subclass
+        self.__dict__["_logger"] = value
+
+    @property
+    def loggers(self) -> list[Any]:
+        """Every logger of the running Trainer (``[]`` outside a run)."""
+        return [] if self.trainer is None else self.trainer.loggers
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on rank 0 only (Lightning's ``self.print``)."""
+        if self.trainer is None or self.trainer.is_main:
+            print(*args, **kwargs)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Only ``optimizer``'s parameters require grad until :meth:`untoggle_optimizer` (Lightning's call, for
+        manual optimization of several optimizers; not needed when the other losses ``.detach()``)."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        saved: dict[Any, bool] = {}
+        for opt in self._running_trainer("self.toggle_optimizer(...)").optimizers:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param not in saved:
+                        saved[param] = param.requires_grad
+                        param.requires_grad = False
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.requires_grad = saved[param]
+        object.__setattr__(self, "_requires_grad_saved", saved)
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Give the other optimizers' parameters back the ``requires_grad`` they had before :meth:`toggle_optimizer`."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        saved = self.__dict__.get("_requires_grad_saved", {})
+        for opt in self._running_trainer("self.untoggle_optimizer(...)").optimizers:
+            if opt is not optimizer:
+                for group in opt.param_groups:
+                    for param in group["params"]:
+                        if param in saved:
+                            param.requires_grad = saved[param]
+        object.__setattr__(self, "_requires_grad_saved", {})
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """:meth:`toggle_optimizer` for the length of a ``with`` block."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
 
     # ---- manual optimization and custom steps (docs/steps.md) ----------------------------------------------
     def optimizers(self) -> Any:
@@ -198,10 +297,11 @@ class TaskModule(nn.Module):
         found = [c.scheduler for c in self._running_trainer("self.lr_schedulers()").schedulers.configs]
         return None if not found else found[0] if len(found) == 1 else found
 
-    def manual_backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` with the precision's loss scaling (16-mixed); use it instead of ``loss.backward()``."""
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward(*args, **kwargs)`` with the precision's loss scaling (16-mixed) and the backward hooks;
+        use it instead of ``loss.backward()`` (``retain_graph=True`` passes through, as in Lightning)."""
         trainer = self._running_trainer("self.manual_backward(loss)")
-        trainer.precision.backward(loss)
+        trainer.backward(loss, *args, **kwargs)  # with on_before_backward/on_after_backward when defined
         for optimizer in trainer.manual_optimizers:  # ddp: their gradients are averaged before clipping/stepping
             optimizer.synced = False
 
@@ -240,13 +340,13 @@ def predict_inputs(task: TaskModule, batch: Any) -> Any:
     return batch
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as ``{"a.b": value}`` with loggable values (anything else as its ``str``)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
-    return out
+def rank_zero_only(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` on rank 0 only; elsewhere the call returns None (Lightning's decorator; the Trainer sets
+    ``rank_zero_only.rank`` when a run starts)."""
+    @functools.wraps(fn)
+    def on_rank_zero(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs) if rank_zero_only.rank == 0 else None
+    return on_rank_zero
+
+
+rank_zero_only.rank = int(os.environ.get("RANK", 0))  # type: ignore[attr-defined]

@@ -23,6 +23,8 @@ class SchedulerConfig:
     interval: str = "epoch"
     frequency: int = 1
     monitor: str | None = None
+    strict: bool = True  # False: a monitor that is not logged skips the step (one warning), as Lightning
+    warned: bool = False  # the warning of strict=False was given
 
     @property
     def on_plateau(self) -> bool:
@@ -37,7 +39,7 @@ def _scheduler_config(value: Any) -> SchedulerConfig:
                 f"configure_optimizers returned an lr_scheduler dict with keys {sorted(value)}.",
                 f"give `scheduler` and optionally `interval`, `frequency`, `monitor`. Accepted: {_ACCEPTED}.")
         config = SchedulerConfig(value["scheduler"], value.get("interval", "epoch"), value.get("frequency", 1),
-                                 value.get("monitor"))
+                                 value.get("monitor"), bool(value.get("strict", True)))
     else:
         config = SchedulerConfig(value)
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
@@ -107,14 +109,18 @@ class Schedulers:
 
     def __init__(self, configs: list[SchedulerConfig], automatic: bool = True) -> None:
         self.configs = configs  # all of them (checkpointed); with manual optimization the task steps them itself
-        self.per_step = [c for c in configs if c.interval == "step" and automatic]  # asked after each step
+        self.per_step = [c for c in configs if c.interval == "step" and automatic and not c.on_plateau]
+        # ReduceLROnPlateau steps after the batch's hooks and validation: it may monitor a value logged this step
+        self.plateau_per_step = [c for c in configs if c.interval == "step" and automatic and c.on_plateau]
         self.per_epoch = [c for c in configs if c.interval == "epoch" and automatic]
 
     def __len__(self) -> int:
         return len(self.configs)
 
-    def after_step(self, global_step: int, metrics: Mapping[str, float]) -> None:
-        for config in self.per_step:
+    def after_step(self, global_step: int, metrics: Mapping[str, Any], plateau: bool = False) -> None:
+        """Optimizer step ``global_step`` was taken: the step-interval schedulers due (``plateau``: the
+        ReduceLROnPlateau ones, after the batch's hooks and validation)."""
+        for config in self.plateau_per_step if plateau else self.per_step:
             if global_step % config.frequency == 0:
                 step_scheduler(config, metrics)
 
@@ -167,10 +173,18 @@ def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float]) -> Non
         config.scheduler.step()
         return
     value = metrics.get(config.monitor)
+    if value is None and not config.strict:
+        if not config.warned:
+            config.warned = True
+            warnings.warn(f"ReduceLROnPlateau monitors {config.monitor!r}, which is not logged, and its scheduler "
+                          "dict says 'strict': False: its steps are skipped until it is. HINT: log the key, or fix "
+                          "'monitor' in configure_optimizers.", UserWarning, stacklevel=2)
+        return
     if value is None:
         raise MisconfigurationError(
             f"ReduceLROnPlateau monitors {config.monitor!r}, which has not been logged.",
-            f"set 'monitor' to one of {sorted(metrics) or 'the logged keys'} in configure_optimizers.")
+            f"set 'monitor' to one of {sorted(metrics) or 'the logged keys'} in configure_optimizers, or add "
+            "'strict': False to its scheduler dict to skip its steps while the key is missing.")
     config.scheduler.step(value)
 
 

@@ -63,8 +63,9 @@ class Precision:
                 return step(*args)
         return step_under_autocast
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward(*args, **kwargs)``, scaled under 16-mixed (``retain_graph=True`` from manual_backward)."""
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward(*args, **kwargs)
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale gradients in place (before clipping), so clip values mean what they say; once per step (a

@@ -9,6 +9,7 @@ docs/steps.md shows each.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -30,6 +31,20 @@ def defines(task: TaskModule, step: str) -> bool:
     return callable(getattr(type(task), step, None))
 
 
+def own_step(task: TaskModule, step: str) -> Step:
+    """``task.<step>`` called as ``(batch, batch_idx)``: a step written without ``batch_idx`` (Lightning allows
+    ``training_step(self, batch)``) gets only the batch. Decided once per run."""
+    method = getattr(task, step)
+    try:
+        params = [p for p in inspect.signature(method).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        return method
+    if len(params) == 1 and params[0].kind is not params[0].VAR_POSITIONAL:
+        return lambda batch, batch_idx: method(batch)
+    return method
+
+
 class ThroughWrapper:
     """Calls ``task.<step>(batch, batch_idx)`` inside ``wrapper``'s forward: ``task.forward`` is swapped for the
     step for the length of one call (and restored before the step runs, so ``self(x)`` in it is the real forward).
@@ -44,7 +59,7 @@ class ThroughWrapper:
                 "DataParallel splits forward(inputs) over copies of the module, and a whole step cannot be split "
                 "that way.", "use strategy='ddp' (one process per GPU), or remove the step to use "
                 "forward + loss.")
-        self.wrapper, self.task, self.step = wrapper, task, getattr(task, step)
+        self.wrapper, self.task, self.step = wrapper, task, own_step(task, step)
         self.own_forward = task.__dict__.get("forward")  # an instance attribute to put back, if the task had one
         self.redirect = self.run_step  # one bound method for the run
 
@@ -77,7 +92,7 @@ def training_step(task: TaskModule, model: nn.Module, manual: bool, unsynced: nn
             "steps self.optimizers() (docs/steps.md).")
     if defines(task, "training_step"):
         through = unsynced if manual else model
-        return task.training_step if through is task else ThroughWrapper(through, task, "training_step")
+        return own_step(task, "training_step") if through is task else ThroughWrapper(through, task, "training_step")
     split, loss = task.split_batch, task.loss
 
     def forward_and_loss(batch: Any, batch_idx: int) -> torch.Tensor:  # the default: today's hand-written step
@@ -100,6 +115,14 @@ def step_loss(out: Any, task: TaskModule, manual: bool) -> torch.Tensor | None:
         f"{f' with keys {sorted(map(str, out))}' if isinstance(out, Mapping) else ''}, not a loss.",
         "return the scalar loss tensor, or a dict with a 'loss' key (other keys reach the callbacks' "
         "on_train_batch_end as `outputs`).")
+
+
+def batch_outputs(outputs: Any) -> dict[str, Any]:
+    """``on_train_batch_end``'s ``outputs`` as Lightning passes them: ``{"loss": loss}`` for a loss, the step's dict,
+    ``{}`` for a manual step that returned nothing. Built only when a batch-end hook is defined."""
+    if isinstance(outputs, torch.Tensor):
+        return {"loss": outputs}
+    return dict(outputs) if isinstance(outputs, Mapping) else {} if outputs is None else {"loss": outputs}
 
 
 def detached(out: Any) -> Any:

@@ -7,31 +7,30 @@ device value is read per step: the loss is converted once per ``log_every_n_step
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, hook_table, with_defaults
-from .checkpoint import load_run_state, load_weights, next_version_dir, restore, run_state, save_checkpoint
 from .arguments import arguments_checked
+from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, with_defaults
+from .checkpoint import load_run_state, run_state, save_checkpoint
 from .checks import check_arguments, check_loss, check_manual, check_task
-from .data import batch_size_of, empty_train_loader, eval_loader, fit_loaders, length, limit_batches, set_epoch
-from .evaluation import evaluate, predict
-from .logbook import LogBuffer
-from .metrics import build_metrics
-from .module import TaskModule, flatten
-from .optim import Schedulers, gradient_clipper, parse_optimizers
-from .precision import Precision, normalize_precision
-from .preemption import Preemption, normalize_signals, preempt, requeue_setting
-from .schedule import ValidationSchedule, accumulation_group
-from .seed import deterministic_algorithms, run_seed, seed_everything
+from .data import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
+from .datamodule import DataModule, DataSource
+from .evaluation import evaluation_pass, run_entry, sanity_pass
+from .init_args import flatten, plain_hparams
+from .logbuffer import LogBuffer
+from .module import TaskModule
+from .precision import normalize_precision
+from .preemption import normalize_signals, preempt, requeue_setting
+from .schedule import accumulation_group
 from .serialization import CheckpointWriter
+from .session import fitted_task, running, setup_fit
 from .state import TrainerState
-from .steps import ManualOptimizer, defines, detached, step_loss, training_step
+from .steps import batch_outputs, defines, detached, step_loss
 from .strategy_registry import select_strategy
 
 
@@ -40,7 +39,8 @@ class Trainer:
 
     @arguments_checked(docs="docs/trainer.md")  # Trainer(max_epoch=3): one error naming max_epochs (arguments.py)
     def __init__(
-        self, *, max_epochs: int | None = None, max_steps: int | None = None, accelerator: str = "auto",
+        self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
+        min_steps: int | None = None, accelerator: str = "auto",
         devices: int | str | Sequence[int] = "auto", strategy: Any = "auto", precision: str | int = "32",
         accumulate_grad_batches: int = 1, gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str = "norm", limit_train_batches: int | float = 1.0,
@@ -57,7 +57,7 @@ class Trainer:
         check_arguments(locals())
         self.precision_name = normalize_precision(precision)
         self.strategy = select_strategy(strategy, accelerator, devices)
-        self.max_epochs, self.max_steps = max_epochs, max_steps
+        self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = max_epochs, max_steps, min_epochs, min_steps
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         self.limits = {"train": limit_train_batches, "val": limit_val_batches, "test": limit_test_batches,
@@ -80,42 +80,53 @@ class Trainer:
             self.limits["train"] = self.limits["val"] = overfit_batches
         self.callbacks = with_defaults(callbacks, progress=enable_progress_bar, summary=enable_model_summary,
                                        checkpointing=enable_checkpointing, logger=logger)
-        self.state, self.log_dir, self.task = TrainerState(), None, None  # fit starts each run with a new state
+        self.state, self.log_dir, self.task, self.data, self.logs = TrainerState(), None, None, None, None
         self.model = self.optimizer = self.train_dataloader = self.val_loader = self.predict_dataloader = None
         self.optimizers, self.manual_optimizers, self.manual = [], [], False  # set by fit
         self.checkpoint_writer = CheckpointWriter()  # fsyncs and renames checkpoint files off the training thread
 
-    # ---- entry points -------------------------------------------------------------------------------
-    def fit(self, task: TaskModule, ckpt_path: str | None = None) -> dict[str, float]:
-        """Train ``task``; resume from ``ckpt_path`` ("last", "best" or a path). Returns the final metrics."""
-        check_task(task, "fit", self.max_epochs, self.max_steps)
+    # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
+    def fit(self, task: TaskModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: DataModule | None = None, ckpt_path: str | None = None) -> dict[str, float]:
+        """Train ``task`` on its own loaders, the loaders passed, or ``datamodule``'s; resume from ``ckpt_path``
+        ("last", "best" or a path). Returns the final metrics."""
+        data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
+        check_task(task, "fit", self.max_epochs, self.max_steps, data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
-        return self.strategy.launch(self._fit, task, ckpt_path)
+        return self.strategy.launch(self._fit, task, data, ckpt_path)
 
-    def validate(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
-        """Run one validation pass; returns ``[metrics]``."""
-        check_task(task, "validate")
-        return self.strategy.launch(self._run_eval, "validate", task, ckpt_path)
+    def validate(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+                 verbose: bool = True, datamodule: DataModule | None = None) -> list[dict[str, float]]:
+        """One validation pass; returns ``[metrics]``. Without ``task``: the fitted one, from ``ckpt_path``."""
+        return self._entry("validate", task, dataloaders, datamodule, ckpt_path)
 
-    def test(self, task: TaskModule, ckpt_path: str | None = None) -> list[dict[str, float]]:
-        """Run one pass over ``task.test_dataloader()``; returns ``[metrics]``."""
-        check_task(task, "test")
-        return self.strategy.launch(self._run_eval, "test", task, ckpt_path)
+    def test(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+             verbose: bool = True, datamodule: DataModule | None = None) -> list[dict[str, float]]:
+        """One pass over the test loader; returns ``[metrics]``. Without ``task``: the fitted one."""
+        return self._entry("test", task, dataloaders, datamodule, ckpt_path)
 
-    def predict(self, task: TaskModule, ckpt_path: str | None = None, return_predictions: bool = True) -> list[Any]:
-        """``predict_step`` (default ``task(inputs)``) per batch of ``predict_dataloader()``; ddp: all ranks', in order."""
-        check_task(task, "predict")
-        return self.strategy.launch(self._run_eval, "predict", task, ckpt_path, return_predictions)
+    def predict(self, task: TaskModule | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
+                return_predictions: bool | None = None, ckpt_path: str | None = None) -> list[Any] | None:
+        """``predict_step`` (default ``task(inputs)``) per batch; ddp: all ranks', in order."""
+        return self._entry("predict", task, dataloaders, datamodule, ckpt_path, return_predictions is not False)
+
+    def _entry(self, fn: str, task: TaskModule | None, loaders: Any, datamodule: Any, ckpt_path: str | None,
+               *more: Any) -> Any:
+        task, ckpt_path = fitted_task(self, fn, task, ckpt_path)
+        data = DataSource(task, fn, datamodule, loaders=loaders)
+        check_task(task, fn, data=data)
+        return self.strategy.launch(self._run_eval, fn, task, data, ckpt_path, *more)
 
     # ---- fit: epochs and batches ----------------------------------------------------------------------
-    def _fit(self, task: TaskModule, ckpt_path: str | None) -> dict[str, float]:
-        with self._running(task, "fit"):
-            self._setup_fit(ckpt_path)
+    def _fit(self, task: TaskModule, data: DataSource, ckpt_path: str | None) -> dict[str, float]:
+        with running(self, task, "fit", data):
+            setup_fit(self, ckpt_path)
             st = self.state
-            self._call("on_fit_start")
+            self.call_hooks("on_fit_start")
             on_start, on_end = drop_idle_batch_hooks(self.hooks, self)  # a per-batch call only where it does work
             if self.num_sanity_val_steps and self.val_loader is not None and not st.resumed:
                 self._sanity_check()
+            self._epoch_hooks("on_train_start")
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
@@ -125,6 +136,8 @@ class Trainer:
                     if batch_idx >= n:
                         break
                     st.batch_idx = batch_idx
+                    if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
+                        batch = self.strategy.batch_to_device(batch)
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
@@ -132,11 +145,13 @@ class Trainer:
                     if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
                         self._log_interval()  # every log_every_n_steps optimizer steps
                     st.batches_done = batch_idx + 1
+                    if on_end:  # Lightning's outputs: a mapping with "loss" ({} from a manual step returning None)
+                        outputs = batch_outputs(outputs)
+                        for fn in on_end:
+                            fn(self, task, outputs, batch, batch_idx)
                     if validating and self.val_schedule.due(st.epoch, batch_idx):
-                        self._validate()
-                    for fn in on_end:
-                        fn(self, task, outputs, batch, batch_idx)
-                    if st.global_step != step and (self.preemption.should_break(st) or self._max_steps_reached):
+                        self._validate()  # after the batch's hooks, as Lightning
+                    if st.global_step != step and (self.after_step() or self._max_steps_reached):
                         completed = st.batches_done >= n
                         break
                     waited = clock()
@@ -147,28 +162,27 @@ class Trainer:
                     raise empty_train_loader(loader)  # a loader without len() that yielded nothing
                 self._end_epoch(completed=completed and (st.batches_done >= n or n == float("inf")))
             st.stage = "idle"
-            self._call("on_fit_end")
+            self.call_hooks("on_train_end")
+            self.call_hooks("on_fit_end")
             self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
             return dict(st.metrics)
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
         """One batch: the step (steps.py), backward, an optimizer step when its group is complete; outputs, detached."""
         task, optimizer, precision, st = self.task, self.optimizer, self.precision, self.state
-        if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
-            batch = self.strategy.batch_to_device(batch)
         self.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
         k = self.accumulate_grad_batches
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
         if k > 1:  # ddp/fsdp reduce the gradients only on the micro-batch that steps (a flag: no context per batch)
             self.strategy.gradient_sync(self.model, steps)
         if batch_idx % k == 0 and not self.manual:  # a group's first batch: zero_grad before the forward, where a
-            optimizer.zero_grad(set_to_none=True)  # hand-written loop and Lightning put it (manual: the task does)
-        out = self.training_step(batch, batch_idx)  # under autocast (forward and loss only: _setup_fit)
+            self.zero_grad(set_to_none=True)  # hand-written loop puts it (manual: the task does); + on_before_zero_grad
+        out = self.training_step(batch, batch_idx)  # under autocast (forward and loss only: setup_fit)
         loss = out if type(out) is torch.Tensor else step_loss(out, task, self.manual)
         outputs = out.detach() if type(out) is torch.Tensor else detached(out)  # what on_train_batch_end gets
-        if not self._loss_checked and loss is not None:
+        if not self.loss_checked and loss is not None:
             check_loss(loss, task, not self.manual, "training_step" if defines(task, "training_step") else "loss")
-            self._loss_checked = True
+            self.loss_checked = True
         if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
             self.logs.add_loss(outputs if out is loss else loss.detach(), samples)
         if self.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
@@ -177,7 +191,7 @@ class Trainer:
             st.skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
             return outputs
-        precision.backward(loss if group == 1 else loss / group)
+        self.backward(loss if group == 1 else loss / group)  # precision.backward (+ the backward hooks, if any)
         if not steps:
             return outputs
         if self.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
@@ -196,11 +210,18 @@ class Trainer:
         for fn in self.hooks["on_before_optimizer_step"]:
             fn(self, self.task, optimizer)
 
+    def after_step(self) -> bool:
+        """After a batch that stepped, its hooks and validation: step-interval ReduceLROnPlateau (it may monitor
+        a value logged in this step), then whether to leave the epoch (a stop, once min_* are reached, or a signal)."""
+        if self.schedulers.plateau_per_step:
+            self.schedulers.after_step(self.state.global_step, self.logs.monitored(self.state.metrics), plateau=True)
+        return self.preemption.should_break(self.state) and self._can_stop
+
     def _log_interval(self) -> None:
         """This step's training values as floats (one tolist(): the sync point), ranks agree on stops, hooks."""
         self._publish(self.logs.interval(self.state))
         self.preemption.agree(self.state)
-        self._call("on_log_interval")
+        self.call_hooks("on_log_interval")
 
     def _finished(self) -> bool:
         """max_epochs, max_steps or should_stop (ddp: agreed). After a preemption signal: save and exit, here."""
@@ -208,8 +229,19 @@ class Trainer:
         self.preemption.agree(st)
         if self.preemption.requested:
             preempt(self)
-        return st.should_stop or self._max_steps_reached or (
+        return (st.should_stop and self._can_stop) or self._max_steps_reached or (
             self.max_epochs is not None and st.epoch >= self.max_epochs)
+
+    @property
+    def _can_stop(self) -> bool:
+        """should_stop ends training once min_epochs and min_steps are reached (Lightning's rule: min_steps alone
+        implies min_epochs=1); a preemption signal at once."""
+        st, min_epochs = self.state, self.min_epochs if self.min_epochs is not None else int(self.min_steps is not None)
+        if self.preemption.requested or min_epochs <= st.epoch and (self.min_steps or 0) <= st.global_step:
+            return True
+        warnings.warn(f"should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are not "
+                      "reached: training continues until they are (as Lightning).", UserWarning, stacklevel=2)
+        return False
 
     @property
     def _max_steps_reached(self) -> bool:
@@ -219,134 +251,70 @@ class Trainer:
         st = self.state
         set_epoch(self.train_dataloader, st.epoch, self.data_seed, st.batches_done)
         st.stage = "train"
-        self._call("on_train_epoch_start")
+        self._epoch_hooks("on_train_epoch_start")
         self.model.train()  # once per epoch (and after each validation), not per step
         return self.train_dataloader, self.num_train_batches, self.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
         st = self.state
         st.epoch_done = completed
-        if self.logs.losses and not self.logs.logged_this_epoch:  # an epoch shorter than log_every_n_steps logs
-            self._log_interval()  # its last step here: a short run still has its curves
+        if not self.logs.logged_this_epoch and self.logs.step_logged:  # an epoch shorter than log_every_n_steps
+            self._log_interval()  # logs its last step here: a short run still has its curves
         self.logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
-        self._publish(self.logs.epoch_means())
+        self._publish(self.logs.epoch_values(self.logs.train))  # torchmetrics computed, reset after the hooks
         if completed:
             self.schedulers.after_epoch(st.epoch, st.metrics)
-        self._call("on_train_epoch_end")
+        self._epoch_hooks("on_train_epoch_end")  # hook_table publishes what the task logged there, before monitors
+        self.logs.train.reset_metrics()
         if completed:
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
             self.logs.new_epoch(st.global_step)
 
-    # ---- validation, test, predict ------------------------------------------------------------------------
+    def _epoch_hooks(self, hook: str) -> None:
+        """An epoch-level hook: self.log there defaults to the epoch's value (on_epoch=True), as in Lightning."""
+        self.logs.train.epoch_level = True
+        try:
+            self.call_hooks(hook)
+        finally:
+            self.logs.train.epoch_level = False
+
+    # ---- validation, test, predict (evaluation.py) --------------------------------------------------------------
     def _sanity_check(self) -> None:
-        """A few validation batches before training, to fail fast; nothing is logged, no validation hook fires."""
+        """A few validation batches before training, to fail fast; nothing is logged. The callbacks'
+        on_validation_start/end do not fire for it (Lightning's epoch and batch hooks do: evaluation.sanity_pass)."""
         self.state.stage = "sanity"
-        self._call("on_sanity_check_start")
-        self._evaluate("val", self.val_loader, min(self.num_sanity_val_steps, self.num_val_batches))
-        self._call("on_sanity_check_end")
+        self.call_hooks("on_sanity_check_start")
+        sanity_pass(self, min(self.num_sanity_val_steps, self.num_val_batches))
+        self.call_hooks("on_sanity_check_end")
         self.state.stage = "idle"
 
     def _validate(self) -> None:
         self.state.stage = "val"
-        self._call("on_validation_start")
-        self._publish(self._evaluate("val", self.val_loader, self.num_val_batches))
+        self.call_hooks("on_validation_start")
+        self._publish(evaluation_pass(self, "val", self.val_loader, self.num_val_batches))
         self.preemption.agree(self.state)
-        self._call("on_validation_end")
+        self.call_hooks("on_validation_end")
         self.state.stage = "train"
         self.model.train()
 
-    def _evaluate(self, prefix: str, loader: Any, limit: float) -> dict[str, float]:
-        return evaluate(self.task, self.strategy.eval_module(self.model), loader, limit, prefix=prefix,
-                        strategy=self.strategy, precision=self.precision, logs=self.logs,
-                        metrics=self.metrics.get(prefix, {}), data_seed=self.data_seed)
-
-    def _run_eval(self, fn: str, task: TaskModule, ckpt_path: str | None, keep: bool = True) -> list[Any] | None:
+    def _run_eval(self, fn: str, task: TaskModule, data: DataSource, ckpt_path: str | None,
+                  keep: bool = True) -> list[Any] | None:
         """One pass of ``validate``/``test`` (returns ``[metrics]``) or ``predict`` (returns the predictions)."""
-        with self._running(task, fn, ckpt_path):
-            loader = eval_loader(task, fn, self.data_seed, self.strategy)
-            stage = {"validate": "val", "test": "test", "predict": "predict"}[fn]
-            limit, self.state.stage = limit_batches(length(loader), self.limits[stage]), stage
-            hook = {"validate": "validation", "test": "test", "predict": "predict"}[fn]
-            self.predict_dataloader = loader if fn == "predict" else None
-            self._call(f"on_{hook}_start")
-            if fn == "predict":
-                on_batch_end = [functools.partial(call, self, task) for call in self.hooks["on_predict_batch_end"]]
-                result = predict(task, self.strategy.eval_module(self.model), loader, limit, strategy=self.strategy,
-                                 precision=self.precision, on_batch_end=on_batch_end, keep=keep)
-            else:
-                result = [self._evaluate(stage, loader, limit)]
-                self._publish(result[0])
-            self._call(f"on_{hook}_end")
-            self.state.stage = "idle"
-            return result
+        with running(self, task, fn, data, ckpt_path):
+            return run_entry(self, fn, keep)
 
-    # ---- one run: what fit/validate/test/predict set up and tear down ---------------------------------------
-    @contextlib.contextmanager
-    def _running(self, task: TaskModule, fn: str, weights: str | None = None) -> Iterator[None]:
-        """Inside a launched process: seed, attach ``task`` (device, wrapper, precision, logging buffer), load the
-        ``weights`` checkpoint (validate/test/predict); on the way out restore what changed (``on_exception``)."""
-        self.strategy.setup_environment()
-        if self.seed is not None:
-            seed_everything(self.seed)
-        self.task, self.hooks, self.preemption = task, hook_table(self.callbacks), None
-        with deterministic_algorithms(self.deterministic):  # the process's setting comes back after
-            try:
-                if fn == "fit":
-                    self.state, self.log_dir = TrainerState(), None
-                self.state.fn = fn
-                if self.log_dir is None:  # chosen on rank 0
-                    self.log_dir = self.strategy.broadcast(self.is_main and next_version_dir(self.default_root_dir))
-                self.moves_batches = self.strategy.moves_batches  # read once: the step asks it every batch
-                if self.channels_last:
-                    task.to(memory_format=torch.channels_last)
-                wrapped = self.strategy.setup_module(task)
-                self.model = torch.compile(wrapped) if self.compile else wrapped  # what the loop calls
-                self.precision = Precision(self.precision_name, self.strategy.device)
-                self.metrics = build_metrics(task, self.strategy.device)
-                self.logs = LogBuffer(self.strategy, self.nonfinite_loss, self.precision, self.accumulate_grad_batches)
-                self.data_seed = int(self.strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank
-                self.preemption = Preemption(self.preempt_signals, self.strategy, install=fn == "fit")
-                task.trainer = self
-                if weights is not None:
-                    load_weights(self, weights)
-                yield
-            except BaseException as exc:
-                self.checkpoint_writer.close_quietly()  # finish the background files before reporting
-                self._call("on_exception", exc)
-                raise
-            finally:
-                if self.preemption is not None:
-                    self.preemption.uninstall()
-                if fn == "fit" and self.accumulate_grad_batches > 1 and self.model is not None:
-                    self.strategy.gradient_sync(self.model, True)  # a group cut short (an error) left it off
-                task.trainer = None
-
-    def _setup_fit(self, ckpt_path: str | None) -> None:
-        task, strategy = self.task, self.strategy
-        self.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
-        self.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not self.manual)
-        self.optimizer, self.schedulers = self.optimizers[0], Schedulers(configs, automatic=not self.manual)
-        self.manual_optimizers = [ManualOptimizer(o, self) for o in self.optimizers] if self.manual else []
-        self.clip_gradients = gradient_clipper(self.optimizer, self.gradient_clip_val, self.gradient_clip_algorithm)
-        self.training_step = self.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
-            training_step(task, self.model, self.manual, strategy.eval_module(self.model)))
-        self.train_dataloader, self.num_train_batches, self.val_loader, self.num_val_batches = fit_loaders(
-            task, self.limits, bool(self.overfit_batches), self.data_seed, strategy, self.preempt_signals)
-        self.val_schedule = ValidationSchedule(self.val_check_interval, self.check_val_every_n_epoch,
-                                               self.num_train_batches, self.val_loader is not None)
-        self._loss_checked = False
-        self.before_step_work = self.precision.scaler is not None or bool(self.hooks["on_before_optimizer_step"])
-        if ckpt_path is not None:
-            self.state.resumed = restore(self, ckpt_path)  # False: "last" found nothing, a fresh start
-
-    def _call(self, hook: str, *args: Any) -> None:
+    # ---- hooks and published values -------------------------------------------------------------------------
+    def call_hooks(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every callback (and task, data module) that defines it, in Lightning's order."""
         for fn in self.hooks[hook]:
             fn(self, self.task, *args)
 
     def _publish(self, metrics: dict[str, float]) -> None:  # floats into state.metrics and every on_log
         if metrics:
-            self.state.metrics.update(metrics)
-            self._call("on_log", metrics)
+            self.state.metrics.update(self.logs.callback_view(metrics))
+            logged = self.logs.logger_view(metrics)  # without self.log(..., logger=False) values
+            if logged:
+                self.call_hooks("on_log", logged)
 
     # ---- what callbacks read and call -------------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
@@ -361,7 +329,8 @@ class Trainer:
     @property
     def hparams(self) -> dict[str, Any]:
         """The run's hyperparameters: the flattened resolved config (CLI) or the TaskModule's init arguments."""
-        return flatten(self.config if self.config is not None else self.task.hparams if self.task is not None else {})
+        task = self.task if self.task is not None and self.task.__dict__.get("_log_hparams", True) else None
+        return flatten(self.config if self.config is not None else plain_hparams(task) if task is not None else {})
 
     @property
     def should_stop(self) -> bool:
@@ -383,6 +352,35 @@ class Trainer:
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+    # Lightning's names for what taskfit keeps in trainer.state and the logging buffer (docs/migrating-lightning.md)
+    current_epoch = property(lambda self: self.state.epoch, doc="``state.epoch`` (Lightning's name).")
+    global_step = property(lambda self: self.state.global_step, doc="``state.global_step`` (Lightning's name).")
+    sanity_checking = property(lambda self: self.state.stage == "sanity", doc="The sanity check is running.")
+    training = property(lambda self: self.state.stage == "train", doc="A training epoch is running.")
+    lightning_module = property(lambda self: self.task, doc="The TaskModule of the current or last run.")
+    datamodule = property(lambda self: getattr(self.data, "datamodule", None), doc="The run's DataModule, or None.")
+    world_size = property(lambda self: self.strategy.world_size, doc="The number of processes.")
+    global_rank = property(lambda self: self.strategy.rank, doc="This process's rank.")
+    local_rank = property(lambda self: self.strategy.local_rank, doc="This process's rank on its machine.")
+    is_global_zero = property(lambda self: self.strategy.is_main, doc="Rank 0 (``is_main``).")
+    num_training_batches = property(lambda self: self.num_train_batches, doc="Training batches per epoch.")
+    callback_metrics = property(lambda self: {k: torch.tensor(v) for k, v in self.state.metrics.items()},
+                                doc="Every published value, as tensors (``state.metrics`` holds them as floats).")
+    logged_metrics = property(lambda self: {k: torch.tensor(v) for k, v in (
+        self.state.metrics if self.logs is None else self.logs.logger_view(self.state.metrics)).items()},
+        doc="The published values loggers received, as tensors.")
+    progress_bar_metrics = property(lambda self: {} if self.logs is None else {
+        k: v for k, v in self.state.metrics.items() if k in self.logs.prog_bar},
+        doc="The latest value of every key logged with ``prog_bar=True`` (floats).")
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """Optimizer steps this fit will take (``max_steps``, or ``max_epochs`` of the training loader)."""
+        loader = self.data.train_dataloader() if self.train_dataloader is None else self.train_dataloader
+        per_epoch = -(-limit_batches(length(loader), self.limits["train"]) // self.accumulate_grad_batches)
+        epochs = float("inf") if self.max_epochs is None else self.max_epochs * per_epoch
+        return epochs if self.max_steps is None else min(epochs, self.max_steps)
 
     # ---- the run's state, as checkpoints hold it ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""Data kept apart from the task: a small ``DataModule`` (Lightning's ``LightningDataModule``) and ``DataSource``,
+where one entry point's loaders come from: loaders passed to fit/validate/test/predict, a data module, or the
+TaskModule's own ``*_dataloader`` methods. Whatever the source, a plain DataLoader is re-created around taskfit's
+resumable sampler (data.py), so exact resume and ddp sharding work for all of them.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .callbacks.lightning_hooks import default_hook
+from .errors import MisconfigurationError
+from .init_args import AttributeDict, recorded_init_args, select_hparams
+from .module import TaskModule
+
+LOADERS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
+           "predict": "predict_dataloader"}
+
+
+class DataModule:
+    """The data of a task in a class of its own (Lightning's ``LightningDataModule``): pass it as
+    ``trainer.fit(task, datamodule=dm)``. The Trainer calls ``prepare_data()`` (once per machine, rank 0 first:
+    downloads), ``setup(stage)`` (every process: splits, transforms), the ``*_dataloader()`` methods and
+    ``teardown(stage)``; ``state_dict()``/``load_state_dict()`` are saved in checkpoints and restored on resume.
+    Its ``__init__`` arguments are recorded in :attr:`hparams`, as a TaskModule's.
+    """
+
+    trainer: Any = None  # the Trainer running it (set for the length of a run)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "DataModule":
+        self = super().__new__(cls)
+        self.__dict__["_hparams"] = AttributeDict(recorded_init_args(cls, args, kwargs))
+        return self
+
+    @default_hook
+    def prepare_data(self) -> None:
+        """Download or write to disk, once per machine (on local rank 0, before ``setup``); set no state here."""
+
+    @default_hook
+    def setup(self, stage: str) -> None:
+        """Build what the loaders need, in every process; ``stage`` is "fit", "validate", "test" or "predict"."""
+
+    @default_hook
+    def teardown(self, stage: str) -> None:
+        """Release what ``setup`` built, after the run of ``stage`` ended normally."""
+
+    # the loaders, as a TaskModule's: train_dataloader is required for fit, the others return None (skipped)
+    train_dataloader = TaskModule.train_dataloader
+    val_dataloader = TaskModule.val_dataloader
+    test_dataloader = TaskModule.test_dataloader
+    predict_dataloader = TaskModule.predict_dataloader
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this data module needs to continue after a resume (plain containers, numbers, tensors)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """The ``__init__`` arguments (``self.hparams.batch_size``), or those :meth:`save_hyperparameters` chose."""
+        return self.__dict__["_hparams"]
+
+    def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True) -> None:
+        """Lightning's call: keep only ``args`` (names) in :attr:`hparams`, or all but ``ignore``."""
+        select_hparams(self, args, ignore)
+
+
+class DataSource:
+    """Where an entry point's loaders come from, per loader as Lightning decides: loaders passed to the entry point,
+    else the data module's methods, else the task's. Passing both loaders and a data module is an error."""
+
+    def __init__(self, task: Any, fn: str, datamodule: Any = None, train: Any = None, val: Any = None,
+                 loaders: Any = None) -> None:
+        if isinstance(train, DataModule) and datamodule is None:  # fit(task, dm): Lightning accepts it here too
+            datamodule, train = train, None
+        if isinstance(loaders, DataModule) and datamodule is None:
+            datamodule, loaders = loaders, None
+        passed = [name for name, value in (("train_dataloaders", train), ("val_dataloaders", val),
+                                           ("dataloaders", loaders)) if value is not None]
+        for name, value in (("train_dataloaders", train), ("val_dataloaders", val), ("dataloaders", loaders)):
+            if isinstance(value, (str, os.PathLike)):  # fit(task, "last"): taskfit's order before Lightning's
+                raise MisconfigurationError(
+                    f"Trainer.{fn}(task, {value!r}): the second argument is {name} (Lightning's order), not a "
+                    "checkpoint.", f"name it: trainer.{fn}(task, ckpt_path={value!r}).")
+        if datamodule is not None and passed:
+            raise MisconfigurationError(
+                f"Trainer.{fn}() got both {passed[0]}= and datamodule=.",
+                f"pass one of them: the loaders, or a DataModule whose {LOADERS[fn]}() returns them.")
+        if datamodule is not None and not isinstance(datamodule, DataModule):
+            raise MisconfigurationError(
+                f"Trainer.{fn}(datamodule=...) got {type(datamodule).__name__}, not a taskfit.DataModule.",
+                "subclass taskfit.DataModule (Lightning's LightningDataModule: the same methods), or pass the "
+                f"loaders themselves: Trainer.{fn}(task, {'train_dataloaders' if fn == 'fit' else 'dataloaders'}=...).")
+        self.task, self.datamodule = task, datamodule
+        self.passed = {"train_dataloader": train, "val_dataloader": val if fn == "fit" else None,
+                       LOADERS[fn]: loaders if fn != "fit" else train}
+
+    def _get(self, method: str) -> Any:
+        if self.passed.get(method) is not None:
+            return self.passed[method]
+        return getattr(self.datamodule if self.datamodule is not None else self.task, method)()
+
+    def provides(self, method: str) -> bool:
+        """The loader of ``method`` comes from somewhere other than the task (check_task then does not ask it)."""
+        return self.passed.get(method) is not None or self.datamodule is not None
+
+    def train_dataloader(self) -> Any:
+        return self._get("train_dataloader")
+
+    def val_dataloader(self) -> Any:
+        return self._get("val_dataloader")
+
+    def test_dataloader(self) -> Any:
+        return self._get("test_dataloader")
+
+    def predict_dataloader(self) -> Any:
+        return self._get("predict_dataloader")
+
+    @property
+    def owner(self) -> str:
+        """Who defines the loaders (for error messages)."""
+        return type(self.datamodule if self.datamodule is not None else self.task).__name__

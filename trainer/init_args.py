@@ -1,0 +1,98 @@
+"""What a TaskModule or DataModule was constructed with: ``hparams`` (Lightning's ``self.hparams.lr``), recorded
+from the ``__init__`` arguments; ``save_hyperparameters`` choosing among them; their plain form for checkpoints
+(which load with ``weights_only=True``) and loggers."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import MisconfigurationError
+
+_PRIMITIVES = (int, float, str, bool, type(None))
+
+def _plain(value: Any) -> Any:
+    """An init argument as a primitive (hparams must be loggable and safe to store in a checkpoint)."""
+    if isinstance(value, _PRIMITIVES):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    func = getattr(value, "func", None)  # functools.partial, e.g. a Hydra `_partial_: true` optimizer
+    if func is not None:
+        args = {k: _plain(v) for k, v in getattr(value, "keywords", {}).items()}
+        return {"_target_": f"{func.__module__}.{func.__qualname__}", **args}
+    return repr(value)
+
+
+class AttributeDict(dict):
+    """A dict whose keys are also attributes: ``self.hparams.lr`` (Lightning's ``AttributeDict``)."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"hparams has no {key!r}; it holds {sorted(self)}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        del self[key]
+
+
+def recorded_init_args(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments ``cls(*args, **kwargs)`` is constructed with, by name (defaults filled in; ``**kwargs``
+    flattened), as given: what ``hparams`` holds. Empty when they do not bind (the constructor then says why)."""
+    try:
+        signature = inspect.signature(cls.__init__)
+        bound = signature.bind(None, *args, **kwargs)
+    except (TypeError, ValueError):
+        return {}
+    bound.apply_defaults()
+    recorded: dict[str, Any] = {}
+    for name, value in list(bound.arguments.items())[1:]:
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            recorded.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            recorded[name] = value
+    return recorded
+
+
+def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
+    """``save_hyperparameters(*args, ignore=...)``: keep the named init arguments (all by default) but ``ignore``d
+    ones; a mapping argument replaces them (Lightning's ``save_hyperparameters(config)``)."""
+    hparams = owner.__dict__["_hparams"]
+    if len(args) == 1 and isinstance(args[0], Mapping):
+        chosen = dict(args[0])
+    else:
+        names = [n for a in args for n in ([a] if isinstance(a, str) else a)]
+        unknown = [n for n in names if n not in hparams]
+        if unknown:
+            raise MisconfigurationError(
+                f"save_hyperparameters({', '.join(map(repr, names))}): {unknown[0]!r} is not an argument of "
+                f"{type(owner).__name__}.__init__ (arguments: {sorted(hparams)}).",
+                "name __init__ arguments, or call save_hyperparameters() to keep all of them.")
+        chosen = {k: v for k, v in hparams.items() if not names or k in names}
+    ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+    hparams.clear()
+    hparams.update({k: v for k, v in chosen.items() if k not in ignored})
+
+
+def plain_hparams(owner: Any) -> dict[str, Any]:
+    """``owner.hparams`` as primitives: what checkpoints hold (they load with weights_only=True) and loggers show."""
+    return {str(k): _plain(v) for k, v in owner.__dict__.get("_hparams", {}).items()}
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b": value}`` with loggable values (anything else as its ``str``)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return out
