@@ -161,7 +161,7 @@ def test_missing_path_and_last_or_best_with_nothing_saved(tmp_path):
     with pytest.raises(CheckpointError, match=r"Checkpoint .*nope\.ckpt does not exist"):
         trainer.fit(_task(), ckpt_path=str(tmp_path / "nope.ckpt"))
     with pytest.raises(CheckpointError, match=r'ckpt_path="last" but no checkpoint has been saved yet'):
-        trainer.fit(_task(), ckpt_path="last")
+        trainer.validate(_task(val_n=8), ckpt_path="last")  # nothing to evaluate (fit starts fresh instead)
     with pytest.raises(CheckpointError, match=r'ckpt_path="best" but no best checkpoint is known'):
         trainer.validate(_task(val_n=8), ckpt_path="best")
     with pytest.raises(CheckpointError, match="is not a path"):

@@ -75,6 +75,18 @@ def check_checkpoint(path: str) -> None:
     module_state(ckpt, path)  # a file without weights: its CheckpointError
 
 
+def check_resume_path(path: str) -> None:
+    """``mode=fit`` with ``ckpt_path=<path>``: something must be there, before the task is built (the checkpoint's
+    contents are checked when fit loads it)."""
+    from .errors import CheckpointError
+
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"ckpt_path={path}: there is no checkpoint there (no such file or directory).",
+            "ckpt_path takes null (a fresh run), last (the newest last.ckpt of the runs of this name; a fresh run "
+            "when there is none yet), or the path of a .ckpt file or sharded checkpoint directory.")
+
+
 def use_loader(task: Any, which: str | None) -> str:
     """Point ``task.predict_dataloader`` at the loader ``which`` names (None: ``predict`` if the task defines it,
     else ``test``); returns the method used, for the report."""
@@ -121,5 +133,5 @@ def report_lines(mode: str, result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["MODES", "EVALUATING", "check_mode", "check_checkpoint_arg", "check_checkpoint", "use_loader", "evaluate",
-           "prediction_files", "report_lines"]
+__all__ = ["MODES", "EVALUATING", "check_mode", "check_checkpoint_arg", "check_checkpoint", "check_resume_path",
+           "use_loader", "evaluate", "prediction_files", "report_lines"]

@@ -27,7 +27,7 @@ from .model_memory import checkpoint_policy, init_module
 from .module import TaskModule
 from .precision import normalize_precision
 from .profiling import profiler_for
-from .preemption import normalize_signals, preempt
+from .preemption import normalize_signals, preempt, requeue_setting
 from .schedule import accumulation_group
 from .serialization import CheckpointWriter
 from .session import fitted_task, running, setup_fit
@@ -43,19 +43,19 @@ class Trainer:
     @arguments_checked(docs="docs/trainer.md")  # Trainer(max_epoch=3): one error naming max_epochs (arguments.py)
     def __init__(
         self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
-        min_steps: int | None = None, accelerator: str = "auto",
-        devices: int | str | Sequence[int] = "auto", strategy: Any = "auto", precision: str | int = "32",
-        accumulate_grad_batches: int = 1, gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm", limit_train_batches: int | float = 1.0,
-        limit_val_batches: int | float = 1.0, limit_test_batches: int | float = 1.0,
-        limit_predict_batches: int | float = 1.0, val_check_interval: int | float = 1.0,
-        check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int = 2, log_every_n_steps: int = 50,
-        fast_dev_run: bool | int = False, overfit_batches: int | float = 0, deterministic: bool = False,
-        callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None, profiler: Any = None,
-        enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
-        logger: bool | Logger | Sequence[Logger] = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
-        channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
-        preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None, activation_checkpointing: Any = None,
+        min_steps: int | None = None, accelerator: str = "auto", devices: int | str | Sequence[int] = "auto",
+        strategy: Any = "auto", precision: str | int = "32", accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
+        limit_train_batches: int | float = 1.0, limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0, limit_predict_batches: int | float = 1.0,
+        val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int = 2,
+        log_every_n_steps: int = 50, fast_dev_run: bool | int = False, overfit_batches: int | float = 0,
+        deterministic: bool = False, callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
+        profiler: Any = None, enable_progress_bar: bool = True, enable_model_summary: bool = True,
+        enable_checkpointing: bool = True, logger: bool | Logger | Sequence[Logger] = True,
+        nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False, channels_last: bool = False,
+        preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"), preempt_exit_code: int | None = None,
+        requeue: bool | None = None, config: Mapping[str, Any] | None = None, activation_checkpointing: Any = None,
     ) -> None:
         check_arguments(locals())
         self.precision_name = normalize_precision(precision)
@@ -72,6 +72,7 @@ class Trainer:
         self.compile, self.channels_last = compile, channels_last
         self.activation_checkpointing = checkpoint_policy(activation_checkpointing)  # model_memory.py
         self.preempt_signals, self.preempt_exit_code = normalize_signals(preempt_signals), preempt_exit_code
+        self.requeue = requeue_setting(requeue, self.preempt_signals)  # SIGUSR1 under SLURM: save, requeue, exit
         self.config = dict(config) if config is not None else None
         self.fast_dev_run = int(fast_dev_run)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
@@ -91,8 +92,7 @@ class Trainer:
     # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
     def fit(self, task: TaskModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: DataModule | None = None, ckpt_path: str | None = None) -> dict[str, float]:
-        """Train ``task`` on its own loaders, the loaders passed, or ``datamodule``'s; resume from ``ckpt_path``
-        ("last", "best" or a path). Returns the final metrics."""
+        """Train ``task`` (its loaders, those passed or ``datamodule``'s), resuming ``ckpt_path``; the final metrics."""
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", self.max_epochs, self.max_steps, data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
