@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from .arguments import arguments_checked
 from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, with_defaults
 from .checkpoint import load_run_state, run_state, save_checkpoint
 from .checks import check_arguments, check_loss, check_manual, check_task
@@ -22,6 +21,7 @@ from .data import batch_size_of, empty_train_loader, length, limit_batches, set_
 from .datamodule import DataModule, DataSource
 from .evaluation import evaluation_pass, run_entry, sanity_pass
 from .init_args import flatten, plain_hparams
+from .lightning_arguments import lightning_keywords, trainer_arguments
 from .logbuffer import LogBuffer
 from .module import TaskModule
 from .precision import normalize_precision
@@ -34,10 +34,11 @@ from .steps import batch_outputs, defines, detached, step_loss
 from .strategy_registry import select_strategy
 
 
+@lightning_keywords  # fit(model=...), save_checkpoint(filepath=...): Lightning's keyword names (lightning_arguments.py)
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
 
-    @arguments_checked(docs="docs/trainer.md")  # Trainer(max_epoch=3): one error naming max_epochs (arguments.py)
+    @trainer_arguments  # one catalogued error for Trainer(max_epoch=3) or Trainer(num_nodes=2); Lightning's -1/None
     def __init__(
         self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
         min_steps: int | None = None, accelerator: str = "auto",
@@ -90,7 +91,7 @@ class Trainer:
         """Train ``task`` on its own loaders, the loaders passed, or ``datamodule``'s; resume from ``ckpt_path``
         ("last", "best" or a path). Returns the final metrics."""
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
-        check_task(task, "fit", self.max_epochs, self.max_steps, data)
+        check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
         return self.strategy.launch(self._fit, task, data, ckpt_path)
 
@@ -391,7 +392,7 @@ class Trainer:
         """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
         load_run_state(self, state)
 
-    def save_checkpoint(self, path: str, background: bool = False) -> None:
+    def save_checkpoint(self, path: str, *, background: bool = False) -> None:
         """Write :meth:`state_dict` atomically to ``path`` on rank 0 (every rank calls it). ``background=True``: the
         fsync and rename finish on :attr:`checkpoint_writer`'s thread (by the next save or fit's end)."""
         save_checkpoint(self, path, background)
