@@ -257,7 +257,8 @@ def fmt_ms(seconds: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rounds of 3 epochs")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rounds (1 of separate processes) of 3 "
+                        "epochs (or --epochs)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per workload (default 5)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: per workload)")
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
@@ -303,8 +304,8 @@ def main() -> None:
         print(f"- {note}")
 
     if not args.no_separate:
-        epochs = {name: 3 if args.quick else (args.epochs or 2 * WORKLOADS[name]["epochs"]) for name in workloads}
-        separate_rounds = 2 if args.quick else max(5, rounds)
+        epochs = {name: args.epochs or (3 if args.quick else 2 * WORKLOADS[name]["epochs"]) for name in workloads}
+        separate_rounds = 1 if args.quick else max(5, rounds)
         results = {name: measure_separate(name, epochs[name], separate_rounds, args.shuffle, args.breakdown)
                    for name in workloads}
         print_separate(results, epochs, separate_rounds, args.shuffle)
@@ -315,7 +316,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|")
     for name in workloads if not args.no_alternating else []:
         spec = WORKLOADS[name]
-        epochs = 3 if args.quick else (args.epochs or spec["epochs"])
+        epochs = args.epochs or (3 if args.quick else spec["epochs"])
         result = bench_workload(name, spec, variants, rounds, epochs)
         base_wall, base_cpu = (statistics.median(result[k]["hand"]) for k in ("wall", "cpu"))
         for v in variants:
@@ -334,7 +335,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         for name in workloads:
             spec = WORKLOADS[name]
-            epochs = 3 if args.quick else (args.epochs or spec["epochs"])
+            epochs = args.epochs or (3 if args.quick else spec["epochs"])
             data = make_data(spec)
             for variant, kwargs in settings.items():
                 pairs, diff = [], 0.0

@@ -23,6 +23,9 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "BasePredictionWriter": ".prediction_writer",
     "CSVLogger": ".csv_logger",
     "MLFlowLogger": ".mlflow_logger",
+    "WeightAveraging": ".weight_averaging",
+    "EMAWeightAveraging": ".weight_averaging",
+    "StochasticWeightAveraging": ".weight_averaging",
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",

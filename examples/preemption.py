@@ -5,11 +5,11 @@
 This script plays the scheduler (SLURM, Kubernetes, a spot-instance reclaim). It starts the training job
 ``python examples/preemption.py --job`` as a child process, sends it SIGTERM in the middle of an epoch, sees it
 exit with status 143 after writing a checkpoint, and starts the very same command again. The job is ordinary
-code: it passes ``ckpt_path="last"`` when its run directory holds a checkpoint, so the second start continues
-where the first one stopped. Finally the same job runs uninterrupted (in this process) for comparison: the
-final weights are bitwise identical.
+code: it passes ``ckpt_path="last"``, which starts fresh the first time (nothing to resume yet) and continues
+where the first start stopped the second time. Finally the same job runs uninterrupted (in this process) for
+comparison: the final weights are bitwise identical.
 
-On a real cluster only ``job()`` is yours; docs/checkpointing.md shows the SLURM and Kubernetes settings.
+On a real cluster only ``job()`` is yours; docs/clusters.md shows the SLURM, torchrun and Kubernetes settings.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ def job(root: str, epochs: int, heartbeat: bool = True) -> str:
     from taskfit.callbacks import Callback
     from taskfit.examples.digits import DigitsTask
     from taskfit import Trainer, seed_everything
-    from taskfit.checkpoint import last_checkpoint
 
     class Heartbeat(Callback):  # lets the "scheduler" above see progress (and pick a moment to preempt)
         def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
@@ -39,8 +38,7 @@ def job(root: str, epochs: int, heartbeat: bool = True) -> str:
     trainer = Trainer(max_epochs=epochs, seed=0, deterministic=True, default_root_dir=root,
                       callbacks=[Heartbeat()] if heartbeat else [], enable_progress_bar=False,
                       enable_model_summary=False)
-    resume = last_checkpoint(root)  # None on the first start: a fresh run
-    trainer.fit(task, ckpt_path="last" if resume else None)
+    trainer.fit(task, ckpt_path="last")  # the first start has nothing to resume: a fresh run (with a warning)
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in task.state_dict().values())).hexdigest()[:16]
     line = (f"finished: epoch {trainer.state.epoch}, step {trainer.state.global_step}, "
             f"val/acc {trainer.state.metrics['val/acc']:.4f}, weights {digest} (run directory: {trainer.log_dir})")

@@ -12,8 +12,10 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _isolated_test(monkeypatch, tmp_path):
-    """Each test starts unseeded, in its own working directory (so ./taskfit_logs never lands in the checkout)."""
+    """Each test starts unseeded, outside any SLURM job, in its own working directory (so ./taskfit_logs never lands in the checkout)."""
     monkeypatch.delenv("TASKFIT_SEED", raising=False)
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:  # pytest inside a SLURM job: no run is a task
+        monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
 
 

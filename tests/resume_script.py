@@ -166,16 +166,16 @@ def train(scenario: str, root: str, name: str, resume: bool, extra: list, refere
     torch.save({k: v.detach().clone() for k, v in task.state_dict().items()}, os.path.join(root, f"{name}_params.pt"))
 
 
-def fork(fn, log: str, write_watch: str | None = None) -> dict:
-    """Run ``fn`` in a child process; with ``write_watch``, SIGKILL it while it writes a checkpoint there."""
+def start_child(fn, log: str) -> int:
+    """Fork a child that runs ``fn`` in a process group of its own (with its DataLoader workers, as a job under a
+    scheduler), its output in ``log``; it exits with fn's SystemExit code, 0, or 1 on an error. Returns its pid."""
     sys.stdout.flush()
     sys.stderr.flush()
-    start = time.monotonic()
     pid = os.fork()
-    if pid == 0:  # the child: its output goes to ``log``; it exits with fn's SystemExit code, or 1 on an error
+    if pid == 0:
         code = 0
         try:
-            os.setpgrp()  # its own process group (with its DataLoader workers), as a job under a scheduler
+            os.setpgrp()
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
@@ -189,6 +189,13 @@ def fork(fn, log: str, write_watch: str | None = None) -> dict:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    return pid
+
+
+def fork(fn, log: str, write_watch: str | None = None) -> dict:
+    """Run ``fn`` in a child process; with ``write_watch``, SIGKILL it while it writes a checkpoint there."""
+    start = time.monotonic()
+    pid = start_child(fn, log)
     killed_tmp = None
     if write_watch is not None:
         killed_tmp = watch_writes(pid, write_watch)

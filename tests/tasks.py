@@ -137,6 +137,30 @@ class SignalAt(Callback):
             os.kill(self.pid, self.signum)
 
 
+class RecordPeriod(Callback):
+    """Rank 0 writes the ddp flag-exchange period it uses at global step ``step`` to ``<out>/period``."""
+
+    def __init__(self, out: str, step: int) -> None:
+        self.out, self.step = out, step
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
+        if trainer.is_main and trainer.state.global_step == self.step:
+            with open(f"{self.out}/period", "w") as fh:
+                fh.write(str(trainer.preemption.period))
+
+
+class SlowSteps(Callback):
+    """Every training step takes ``seconds`` more (a big model's step), on every rank."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+
 # ---- for the checkpoint and resume tests: checkpoints on, everything else that prints or logs off ----------
 CHECKPOINTING = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
 

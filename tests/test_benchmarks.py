@@ -1,4 +1,6 @@
-"""Smoke runs of benchmarks/: they still run and compare the same work (timings are printed, never asserted)."""
+"""Smoke runs of benchmarks/: they still run and compare the same work (timings are printed, never asserted).
+Each is kept small (seconds on an idle 2-core machine): on a busy one they must still end well within pytest's
+300 s timeout."""
 from __future__ import annotations
 
 import os
@@ -47,7 +49,7 @@ def test_hook_costs_lists_every_default_callback_s_epoch_costs():
 
 
 def test_gpu_benchmark_quick_runs_on_the_cpu():
-    out = _run("benchmarks/gpu.py", "--quick")
+    out = _run("benchmarks/gpu.py", "--quick", "--strategies", "single,dp")  # fsdp: 2 more processes, minutes when busy
     rows = {tuple(cell.strip() for cell in line.split("|")[1:4]) for line in out.splitlines()
             if line.startswith("| fp32") or line.startswith("| bf16")}
     assert {("fp32", "single", "hand"), ("fp32", "single", "taskfit"), ("bf16", "single", "hand"),
@@ -91,3 +93,34 @@ def test_step_budget_prices_each_piece_of_the_step_on_the_same_work():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert float(cells[1]) > 0 and cells[-1] == "0.0e+00", row  # every variant did the hand loop's exact work
     assert all(re.fullmatch(r"[+-]\d+\.\d\d", row.split("|")[4].strip()) for row in rows[:-1]), out
+
+
+def test_tuning_benchmark_prices_averaging_and_the_profiler():
+    out = _run("benchmarks/tuning.py", "--reps", "1", "--epochs", "1")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for name in ("plain", "EMAWeightAveraging (every step)", "StochasticWeightAveraging (per epoch)", "SimpleProfiler"):
+        assert name in rows, out
+    assert re.search(r"\d+\.\d us per update", rows["EMAWeightAveraging (every step)"]), out
+    accounted = re.search(r"table accounts for ([\d.]+)% of trainer.fit's wall time", out)
+    assert accounted and 0 < float(accounted.group(1)) <= 100.5, out
+
+
+def test_checkpoint_stall_prints_one_row_per_variant_and_the_resume_table():
+    out = _run("benchmarks/checkpoint_stall.py", "--quick")
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    variants = ["torch.save", "dcp async_save", "dcp async_save, reused stager", "taskfit"]
+    assert rows[:5] == ["variant", *variants], out
+    table = [line for line in out.splitlines() if line.startswith("| taskfit |")][0]
+    cells = [cell.strip() for cell in table.strip("|").split("|")]
+    assert len(cells) == 9 and all(float(c) == float(c) for c in cells[1:5]), table  # numbers, not NaN
+    assert ("| lightning |" in out) != ("Lightning is not installed" in out), out  # a row, or why there is none
+    assert "| taskfit | " in out.split("resume of the taskfit checkpoint")[1] and "| torch.load |" in out, out
+
+
+def test_model_memory_compares_with_and_without_each_feature_on_the_same_weights():
+    out = _run("benchmarks/model_memory.py", "--quick")
+    ac = [line for line in out.splitlines() if line.startswith("| None |") or line.startswith("| {Block} |")]
+    meta = [line for line in out.splitlines() if line.startswith("| eager |") or line.startswith("| init_module")]
+    assert len(ac) == 2 and len(meta) == 2, out
+    assert float(ac[1].rstrip(" |").rsplit("|", 1)[-1]) <= 1e-6, out  # checkpointing trains the same weights
+    assert float(meta[1].rstrip(" |").rsplit("|", 1)[-1]) <= 1e-6, out  # so does the empty build under fsdp

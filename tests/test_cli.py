@@ -3,6 +3,7 @@ presets, resuming with ckpt_path=last, a user's package and configs, ddp (spawn 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -195,3 +196,33 @@ def test_a_non_editable_install_runs_from_another_directory(tmp_path):
                   command=[str(site / "bin" / "taskfit")], env=env).stdout
     (run,) = run_dirs(work, "debug_digits")
     assert f"run directory:   {run}" in out and (run / ".hydra" / "config.yaml").is_file()
+
+
+# ---- bad input: one error naming the key and what it takes, exit 1, no run directory ------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["+ckpt_pth=last"], r"MisconfigurationError: Unknown config key 'ckpt_pth' at the root of the config: taskfit does "
+                         r"not read it.*\n  HINT: did you mean ckpt_path\? Root keys: name, mode, ckpt_path"),
+    (["ckpt_pth=last"], r"MisconfigurationError: Unknown config key 'ckpt_pth'\.\n  HINT: did you mean ckpt_path\?"),
+    (["task.batch_size=-4"], r"MisconfigurationError: Config value task\.batch_size=-4 is not valid: ValueError: "
+                             r"batch_size should be a positive integer value, but got batch_size=-4 \(raised from "
+                             r"train_dataloader\(\) in digits\.py"),
+    (["task.optimizer.lr=fast"], r"MisconfigurationError: Config value task\.optimizer\.lr='fast' is not valid: "
+                                 r"torch\.optim\.AdamW expects float or Tensor\."),
+    (["task=null"], r"MisconfigurationError: task=null: 'task' is a config group, which takes the name of one of its "
+                    r"options, not null\.\n  HINT: use one of task=diabetes, task=digits, task=sequence"),
+    (["--config-dir", "mine", "task=broken"], r"MisconfigurationError: The config file .*mine/task/broken\.yaml is not "
+                                              r"valid YAML: while parsing a flow sequence: expected ',' or '\]', but "
+                                              r"got ':' \(.*broken\.yaml, line 3, column 7\)"),
+    (["ckpt_path=/nonexistent"], r"CheckpointError: ckpt_path=/nonexistent: there is no checkpoint there \(no such file "
+                                 r"or directory\)\.\n  HINT: ckpt_path takes null \(a fresh run\), last"),
+    (["+my_lr=0.01", "task.optimizer.lr=${my_lr}", "task._target_=nope.Task"],  # a root key of one's own, used
+     r"MisconfigurationError: task\._target_='nope\.Task': no module named 'nope'"),
+])
+def test_bad_input_is_one_error_naming_the_key_and_leaves_no_run_directory(tmp_path, args, message):
+    (tmp_path / "mine" / "task").mkdir(parents=True)
+    (tmp_path / "mine" / "task" / "broken.yaml").write_text(
+        "_target_: taskfit.examples.digits.DigitsTask\nchannels: [8\nhidden: 16\n")
+    result = taskfit(*args, *TINY, cwd=tmp_path, expect=1)
+    assert re.fullmatch(rf"(?s){message}.*", result.stderr), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 2, result.stderr  # the error and its hint: no traceback
+    assert not (tmp_path / "logs").exists()

@@ -14,13 +14,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tasks import ClassifierTask, EpochAccClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt
+from tasks import ClassifierTask, EpochAccClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt, SlowSteps
 from taskfit import Trainer, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,12 +106,14 @@ def test_ddp_spawn_equals_one_process_and_checkpoints_cross_over(tmp_path, capfd
 
 
 def test_ddp_spawn_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
-    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1000, callbacks=[RaiseAtStep(3, 1)],
+    """1000 epochs, but rank 1 raises at step 3: the run ends with that error. Rank 0 is stopped at once, not by
+    its collectives' timeout (set to 900 s here, far past pytest's 300 s, so a rank left waiting fails the test)."""
+    from taskfit.ddp import DDPStrategy
+
+    trainer = Trainer(strategy=DDPStrategy("cpu", 2, timeout=900), max_epochs=1000, callbacks=[RaiseAtStep(3, 1)],
                       enable_checkpointing=False, default_root_dir=str(tmp_path), **QUIET)
-    start = time.monotonic()
     with pytest.raises(ValueError, match="boom at step 3 on rank 1") as info:
         trainer.fit(RegressionTask())
-    assert time.monotonic() - start < 60
     assert "raised on ddp rank 1 of 2" in "".join(getattr(info.value, "__notes__", [])) or sys.version_info < (3, 11)
     assert "on_train_batch_start" in str(info.value.__cause__)  # the worker's traceback comes along
 
@@ -126,9 +127,9 @@ def test_ddp_spawn_a_preemption_signal_to_the_parent_reaches_every_rank(tmp_path
         seen.append(signum)
 
     previous = signal.signal(signal.SIGTERM, parent_handler)
-    try:
+    try:  # steps of 0.2 s: the parent's forwarding (a few ms, more on a busy machine) arrives within the next step
         trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=5, log_every_n_steps=1,
-                          callbacks=[SignalAt(step=2, pid=os.getpid(), signum=signal.SIGTERM)],
+                          callbacks=[SlowSteps(0.2), SignalAt(step=2, pid=os.getpid(), signum=signal.SIGTERM)],
                           default_root_dir=str(tmp_path), **QUIET)
         with pytest.raises(SystemExit) as info:
             trainer.fit(RegressionTask())  # 5 epochs x 8 steps without the signal
@@ -166,12 +167,10 @@ def test_ddp_under_torchrun_equals_one_process_and_a_failing_rank_ends_the_run(t
     """))
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                              str(script), str(tmp_path)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                            timeout=300)
-    ended = time.time()
+                            timeout=240)  # a rank left waiting for the 600 s process-group timeout: caught here
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "ValueError: boom at step 3 on rank 1" in output, output[-4000:]
-    started = [float(t) for t in re.findall(r"failing run starts at ([0-9.]+)", output)]
-    assert len(started) == 2 and ended - min(started) < 60, output[-4000:]
+    assert len(re.findall(r"failing run starts at ([0-9.]+)", output)) == 2, output[-4000:]
 
     saved = torch.load(tmp_path / "result.pt", weights_only=True)
     assert (saved["world_size"], saved["strategy"]) == (2, "ddp")

@@ -137,6 +137,39 @@ def test_seq2seq_generates_exact_sums(tmp_path):
     run_directory(out, tmp_path)
 
 
+def test_weight_averaging_against_plain_on_the_same_seed(tmp_path):
+    out = run_example("weight_averaging.py", tmp_path, "--quick")
+    rows = dict(re.findall(r"^\| (plain|EMA \(decay 0\.95\)|SWA \(from half-way\)) \| ([0-9.]+) \|", out, re.M))
+    assert len(rows) == 3, out[-2000:]
+    assert all(float(acc) >= 0.9 for acc in rows.values()), rows  # 3 epochs; chance is 0.1
+    assert float(rows["EMA (decay 0.95)"]) > float(rows["plain"]), rows  # 0.9740 against 0.9628
+    assert "EMAWeightAveraging: the task now holds the average of 60 updates" in out
+    run_directory(out, tmp_path)
+
+
+def test_lr_find_suggestion_against_the_default_lr(tmp_path):
+    out = run_example("lr_find.py", tmp_path, "--quick")
+    suggested = float(re.search(r"suggestion lr=([0-9.e-]+)", out).group(1))
+    assert 1e-3 <= suggested <= 1e-1, out[-2000:]  # the steepest descent, not the smallest lrs' noise
+    rows = re.findall(r"^\| ([0-9.e-]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)
+    (tuned, *_), (default, *_) = [(float(acc), lr) for lr, acc, *_ in rows]
+    assert tuned >= default >= 0.9, out[-2000:]  # at least as good as AdamW's 3e-3 (0.9628 both, 3 epochs)
+    assert (tmp_path / "taskfit_logs" / "lr_find" / "version_0" / "lr_find.png").is_file()
+
+
+def test_profiling_prints_the_stage_table_and_writes_a_trace(tmp_path):
+    out = run_example("profiling.py", tmp_path, "--quick")
+    table = out[out.index("Profiler (SimpleProfiler)"):]
+    for stage in ("data wait", "forward+loss", "backward", "optimizer step", "validation", "checkpoint"):
+        assert re.search(rf"^{re.escape(stage)} +\d+ ", table, re.M), table[:2000]
+    assert re.search(r"^data wait +60 ", table, re.M)  # 3 epochs of 20 batches
+    assert re.search(r"^total +[\d.]+ +100\.0%$", table, re.M)  # every interval of the fit in one row
+    trace = re.search(r"trace of steps 2-4: (\S+)", out).group(1)
+    assert os.path.isfile(trace) and trace.endswith("profiler/trace_rank0.json")
+    assert "torch.profiler, cpu_time_total" in out
+    run_directory(out, tmp_path)
+
+
 # ---- programs ported from Lightning's repository, only their imports and data changed ----------------------------
 def test_lightning_autoencoder_port_learns_a_code(tmp_path):
     """examples/lightning_autoencoder.py (Lightning's basics/autoencoder.py): fit, test and predict with the best

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from taskfit.callbacks import ModelCheckpoint
 from taskfit.checkpoint import load_checkpoint
 from taskfit.consolidate import main as consolidate_main
 from taskfit.fsdp import FSDPStrategy
+from taskfit.serialization import CheckpointWriter
 from taskfit import Strategy
 from taskfit import sharded_checkpoint
 from taskfit.sharded_checkpoint import MARKER, STATE_FILE, consolidate, load_skeleton, read_shards, save_sharded
@@ -288,7 +290,7 @@ def test_damaged_or_hostile_sharded_checkpoints_are_refused(runs, tmp_path):
         load_checkpoint(str(bad))
     (bad / MARKER).write_text("complete\n")
     os.remove(bad / "__1_0.distcp")
-    with pytest.raises(CheckpointError, match="Cannot read the shards of"):
+    with pytest.raises(CheckpointError, match=r"__1_0\.distcp is missing: the index \(\.metadata\) of .* stores data"):
         read_shards(str(bad), load_checkpoint(str(bad)))
 
     class Exploit:
@@ -303,14 +305,64 @@ def test_damaged_or_hostile_sharded_checkpoints_are_refused(runs, tmp_path):
         consolidate(str(tmp_path), str(tmp_path / "out.ckpt"))
 
 
-def test_a_process_killed_while_it_writes_a_sharded_checkpoint_leaves_the_previous_one_whole(tmp_path):
+def test_an_index_pointing_outside_a_damaged_index_and_swapped_shards_are_one_error_each(runs, tmp_path, capfd):
+    """Each refused before DCP reads a byte, with one CheckpointError naming the file and what is wrong, and no
+    traceback printed by torch's reader (it logs one when the index fails to load inside it)."""
+    def copy(name):
+        (tmp_path / name).mkdir()
+        return Path(shutil.copytree(runs["folder"] / "last.ckpt", tmp_path / name / "last.ckpt"))
+
+    outside = copy("outside")  # .metadata sends rank 1's entries to ../../elsewhere.distcp, a real shard file
+    shutil.copy(outside / "__1_0.distcp", tmp_path / "elsewhere.distcp")
+    with open(outside / ".metadata", "rb") as fh:
+        index = sharded_checkpoint._MetadataUnpickler(fh).load()
+    for info in index.storage_data.values():
+        if info.relative_path == "__1_0.distcp":
+            info.relative_path = "../../elsewhere.distcp"
+    (outside / ".metadata").write_bytes(pickle.dumps(index))
+    with pytest.raises(CheckpointError, match=r"Refused to load .*outside/last\.ckpt: its index \(\.metadata\) "
+                                              r"stores \S+ in '\.\./\.\./elsewhere\.distcp', which is outside"):
+        MLPTask.load_from_checkpoint(str(outside))
+
+    damaged = copy("damaged")
+    data = (damaged / ".metadata").read_bytes()
+    (damaged / ".metadata").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"Cannot read .*damaged/last\.ckpt/\.metadata, the index of the "
+                                              r"sharded checkpoint: it is damaged \(UnpicklingError"):
+        MLPTask.load_from_checkpoint(str(damaged))
+
+    swapped = copy("swapped")
+    os.rename(swapped / "__0_0.distcp", swapped / "tmp")
+    os.rename(swapped / "__1_0.distcp", swapped / "__0_0.distcp")
+    os.rename(swapped / "tmp", swapped / "__1_0.distcp")
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp is not the shard file written under that name: it "
+                                              r"holds the data written as __1_0\.distcp"):
+        Trainer(strategy="single", default_root_dir=str(tmp_path / "r"), max_epochs=3, **QUIET).fit(
+            MLPTask(batch_size=8), ckpt_path=str(swapped))
+    truncated = copy("truncated")
+    with open(truncated / "__1_0.distcp", "r+b") as fh:
+        fh.truncate(100)
+    with pytest.raises(CheckpointError, match=r"__1_0\.distcp is not the shard file .*: it changed since it was "
+                                              r"written \(100 bytes now"):
+        consolidate(str(truncated), str(tmp_path / "out.ckpt"))
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process without a group
+@pytest.mark.parametrize("background", [False, True], ids=["save", "async_save"])
+def test_a_process_killed_while_it_writes_a_sharded_checkpoint_leaves_the_previous_one_whole(tmp_path, background):
     """A real process death (os._exit) just before COMPLETE would be written: the checkpoint under the name is the
     previous one, the partial one sits in a hidden .tmp directory and is refused. A complete save over an existing
-    checkpoint swaps it in at once."""
+    checkpoint swaps it in at once. The same with DCP's async_save (ModelCheckpoint's saves), where the death comes
+    on the checkpoint writer's thread."""
     target = str(tmp_path / "last.ckpt")
 
     def save(value):
-        save_sharded(Strategy("cpu"), {"module": {"w": torch.full((3,), value)}, "loop": {"step": value}}, target)
+        writer = CheckpointWriter() if background else None
+        save_sharded(Strategy("cpu"), {"module": {"w": torch.full((3,), value)}, "loop": {"step": value}}, target,
+                     writer)
+        if writer is not None:
+            writer.close()
 
     save(1.0)
     pid = os.fork()

@@ -23,10 +23,11 @@ from .data import ResumableSampler, data_position, finite, restore_position, sta
 from .errors import CheckpointError, NonFiniteLossError
 from .init_args import plain_hparams
 from .optim import check_optimizer_state, lr_course
-from .serialization import (FORMAT, FORMAT_VERSION, IN_MEMORY_BYTES, LAST, CheckpointWriter, atomic_copy,
+from .serialization import (FORMAT, FORMAT_VERSION, LAST, CheckpointWriter, atomic_copy,
                             atomic_save, check_plain, check_weights, load_checkpoint, load_file, module_state,
                             remove_files)
-from .sharded_checkpoint import checkpoint_exists, is_sharded, meta_entries, read_shards, save_sharded
+from .sharded_checkpoint import (MARKER, checkpoint_exists, is_sharded, meta_entries, read_index, read_shards,
+                                 save_sharded)
 
 from .rng import gather_rng_states, set_rng_state
 from .strategies import unwrap
@@ -46,10 +47,11 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
     ``weights_only``: the module's weights, counters and what describes the run; no optimizer, RNG or data state.
 
-    Returns the absolute path. Earlier background saves are finished first. ``background=True`` serialises now
-    and leaves the fsync and rename to ``trainer.checkpoint_writer`` (the file is in place when the next save
-    starts or fit returns). Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits
-    right after a (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
+    Returns the absolute path. Earlier background saves are finished first. ``background=True`` copies the state
+    into reused host buffers now and leaves serialising, writing, fsync and rename to ``trainer.checkpoint_writer``
+    (the file is in place when the next save starts or fit returns; under fsdp through DCP's ``async_save``).
+    Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits right after a
+    (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
     """
     if getattr(trainer, "optimizer", None) is None:
         raise CheckpointError(f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so it "
@@ -72,8 +74,8 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, background: bool 
     if trainer.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
         save_sharded(trainer.strategy, checkpoint, path, writer if background else None)
     elif trainer.is_main:
-        size = check_plain(checkpoint, "checkpoint")
-        atomic_save(checkpoint, path, writer if background else None, in_memory=size <= IN_MEMORY_BYTES)
+        check_plain(checkpoint, "checkpoint")
+        atomic_save(checkpoint, path, writer if background else None)
     trainer.strategy.barrier()
     return path
 
@@ -108,23 +110,49 @@ def next_version_dir(default_root_dir: str | None) -> str:
     return os.path.join(root, f"version_{max(taken, default=-1) + 1}")
 
 
-def last_checkpoint(root: str | os.PathLike) -> str | None:
-    """The newest ``last.ckpt`` under ``root``: of ``root`` itself, else of the highest ``version_N/checkpoints``."""
+def last_checkpoint(root: str | os.PathLike, warn: bool = True) -> str | None:
+    """The newest complete checkpoint to continue from under ``root``: ``root/last.ckpt``, else the ``last.ckpt``
+    of the highest ``version_N/checkpoints`` that has one; None when there is none.
+
+    A sharded ``last.ckpt`` without its COMPLETE marker (a copy or a write that stopped half-way) is skipped for
+    the newest complete checkpoint of its folder (an ``epoch=...-step=...`` one), else of the next older version,
+    and ``warn`` says which one was skipped for which."""
     root = os.fspath(root)
-    direct = os.path.join(root, LAST)
-    if checkpoint_exists(direct):
-        return os.path.abspath(direct)
     versions = sorted(((int(m.group(1)), d) for d in (os.listdir(root) if os.path.isdir(root) else [])
                        if (m := re.fullmatch(r"version_(\d+)", d))), reverse=True)
-    for _, d in versions:
-        candidate = os.path.join(root, d, "checkpoints", LAST)
-        if checkpoint_exists(candidate):
-            return os.path.abspath(candidate)
-    return None
+    skipped, found = [], None
+    for folder in [root] + [os.path.join(root, d, "checkpoints") for _, d in versions]:
+        last = os.path.join(folder, LAST)
+        if checkpoint_exists(last):
+            found = last
+        elif is_sharded(last):  # a directory of that name, without its marker
+            skipped.append(os.path.abspath(last))
+            found = _newest_complete(folder)
+        if found:
+            break
+    if skipped and warn:
+        instead = f"resuming from {os.path.abspath(found)}, the newest complete checkpoint" if found else \
+            "there is no complete checkpoint to resume from"
+        warnings.warn(f"Skipped {', '.join(skipped)}: incomplete (no COMPLETE marker; its write or copy stopped "
+                      f"half-way); {instead}. HINT: delete the incomplete directory, or copy it again whole.",
+                      UserWarning, stacklevel=3)
+    return os.path.abspath(found) if found else None
 
 
-def resolve(trainer: Trainer, ckpt_path: Any) -> str:
-    """A path for ``ckpt_path``: "last", "best" (see docs/checkpointing.md) or a file path."""
+def _newest_complete(folder: str) -> str | None:
+    """The most recently written complete checkpoint in ``folder`` (a sharded one dates from its marker)."""
+    dated = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if name.endswith(".ckpt") and not name.startswith(".") and checkpoint_exists(path):
+            dated.append((os.path.getmtime(os.path.join(path, MARKER) if os.path.isdir(path) else path), path))
+    return max(dated)[1] if dated else None
+
+
+def resolve(trainer: Trainer, ckpt_path: Any, fresh: bool = False) -> str | None:
+    """A path for ``ckpt_path``: "last", "best" (see docs/checkpointing.md) or a file path. With ``fresh`` (fit),
+    "last" with nothing to resume is None (a fresh start), with one warning, as in Lightning: the first start of a
+    job and its restarts run the same command."""
     if ckpt_path not in ("last", "best"):
         if not isinstance(ckpt_path, (str, os.PathLike)):
             raise CheckpointError(f"ckpt_path={ckpt_path!r} is not a path.",
@@ -139,16 +167,23 @@ def resolve(trainer: Trainer, ckpt_path: Any) -> str:
         last = None
         for root in roots:
             looked.append(root)
-            last = last_checkpoint(root)
+            last = last_checkpoint(root, warn=trainer.is_main)
             if last:
                 break
     if ckpt_path == "last":
+        where = f"looked for {LAST} in {' and '.join(looked)} and its version_*/checkpoints folders"
+        if last is None and fresh:
+            if trainer.is_main:
+                warnings.warn(f'fit(ckpt_path="last"): there is no checkpoint to resume yet ({where}), so this fit '
+                              "starts fresh. HINT: expected on a job's first start; otherwise check default_root_dir "
+                              "(or ModelCheckpoint(dirpath=...)) is the folder of the run to resume.", UserWarning,
+                              stacklevel=7)  # the line that called fit
+            return None
         if last is None:
             raise CheckpointError(
-                f"ckpt_path=\"last\" but no checkpoint has been saved yet (looked for {LAST} in "
-                f"{' and '.join(looked)} and its version_*/checkpoints folders).",
-                "start without ckpt_path for a fresh run, pass the path of a .ckpt file, or set "
-                "Trainer(default_root_dir=...) to the folder of the run to resume.")
+                f"ckpt_path=\"last\" but no checkpoint has been saved yet ({where}).",
+                "pass the path of a .ckpt file, or set Trainer(default_root_dir=...) to the folder of the run whose "
+                "checkpoint to evaluate.")
         return last
     best = cb.best_model_path if cb is not None and cb.best_model_path else None
     if best is None and last is not None:  # the newest run's bookkeeping names its best file
@@ -164,11 +199,16 @@ def resolve(trainer: Trainer, ckpt_path: Any) -> str:
 
 
 # ---- restoring a run ------------------------------------------------------------------------------------
-def open_checkpoint(trainer: Trainer, ckpt_path: Any) -> tuple[str, dict[str, Any]]:
+def open_checkpoint(trainer: Trainer, ckpt_path: Any) -> tuple[str, dict[str, Any]] | None:
     """``fit(ckpt_path=...)``'s checkpoint, read before the loaders are built: the task's ``on_load_checkpoint`` and
-    the data module's state come first, as in Lightning (the loaders may depend on that state)."""
-    path = resolve(trainer, ckpt_path)
+    the data module's state come first, as in Lightning (the loaders may depend on that state). None:
+    ``ckpt_path="last"`` found nothing to resume, and the fit starts fresh (with a warning)."""
+    path = resolve(trainer, ckpt_path, fresh=True)
+    if path is None:
+        return None
     ckpt = dict(load_checkpoint(path))
+    if is_sharded(path):
+        read_index(path)  # a damaged or hostile shard directory is refused before anything else is said or done
     if "optimizer" not in ckpt:
         raise CheckpointError(f"{path} holds only weights (ModelCheckpoint(save_weights_only=True)), not a training "
                               "state to resume.", "resume from a full checkpoint (the last.ckpt a preemption signal "

@@ -105,7 +105,7 @@ def fsync_dir(directory: str) -> None:
             os.close(fd)
 
 
-def write_error(path: str, exc: OSError) -> CheckpointError:
+def write_error(path: str, exc: Exception) -> CheckpointError:
     return CheckpointError(f"Could not write the sharded checkpoint {path}: {exc}.",
                            "check that its folder is writable by every process, has free space, and is on a file "
                            "system every rank can reach; the previous checkpoint there is intact.")

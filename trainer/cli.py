@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,14 +26,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import callbacks as cbs
-from . import console, modes, sweep
+from . import config_errors, console, modes, sweep, tune
 from .callbacks import TensorBoardLogger
 from .checkpoint import last_checkpoint
 from .checkpoint_dirs import checkpoint_exists
+from .cluster import global_rank
 from .config import check_targets, explain, locate
 from .errors import CheckpointError, MisconfigurationError, TaskfitError
 from .seed import seed_everything
-from .strategies import launched_by_torchrun
 
 # Callbacks that a Trainer switch turns off: a configured one is dropped too, as the Trainer's default is.
 _SWITCHES = (("enable_progress_bar", "ProgressBar"), ("enable_model_summary", "ModelSummary"),
@@ -48,8 +49,8 @@ def _config_path() -> str:
 
 
 def _is_leader() -> bool:
-    """Rank 0 of a torchrun job, or any process that torchrun did not start (spawned ddp workers never get here)."""
-    return os.environ.get("RANK", "0") == "0"
+    """Rank 0 of a torchrun or SLURM job, or a process started on its own (spawned ddp workers never get here)."""
+    return global_rank() == 0
 
 
 # ---- building the pieces --------------------------------------------------------------------------------
@@ -88,28 +89,36 @@ def build_trainer(config: dict[str, Any], callbacks: list[Any]) -> Any:
     return factory(callbacks=callbacks, config=config)
 
 
-def find_last_checkpoint(log_dir: str, name: str, exclude: str | None = None) -> str:
+def find_last_checkpoint(log_dir: str, name: str, exclude: str | None = None, required: bool = True) -> str | None:
     """The newest ``last.ckpt`` (by modification time) of the runs named ``name``: the run directories
     ``<log_dir>/<name>/runs/*`` and ``<log_dir>/<name>/multiruns/*/*``, each searched as
-    :func:`trainer.checkpoint.last_checkpoint` does (its ``last.ckpt``, else the highest ``version_N``'s)."""
+    :func:`trainer.checkpoint.last_checkpoint` does (its ``last.ckpt``, else the highest ``version_N``'s; an
+    incomplete sharded one skipped, with a warning). None when there is none and not ``required``."""
     base = os.path.abspath(os.path.join(log_dir, name))
     runs = glob.glob(os.path.join(glob.escape(base), "runs", "*")) + \
         glob.glob(os.path.join(glob.escape(base), "multiruns", "*", "*"))
     found = [path for run in runs if os.path.isdir(run) and os.path.abspath(run) != exclude
-             if (path := last_checkpoint(run)) is not None]
-    if not found:
+             if (path := last_checkpoint(run, warn=_is_leader())) is not None]
+    where = f"looked in {base}/runs/* and {base}/multiruns/*/*"
+    if found:
+        return max(found, key=os.path.getmtime)
+    if required:
         raise CheckpointError(
-            f"ckpt_path=last found no last.ckpt in the runs named '{name}' (looked in {base}/runs/* and "
-            f"{base}/multiruns/*/*).",
+            f"ckpt_path=last found no last.ckpt in the runs named '{name}' ({where}).",
             "run once without ckpt_path first, use the same name (experiment, or name=...) and paths.log_dir as "
             "that run, or pass the file: ckpt_path=/path/to/last.ckpt.")
-    return max(found, key=os.path.getmtime)
+    if _is_leader():
+        warnings.warn(f"ckpt_path=last: no earlier run named '{name}' has a last.ckpt yet ({where}), so this run "
+                      "starts fresh. HINT: expected on a job's first start; otherwise use the name (experiment, "
+                      "or name=...) and paths.log_dir of the run to resume.", UserWarning, stacklevel=2)
+    return None
 
 
-def _ckpt_path(config: dict[str, Any], run_dir: str) -> str | None:
+def _ckpt_path(config: dict[str, Any], run_dir: str, mode: str) -> str | None:
     value = config.get("ckpt_path")
-    if value == "last":
-        return find_last_checkpoint(config["paths"]["log_dir"], str(config["name"]), exclude=run_dir)
+    if value == "last":  # fit: nothing to resume yet is a fresh start (a job's first start and its restarts)
+        return find_last_checkpoint(config["paths"]["log_dir"], str(config["name"]), exclude=run_dir,
+                                    required=mode in modes.EVALUATING)
     if isinstance(value, str) and value != "best":
         return os.path.abspath(os.path.expanduser(value))
     return value
@@ -143,8 +152,23 @@ def compose_config(overrides: Sequence[str] = (), run_dir: str | None = None) ->
 def run(cfg: DictConfig) -> dict[str, Any]:
     """One Hydra job: build, then fit and test (``mode=fit``) or evaluate a checkpoint (``mode=validate``, ``test``,
     ``predict``), report. Returns what the sweep summary shows."""
+    from hydra.types import RunMode
+
     with console.warnings_logged():  # warnings on stderr as ever, and in <run dir>/taskfit.log
-        return _run(cfg)
+        try:
+            return _run(cfg)
+        except Exception as exc:
+            if HydraConfig.get().mode == RunMode.RUN:  # past Hydra, which would print "Error executing job ...":
+                raise _JobFailed(exc) from None  # main() reports it once (a sweep's jobs keep Hydra's line)
+            raise
+
+
+class _JobFailed(BaseException):
+    """Carries a single run's error past Hydra's job runner to :func:`main`."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 def _run(cfg: DictConfig) -> dict[str, Any]:
@@ -154,15 +178,18 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     run_dir = HydraConfig.get().runtime.output_dir
     try:  # a config that fails before training leaves no run directory behind (Hydra created it already)
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        config_errors.check_root(config, OmegaConf.to_container(cfg), OmegaConf.to_container(HydraConfig.get()))
         check_targets(config)  # every _target_ imports, every key is an argument: before any work
         mode = modes.check_mode(config)
-        if mode != "fit":
+        if mode in modes.EVALUATING:
             modes.check_checkpoint_arg(mode, config.get("ckpt_path"), str(config["name"]))
         if _is_leader():  # torchrun: only rank 0 writes; the others share its directory
             OmegaConf.save(OmegaConf.create(config), os.path.join(run_dir, "config.yaml"))
-        ckpt_path = _ckpt_path(config, run_dir)
-        if mode != "fit":
+        ckpt_path = _ckpt_path(config, run_dir, mode)
+        if mode in modes.EVALUATING:
             modes.check_checkpoint(ckpt_path)  # exists, readable, has weights: before the task is built
+        elif ckpt_path not in (None, "best"):
+            modes.check_resume_path(ckpt_path)
         callbacks = build_callbacks(config)
         _describe_run(callbacks, config)
         if mode == "predict":
@@ -178,9 +205,20 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         if _is_leader():
             _discard_unused(run_dir)
         raise
-    with console.shared_with_workers():  # ddp workers append rank 0's lines to this run's taskfit.log
-        result = _fit(trainer, task, config, run_dir, ckpt_path) if mode == "fit" else \
-            _evaluate(trainer, task, config, run_dir, mode, ckpt_path, callbacks[-1])
+    try:
+        with console.shared_with_workers():  # ddp workers append rank 0's lines to this run's taskfit.log
+            if mode == "lr_find":  # a learning-rate range test; it prints its own report (trainer/tune.py)
+                return tune.lr_find_command(trainer, task, config, run_dir)
+            result = _fit(trainer, task, config, run_dir, ckpt_path) if mode == "fit" else \
+                _evaluate(trainer, task, config, run_dir, mode, ckpt_path, callbacks[-1])
+    except Exception as exc:  # a value the run rejected before saving anything (task.batch_size=-4): name its key
+        error = config_errors.blame(exc, config)
+        if error is None or glob.glob(os.path.join(glob.escape(run_dir), "**", "*.ckpt"), recursive=True):
+            raise
+        if _is_leader():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            _discard_unused(run_dir)
+        raise error from exc
     if trainer.is_main:
         _print_report(result, time.perf_counter() - started)
     return result
@@ -230,14 +268,20 @@ def _describe_run(callbacks: list[Any], config: dict[str, Any]) -> None:
 
 
 def _discard_unused(run_dir: str) -> None:
-    """Remove a run directory that holds only what Hydra and the config wrote (no run started in it)."""
+    """Remove a run directory that holds only what Hydra and the config wrote (no run started in it), then the
+    folders above it that this leaves empty (<log_dir>/<name>/runs, <log_dir>/<name>, <log_dir>: three at most,
+    never the working directory or one above it)."""
     hydra_files = {".hydra", "config.yaml", "taskfit.log"}
     if os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= hydra_files:
         shutil.rmtree(run_dir, ignore_errors=True)
-        parent = os.path.dirname(run_dir)  # <log_dir>/<name>/runs: gone too if this was its only run
-        for folder in (parent, os.path.dirname(parent)):
-            if os.path.isdir(folder) and not os.listdir(folder):
-                os.rmdir(folder)
+    if os.path.isdir(run_dir):
+        return  # something of a run is in it: kept
+    folder, cwd = os.path.dirname(os.path.abspath(run_dir)), os.path.abspath(os.getcwd())
+    for _ in range(3):
+        if (cwd + os.sep).startswith(folder + os.sep) or not os.path.isdir(folder) or os.listdir(folder):
+            return
+        os.rmdir(folder)
+        folder = os.path.dirname(folder)
 
 
 def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, float] | None) -> dict[str, Any]:
@@ -297,9 +341,9 @@ _app = hydra.main(version_base="1.3", config_path=_config_path(), config_name="c
 
 
 def _follower_overrides() -> list[str]:
-    """Under torchrun every rank runs this command. Ranks other than 0 get no directory, log file or saved
-    config of their own: their Trainer takes rank 0's log directory (a broadcast), and rank 0 writes."""
-    if launched_by_torchrun() and not _is_leader():
+    """Under torchrun (or SLURM's srun) every rank runs this command. Ranks other than 0 get no directory, log file
+    or saved config of their own: their Trainer takes rank 0's log directory (a broadcast), and rank 0 writes."""
+    if not _is_leader():
         return ["hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=.", "hydra.output_subdir=null",
                 "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     return []
@@ -322,7 +366,10 @@ def main(argv: list[str] | None = None) -> None:
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing: errors are explained below
     try:
-        _app()
+        try:
+            _app()
+        except _JobFailed as failed:
+            raise failed.error  # noqa: B904 - the job's own error, with its own traceback
     except Exception as exc:
         if user_wants_traceback:
             raise
@@ -333,6 +380,9 @@ def main(argv: list[str] | None = None) -> None:
             _fail(cause)
         if isinstance(exc, (HydraException, OmegaConfBaseException)):
             _fail(explain(exc))
+        explained = config_errors.null_group(exc, sys.argv[1:]) or config_errors.yaml_error(exc)
+        if explained is not None:
+            _fail(explained)
         raise
 
 

@@ -6,7 +6,6 @@ sample ``k`` of the epoch without loading (or replaying) the batches before it.
 """
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -16,7 +15,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
 from .errors import MisconfigurationError, TaskModuleError
-from .seed import init_worker, worker_init_fn
+from .loader_workers import shield
+from .seed import worker_init_fn
 
 
 class ResumableSampler(Sampler[int]):
@@ -76,9 +76,7 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
     """
     if loader is None or not isinstance(loader, DataLoader):
         return loader
-    init = loader.worker_init_fn or worker_init_fn
-    if ignore_signals and loader.num_workers > 0:  # fit: workers leave the preemption signals to the trainer
-        init = functools.partial(init_worker, init, ignore_signals)
+    shielded = bool(ignore_signals) and loader.num_workers > 0  # fit: workers leave those signals to the trainer
     sampler = loader.sampler
     plain = (type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
              and isinstance(loader.batch_sampler, BatchSampler) and type(loader.batch_sampler) is BatchSampler
@@ -90,8 +88,8 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
             warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom sampler, dataset or "
                           "class, so taskfit cannot shard it: every rank sees all of its data. HINT: use a plain "
                           "DataLoader over a map-style dataset, or shard the data yourself.", stacklevel=3)
-        if init is not worker_init_fn and loader.worker_init_fn is not init:
-            loader.worker_init_fn = init  # the user's own loader, as it is: only its workers' signals change
+        if shielded:  # the user's own loader, as it is: only how its workers start and take signals changes
+            shield(loader, ignore_signals)
         return loader
     if shuffle is None:
         shuffle = isinstance(sampler, RandomSampler)
@@ -99,11 +97,14 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
     kwargs: dict[str, Any] = {}
     if loader.num_workers > 0:
         kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
-    return DataLoader(
+    new = DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=new_sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or pin_memory, drop_last=loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=init,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn or worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context, generator=torch.Generator(), **kwargs)
+    if shielded:
+        shield(new, ignore_signals)  # loader_workers.py: no moment of a worker's life where the signal kills it
+    return new
 
 
 def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None:

@@ -2,9 +2,10 @@
 
 Two ways to start the processes, one code path inside them:
 
-* ``torchrun --nproc-per-node=N script.py`` (one or several machines): the processes exist already; RANK,
-  LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT say who is who, and ``setup_environment`` joins the
-  process group (``env://``).
+* ``torchrun --nproc-per-node=N script.py`` (one or several machines), or ``srun python script.py`` with
+  ``--ntasks-per-node=N`` under SLURM: the processes exist already; torchrun's RANK, LOCAL_RANK, WORLD_SIZE,
+  MASTER_ADDR and MASTER_PORT (or SLURM's SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODELIST: cluster.py)
+  say who is who, and ``setup_environment`` joins the process group.
 * ``python script.py`` with ``Trainer(strategy="ddp", devices=N)``: ``launch`` starts N workers with
   ``torch.multiprocessing`` (forkserver where available, else spawn) on a free port, runs the entry point in
   each and returns rank 0's result in the parent, where the task gets the trained weights and the Trainer
@@ -28,8 +29,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .ddp_spawn import free_port, spawn
+from .cluster import detect, restart_store, watch_parent
 from .errors import MisconfigurationError
-from .strategies import Strategy, gpu_indices, launched_by_torchrun, parse_devices, resolve_accelerator, unwrap
+from .strategies import Strategy, gpu_indices, parse_devices, resolve_accelerator, unwrap
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 _FAILED = False  # an entry point raised in this process (under torchrun)
@@ -41,7 +43,7 @@ class DDPStrategy(Strategy):
     Args:
         accelerator: "cpu" (gloo), "cuda" (nccl) or "auto".
         devices: processes on this machine: a count, a list of GPU indices, or "auto" (every GPU; 1 on a CPU).
-            Under torchrun the launcher decides and this is ignored.
+            Under torchrun or SLURM the launcher decides the count; a process that sees one GPU uses that one.
         timeout: seconds a collective may wait for the other ranks before it fails (the process-group timeout).
             A rank that *raises* stops the run at once; this bounds a rank that hangs.
         find_unused_parameters: DDP's option for models whose forward skips some parameters (costs a graph walk).
@@ -68,11 +70,11 @@ class DDPStrategy(Strategy):
         self.timeout, self.find_unused_parameters, self.start_method = timeout, find_unused_parameters, start_method
         self.backend = "nccl" if self.accelerator == "cuda" else "gloo"
         parsed = parse_devices(devices)
-        self.external = launched_by_torchrun()
-        if self.external:
-            self.rank, self.local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-            self.world_size = int(os.environ["WORLD_SIZE"])
-            self.num_processes = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        launcher = detect()
+        self.external = launcher is not None  # torchrun or SLURM started the processes
+        if launcher is not None:
+            self.rank, self.local_rank, self.world_size = launcher.rank, launcher.local_rank, launcher.world_size
+            self.num_processes = launcher.local_world_size
         else:
             self.rank = self.local_rank = 0
             count = len(parsed) if isinstance(parsed, list) else parsed
@@ -80,12 +82,16 @@ class DDPStrategy(Strategy):
                 count = torch.cuda.device_count() if self.accelerator == "cuda" else 1
             self.world_size = self.num_processes = count
         self._gpus = gpu_indices(parsed) if self.accelerator == "cuda" else []
+        if self.external and len(self._gpus) == 1:  # srun --gpus-per-task=1: each process sees its own GPU
+            self._gpus *= self.num_processes
         if self._gpus and len(self._gpus) < self.num_processes:
             raise MisconfigurationError(f"{self.num_processes} ddp processes on this machine need as many GPUs, "
                                         f"but devices={devices!r} gives {len(self._gpus)}.",
                                         "start one process per GPU: torchrun --nproc-per-node=<number of GPUs>.")
-        self._init_method = "env://"
+        self._init_method = launcher.init_method if launcher is not None else "env://"
         self._owns_group = False
+        self._flag_group: Any = None  # a gloo group of its own for exchange_flags (created on first use)
+        self._last_work: Any = None  # all_reduce's last work (see there)
         self.place(self.local_rank)
 
     def place(self, local_rank: int) -> None:
@@ -123,10 +129,14 @@ class DDPStrategy(Strategy):
                     f"strategy expects {self.world_size}.",
                     "use one process count per script (torchrun --nproc-per-node and Trainer(devices=...)).")
             return
-        dist.init_process_group(self.backend, init_method=self._init_method, rank=self.rank,
-                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout))
+        store = None
+        if self.external and os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun
+            watch_parent("torchrun's agent")  # its agent killed: no orphans training on
+            store = restart_store(self.world_size, self.timeout)  # each --max-restarts attempt: keys of its own
+        dist.init_process_group(self.backend, init_method=None if store else self._init_method, store=store,
+                                rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=self.timeout))
         self._owns_group = True
-        if self.external:  # torchrun: the group lives as long as the process
+        if self.external:  # torchrun or SLURM: the group lives as long as the process
             atexit.register(_leave_at_exit)
 
     def teardown(self) -> None:
@@ -136,6 +146,7 @@ class DDPStrategy(Strategy):
             self.barrier()
             dist.destroy_process_group()
         self._owns_group = False
+        self._flag_group = self._last_work = None  # destroyed with the default group
 
     # ---- the module -------------------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -166,8 +177,20 @@ class DDPStrategy(Strategy):
         if self.world_size == 1 or not dist.is_initialized():
             return tensor
         out = tensor.clone()  # out of place: the caller's tensor is left as it was
-        dist.all_reduce(out, op=_OPS[op])
+        # Waited here, and kept until the next call: freed by gloo's thread instead, the work would need the GIL
+        # for its Python tensor, and a process exiting right after (fit's last agreement) could abort.
+        self._last_work = dist.all_reduce(out, op=_OPS[op], async_op=True)
+        self._last_work.wait()
         return out / self.world_size if op == "mean" else out
+
+    def exchange_flags(self, flags: torch.Tensor) -> Any:
+        """Start an all-reduce (max) of ``flags`` (a small CPU tensor, reduced in place) and return at once with
+        the work; ``work.wait()`` gives the result. On a gloo group of its own (also under nccl): the work runs on
+        gloo's threads, never waits behind DDP's gradient buckets, and reading the result is no device sync.
+        Every rank must call it as many times, in the same order (preemption.py: once per optimizer step)."""
+        if self._flag_group is None:  # every rank gets here at the same step: new_group is a collective
+            self._flag_group = dist.new_group(backend="gloo")
+        return dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._flag_group, async_op=True)
 
     def average_gradients(self, params: list[torch.Tensor]) -> None:
         """Manual optimization's gradient sync (DDP's hooks are not armed there): one all-reduce of the

@@ -1,6 +1,11 @@
 """ddp's self-launch: ``python script.py`` with ``Trainer(strategy="ddp", devices=N)`` starts N worker processes
 here, runs the entry point in each, forwards preemption signals to them, and brings rank 0's result (and the
-first error, with the rank that raised it) back to the parent. Under torchrun none of this runs."""
+first error, with the rank that raised it) back to the parent. Under torchrun none of this runs.
+
+The workers never outlive the launching process: each holds the read end of a pipe whose only write end the
+launcher holds, and a thread that reads it sees end-of-file the instant the launcher is gone, however it died
+(the out-of-memory killer's SIGKILL included), and ends the worker at once, before it writes anything more.
+(``PR_SET_PDEATHSIG`` would watch the wrong process: the workers' parent is the forkserver.)"""
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +31,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 
+from .cluster import orphaned
 from .errors import MisconfigurationError
+from .model_memory import has_meta
 from .seed import current_seed, seed_everything
 
 if TYPE_CHECKING:
@@ -56,10 +63,18 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
         if strategy.start_method == "forkserver":  # imported once by the server, not by every worker of every launch
             multiprocessing.get_context("forkserver").set_forkserver_preload(
                 list(dict.fromkeys((*_PRELOAD, type(strategy).__module__))))  # taskfit.fsdp: FSDP2 and DCP too
-        # The parent's environment and stdout/stderr as they are now (a forkserver child has the server's).
-        parent = (dict(os.environ), _ParentFd(1), _ParentFd(2))
-        context = mp.start_processes(_worker, args=(buffer.getvalue(), parent, out, port),
-                                     nprocs=strategy.world_size, join=False, start_method=strategy.start_method)
+        # The parent's environment and stdout/stderr as they are now (a forkserver child has the server's), and
+        # the read end of the pipe that tells the workers this process is alive (its write end stays here).
+        alive, keep_alive = os.pipe()
+        parent = (dict(os.environ), _ParentFd(1), _ParentFd(2), _ParentFd(alive), os.getpid())
+        try:
+            context = mp.start_processes(_worker, args=(buffer.getvalue(), parent, out, port),
+                                         nprocs=strategy.world_size, join=False, start_method=strategy.start_method)
+        except BaseException:
+            os.close(keep_alive)
+            raise
+        finally:
+            os.close(alive)
         signals = getattr(getattr(fn, "__self__", None), "preempt_signals", ("SIGTERM", "SIGUSR1", "SIGINT"))
         try:
             with _forwarding(signals, context.processes):
@@ -74,6 +89,7 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
                 if process.is_alive():
                     process.kill()
                 process.join()
+            os.close(keep_alive)
         payload = torch.load(os.path.join(out, _RESULT), map_location="cpu", weights_only=False)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -83,10 +99,11 @@ def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], 
 
 def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, port: int) -> None:
     """Entry point of spawned worker ``local_rank``: become that rank, run ``fn``, report to the parent."""
-    env, *streams = parent
+    env, out_fd, err_fd, alive, launcher = parent
+    _watch_launcher(alive, launcher)
     os.environ.clear()
     os.environ.update(env)
-    for fd, target in zip(streams, (1, 2)):
+    for fd, target in ((out_fd, 1), (err_fd, 2)):
         if fd is not None and fd != target:
             os.dup2(fd, target)
             os.close(fd)
@@ -117,6 +134,23 @@ def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, 
     del fn, args, result, weights
     gc.collect()
     strategy.teardown()
+
+
+def _watch_launcher(alive: int | None, launcher: int) -> None:
+    """End this worker the moment the launching process is gone: ``alive`` is the read end of a pipe whose write
+    end only the launcher holds, so a read returns (end of file) when it exits or is killed."""
+    if alive is None:
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(alive, 1):  # nothing is ever written: this returns b"" once the launcher is gone
+                pass
+        except OSError:
+            pass
+        orphaned("the process that launched the ddp workers", launcher)  # ends this process
+
+    threading.Thread(target=watch, name="taskfit-launcher-watch", daemon=True).start()
 
 
 class _ParentFd:
@@ -166,8 +200,8 @@ def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...], weights: dict[str, 
 def _restore(fn: Callable[..., Any], args: tuple[Any, ...], snapshot: dict[str, Any]) -> None:
     trainer = getattr(fn, "__self__", None)
     task = next((a for a in args if isinstance(a, nn.Module)), None)
-    if task is not None and "weights" in snapshot:
-        task.load_state_dict(snapshot["weights"])
+    if task is not None and "weights" in snapshot:  # (a task built on the meta device takes the tensors as they are)
+        task.load_state_dict(snapshot["weights"], assign=has_meta(task))
     if trainer is not None and "state" in snapshot:
         trainer.state = type(trainer.state)(**snapshot["state"])
         trainer.log_dir = snapshot["log_dir"]

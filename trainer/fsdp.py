@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .ddp import DDPStrategy
 from .errors import MisconfigurationError, TaskModuleError
+from .model_memory import has_meta, materialize
 from .steps import ThroughWrapper
 from .strategies import resolve_accelerator, unwrap
 
@@ -99,7 +100,8 @@ class FSDPStrategy(DDPStrategy):
 
     # ---- the module ---------------------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Shard ``module`` in place: each unit the wrap policy picks (innermost first), then the root.
+        """Shard ``module`` in place: each unit the wrap policy picks (innermost first), then the root. Layers built
+        on the meta device (``trainer.init_module``) are materialised one unit at a time, each sharded at once.
 
         Returns the module itself (its class becomes ``FSDP<Task>``): the loop calls it, the optimizers built
         afterwards by ``configure_optimizers`` hold its sharded parameters. A module sharded by an earlier run
@@ -122,10 +124,18 @@ class FSDPStrategy(DDPStrategy):
             norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)  # weights must
                      and m is not module and not any(m is u for u in units)]  # too: units of their own, float32
             units = norms + units  # innermost first: a normalisation layer has no submodules
-        for unit in units:
+
+        def shard(unit: nn.Module) -> None:
             fp32 = isinstance(unit, nn.modules.batchnorm._BatchNorm) and options["mp_policy"].param_dtype is not None
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward,
                         **{**options, "mp_policy": _FLOAT32} if fp32 else options)
+
+        if has_meta(module):  # built by trainer.init_module: each unit is initialised, then sharded at once
+            ids = {id(u) for u in units}
+            materialize(module, on_done=lambda m: shard(m) if id(m) in ids else None)
+        else:
+            for unit in units:
+                shard(unit)
         fully_shard(module, **options)
         _lazy_init(module)
         _RESHARD[module] = self.reshard_after_forward

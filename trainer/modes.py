@@ -17,7 +17,8 @@ from typing import Any
 from .callbacks.tensorboard import guess_mode
 from .errors import MisconfigurationError
 
-MODES = ("fit", "validate", "test", "predict")
+MODES = ("fit", "validate", "test", "predict", "lr_find")
+EVALUATING = ("validate", "test", "predict")  # the modes that evaluate a checkpoint
 LOADERS = ("predict", "test", "val")  # what predict.dataloader may name
 
 
@@ -27,8 +28,8 @@ def check_mode(config: Mapping[str, Any]) -> str:
     if mode not in MODES:
         raise MisconfigurationError(
             f"mode={mode!r} is not a mode of the taskfit command.",
-            "use mode=fit (train; the default), or mode=validate, mode=test or mode=predict with "
-            "ckpt_path=/path/to/file.ckpt.")
+            "use mode=fit (train; the default), mode=validate, mode=test or mode=predict with "
+            "ckpt_path=/path/to/file.ckpt, or mode=lr_find (a learning-rate range test).")
     if mode == "predict":
         which = (config.get("predict") or {}).get("dataloader")
         if which is not None and which not in LOADERS:
@@ -72,6 +73,18 @@ def check_checkpoint(path: str) -> None:
         ckpt = load_file(path)  # missing, a directory, unsafe, corrupt: its CheckpointError
     check_format(ckpt, path)
     module_state(ckpt, path)  # a file without weights: its CheckpointError
+
+
+def check_resume_path(path: str) -> None:
+    """``mode=fit`` with ``ckpt_path=<path>``: something must be there, before the task is built (the checkpoint's
+    contents are checked when fit loads it)."""
+    from .errors import CheckpointError
+
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"ckpt_path={path}: there is no checkpoint there (no such file or directory).",
+            "ckpt_path takes null (a fresh run), last (the newest last.ckpt of the runs of this name; a fresh run "
+            "when there is none yet), or the path of a .ckpt file or sharded checkpoint directory.")
 
 
 def use_loader(task: Any, which: str | None) -> str:
@@ -120,5 +133,5 @@ def report_lines(mode: str, result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["MODES", "check_mode", "check_checkpoint_arg", "check_checkpoint", "use_loader", "evaluate",
-           "prediction_files", "report_lines"]
+__all__ = ["MODES", "EVALUATING", "check_mode", "check_checkpoint_arg", "check_checkpoint", "check_resume_path",
+           "use_loader", "evaluate", "prediction_files", "report_lines"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -12,6 +11,7 @@ import torch
 from torch import nn
 
 from .checkpoint import load_module
+from .cluster import global_rank
 from .errors import MisconfigurationError, TaskModuleError
 from .init_args import AttributeDict, recorded_init_args, select_hparams
 from .optim import gradient_clipper
@@ -349,4 +349,4 @@ def rank_zero_only(fn: Callable[..., Any]) -> Callable[..., Any]:
     return on_rank_zero
 
 
-rank_zero_only.rank = int(os.environ.get("RANK", 0))  # type: ignore[attr-defined]
+rank_zero_only.rank = global_rank()  # torchrun's RANK or SLURM_PROCID  # type: ignore[attr-defined]

@@ -4,9 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import signal
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -35,14 +33,6 @@ def current_seed() -> int | None:
     """The seed given to :func:`seed_everything`, or None when the run was not seeded."""
     value = os.environ.get(_SEED_ENV)
     return None if value is None else int(value)
-
-
-def init_worker(user_init: Any, ignored_signals: tuple[str, ...], worker_id: int) -> None:
-    """A DataLoader worker of a fit: ignore the preemption signals (the trainer process saves and exits; a worker
-    killed by a signal sent to the whole process group would fail the run first), then the loader's own init."""
-    for name in ignored_signals:
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-    user_init(worker_id)
 
 
 def worker_init_fn(worker_id: int) -> None:

@@ -2,15 +2,15 @@
 
 Writes go to a hidden temporary file in the same folder, are fsynced, then renamed over the target with
 ``os.replace``: a process killed at any instant leaves the previous file intact, and no partial file carries a
-checkpoint's name. What waits for the disk may run on a :class:`CheckpointWriter` thread, off the training
-loop. Reads refuse, with one clear error, a missing, unsafe, truncated or foreign file, and a checkpoint of
-another model (listing missing/unexpected keys and shape mismatches). trainer/checkpoint.py decides what goes
-into a checkpoint and how a run continues from one.
+checkpoint's name. An asynchronous save copies the state into reused host buffers (staging.py) and leaves
+serialising, writing, fsync and rename to a :class:`CheckpointWriter` thread, off the training loop. Reads map
+the file (``mmap``) instead of reading it whole, and refuse, with one clear error, a missing, unsafe, truncated
+or foreign file, and a checkpoint of another model (listing missing/unexpected keys and shape mismatches).
+trainer/checkpoint.py decides what goes into a checkpoint and how a run continues from one.
 """
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pickle
 import re
@@ -25,6 +25,7 @@ import torch
 
 from .checkpoint_dirs import STATE_FILE, copy_checkpoint, fsync_dir, is_sharded, publish, require_complete
 from .errors import CheckpointError
+from .staging import StagingBuffers
 from .strategies import normalize_state_dict
 
 if TYPE_CHECKING:
@@ -33,39 +34,37 @@ if TYPE_CHECKING:
 FORMAT = "taskfit.checkpoint"
 FORMAT_VERSION = 1
 LAST = "last.ckpt"
-# Background saves of checkpoints up to this size are serialised into memory, so that creating and writing the
-# file also happen on the writer thread; larger ones are streamed to their file on the training thread.
-IN_MEMORY_BYTES = 8 * 2**20
 # Exactly the types torch.load(weights_only=True) reads back (subclasses, e.g. torch's version string, are not).
 _PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size, torch.Tensor,
           torch.nn.Parameter)
 
 
 # ---- writing --------------------------------------------------------------------------------------------
-def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None, in_memory: bool = False) -> None:
+def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None) -> None:
     """``torch.save`` to a hidden temporary file beside ``path``; then fsync it and rename it over ``path``.
 
-    With a ``writer``, only serialising happens now (the tensors may change at the next step); what waits for
-    the disk runs on the writer's thread: the fsync and rename and, with ``in_memory`` (a small checkpoint,
-    serialised into memory), also creating and writing the file.
+    With a ``writer``, only a copy of the tensors is made now (they change at the next step: staging.py); the
+    writer's thread serialises the copy to the file, fsyncs and renames it while training goes on.
     """
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    if writer is not None and in_memory:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        writer.submit(_write_bytes, buffer, path)
-        return
+    if writer is None:
+        write_file(obj, path)
+    else:
+        writer.save(obj, path)
+
+
+def write_file(obj: Any, path: str) -> None:
+    """Serialise ``obj`` into a temporary file beside ``path``, make it durable and rename it over ``path``."""
     tmp = _temp_beside(path)
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f:  # a Python file: a full disk is an OSError naming its cause
             torch.save(obj, f)
-    except BaseException:
+    except BaseException as exc:
         _remove(tmp)
+        if isinstance(exc, OSError):
+            raise _write_error(path, exc) from exc
         raise
-    if writer is None:
-        _finish(tmp, path)
-    else:
-        writer.submit(_finish, tmp, path)
+    _finish(tmp, path)
 
 
 def write_probe(folder: str) -> None:
@@ -110,19 +109,40 @@ def remove_files(paths: list[str]) -> None:
 
 
 class CheckpointWriter:
-    """Finishes checkpoint files on one background thread, in the order they were submitted.
-
-    The training thread serialises a checkpoint (its tensors change at the next step); what only waits for the
-    disk (fsync of the file and of its folder, the rename, a hard link, removing old files: 5-20 ms on a local
-    disk, more on a network one) runs here instead of stalling the loop. :meth:`wait` joins that work and
-    re-raises its first error; the Trainer calls it before every checkpoint save and before fit returns, so a
-    file is never renamed over a newer one and ``fit`` returns with every file in place.
-    """
+    """Writes checkpoint files on one background thread, in the order they were submitted: :meth:`save` (the
+    asynchronous save: the caller's thread copies the tensors into reused staging buffers, this thread serialises,
+    writes, fsyncs and renames the copy), then what else waits for the disk (a link, removing old files).
+    :meth:`wait` joins that work and re-raises its first error; the Trainer calls it before every save and before
+    fit returns, so a file is never renamed over a newer one, the buffers are free when the next save fills them,
+    and ``fit`` returns with every file in place. :meth:`close` also lets the buffers go."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
         self._failed = False  # a submitted step failed: the steps after it (until wait() reports it) are skipped
+        self._staging = StagingBuffers()
+        self._kept: dict[str, tuple[Any, Callable[[Any], None] | None]] = {}
+
+    def save(self, obj: Any, path: str) -> None:
+        """Copy ``obj``'s tensors into the staging buffers now; write the file on the writer's thread."""
+        self.wait()  # the previous save's file is written: its buffers may be filled again
+        self.submit(self._write_staged, self._staging.stage(obj), path)
+
+    def _write_staged(self, staged: Any, path: str) -> None:
+        self._staging.wait()  # CUDA: the copies queued by stage() are done
+        write_file(staged, path)
+
+    @property
+    def staged_bytes(self) -> int:
+        """The bytes the staging buffers hold (one copy of the last asynchronous save's tensors)."""
+        return self._staging.nbytes
+
+    def kept(self, name: str, create: Callable[[], Any], release: Callable[[Any], None] | None = None) -> Any:
+        """An object kept for this writer's saves until :meth:`close` (sharded saves keep DCP's stager and a
+        process group of their own here), created by ``create`` on first use and passed to ``release`` at close."""
+        if name not in self._kept:
+            self._kept[name] = (create(), release)
+        return self._kept[name][0]
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         if self._pool is None:  # created on first use, in the process that trains (never pickled or forked)
@@ -151,13 +171,18 @@ class CheckpointWriter:
             raise errors[0]
 
     def close(self) -> None:
-        """:meth:`wait`, then stop the thread (the next :meth:`submit` starts a new one)."""
+        """:meth:`wait`, then stop the thread and let the staging buffers go (the next save starts afresh)."""
         try:
             self.wait()
         finally:
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
+            self._staging = StagingBuffers()
+            kept, self._kept = self._kept, {}
+            for value, release in kept.values():
+                if release is not None:
+                    release(value)
 
     def close_quietly(self) -> None:
         """:meth:`close` while an error is already on its way: its own errors become a warning."""
@@ -166,8 +191,8 @@ class CheckpointWriter:
         except Exception as exc:  # noqa: BLE001 - the exception already propagating is the one to report
             warnings.warn(f"A background checkpoint write failed too: {exc!r}.", stacklevel=3)
 
-    def __getstate__(self) -> dict[str, Any]:  # a Trainer sent to ddp workers carries no thread
-        return {"_pool": None, "_pending": []}
+    def __getstate__(self) -> dict[str, Any]:  # a Trainer sent to ddp workers carries no thread and no buffers
+        return CheckpointWriter().__dict__
 
 
 def _temp_beside(path: str) -> str:
@@ -177,19 +202,11 @@ def _temp_beside(path: str) -> str:
     return tmp
 
 
-def _write_bytes(buffer: io.BytesIO, path: str) -> None:
-    _finish(_temp_beside(path), path, data=buffer.getbuffer())
-
-
-def _finish(tmp: str, path: str, sync: bool = True, data: memoryview | None = None) -> None:
-    """Write ``data`` (if given) to ``tmp``, make it durable and rename it over ``path`` (``tmp`` is removed if that
-    fails)."""
+def _finish(tmp: str, path: str, sync: bool = True) -> None:
+    """Make ``tmp`` durable and rename it over ``path`` (``tmp`` is removed if that fails)."""
     try:
         if sync:
-            with open(tmp, "rb" if data is None else "wb") as f:
-                if data is not None:
-                    f.write(data)
-                    f.flush()
+            with open(tmp, "rb") as f:
                 os.fsync(f.fileno())  # the data is on disk before the name points at it
         os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600 files; give the checkpoint the usual permissions
         if os.path.isdir(path):
@@ -224,23 +241,20 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def check_plain(obj: Any, where: str) -> int:
-    """Refuse to write anything ``torch.load(weights_only=True)`` could not read back (names the culprit).
-
-    Returns the bytes of the tensor storages in ``obj`` (what the file will roughly hold).
-    """
+def check_plain(obj: Any, where: str) -> None:
+    """Refuse to write anything ``torch.load(weights_only=True)`` could not read back (names the culprit)."""
     kind = type(obj)
     if kind in _PLAIN:
-        return obj.untyped_storage().nbytes() if kind in (torch.Tensor, torch.nn.Parameter) else 0
-    size = 0
+        return
     if kind in (dict, OrderedDict):
         for key, value in obj.items():
-            size += check_plain(key, f"{where} key {key!r}") + check_plain(value, f"{where}[{key!r}]")
-        return size
+            check_plain(key, f"{where} key {key!r}")
+            check_plain(value, f"{where}[{key!r}]")
+        return
     if kind in (list, tuple, set):
         for i, value in enumerate(obj):
-            size += check_plain(value, f"{where}[{i}]")
-        return size
+            check_plain(value, f"{where}[{i}]")
+        return
     raise CheckpointError(
         f"Cannot save a checkpoint: {where} is a {type(obj).__module__}.{type(obj).__qualname__}, which a "
         "safe checkpoint cannot hold.",
@@ -251,7 +265,8 @@ def check_plain(obj: Any, where: str) -> int:
 
 # ---- reading --------------------------------------------------------------------------------------------
 def load_file(path: str) -> Any:
-    """``torch.load(path, weights_only=True)`` with one clear error for a missing, unsafe or damaged file."""
+    """``torch.load(path, weights_only=True, mmap=True)`` with one clear error for a missing, unsafe or damaged file.
+    Mapped, not read: weights are copied once, from the page cache, into a model (an old non-zip file: read whole)."""
     if not os.path.exists(path):
         raise CheckpointError(f"Checkpoint {path} does not exist.",
                               "check the path (it is relative to the working directory), or pass "
@@ -265,7 +280,12 @@ def load_file(path: str) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about unusual pickle protocols before refusing them
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap can only be used" not in str(exc):
+                    raise
+                ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch words it "GLOBAL x.y was not an allowed global" or "unsupported GLOBAL x.y whose module x is blocked"
         needed = re.search(r"GLOBAL ([\w.]+)", str(exc))
@@ -299,7 +319,9 @@ def _reason(exc: BaseException) -> str:
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
-    """Load a taskfit checkpoint (a full training state), refusing a newer format or a bare state dict."""
+    """Load a taskfit checkpoint (a full training state), refusing a newer format or a bare state dict. The weights
+    stay mapped (a resume copies them into the parameters); what a resume keeps (optimizer states, logged values)
+    is copied into memory, so that nothing the run uses depends on the file (the next save may replace it)."""
     ckpt = load_file(path)
     if not isinstance(ckpt, Mapping) or ckpt.get("format") != FORMAT:
         raise CheckpointError(
@@ -307,7 +329,18 @@ def load_checkpoint(path: str) -> dict[str, Any]:
             "not a taskfit training checkpoint, so training cannot resume from it.",
             "resume from a file written by taskfit (ModelCheckpoint, trainer.save_checkpoint); to start from "
             "these weights, load them first: task.load_state_dict(torch.load(path, weights_only=True)).")
-    return ckpt
+    return {key: value if key == "module" else _in_memory(value) for key, value in ckpt.items()}
+
+
+def _in_memory(tree: Any) -> Any:
+    """``tree`` with every tensor copied out of the mapped file (one at a time: no second copy of the file)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, Mapping):
+        return type(tree)((k, _in_memory(v)) for k, v in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_in_memory(v) for v in tree)
+    return tree
 
 
 def check_format(ckpt: Any, path: str) -> None:

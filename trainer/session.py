@@ -19,6 +19,7 @@ from .datamodule import DataSource
 from .errors import MisconfigurationError
 from .logbuffer import LogBuffer
 from .metrics import build_metrics
+from .model_memory import prepare_module
 from .module import TaskModule, rank_zero_only
 from .optim import Schedulers, gradient_clipper, parse_optimizers
 from .precision import Precision
@@ -74,9 +75,7 @@ def running(trainer: Trainer, task: TaskModule, fn: str, data: DataSource,
                 strategy.barrier()
             trainer.call_hooks("setup", fn)  # the module is still where the user built it (Lightning's order)
             trainer.call_hooks("configure_model")
-            if trainer.channels_last:
-                task.to(memory_format=torch.channels_last)
-            wrapped = strategy.setup_module(task)
+            wrapped = strategy.setup_module(prepare_module(task, trainer))  # meta layers, checkpointing, channels_last
             trainer.model = torch.compile(wrapped) if trainer.compile else wrapped  # what the loop calls
             trainer.metrics = build_metrics(task, strategy.device)
             trainer.data_seed = int(strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank

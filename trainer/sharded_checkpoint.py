@@ -8,8 +8,10 @@
   against the model before anything is loaded);
 * ``.metadata`` and ``__<rank>_0.distcp``: DCP's index and each rank's shards (entries ``module/<name>`` and
   ``optimizer[/<i>]/state/<index>/<state>``); the index is read by an unpickler that builds DCP's metadata classes
-  and nothing else, and the shards with ``torch.load(weights_only=True)``;
-* ``COMPLETE``: written last; a directory without it is refused.
+  and nothing else, and checked before DCP reads a byte (every file it names is inside the directory, present and
+  long enough: :func:`read_index`); the shards are read with ``torch.load(weights_only=True)``;
+* ``COMPLETE``: written last, with each shard file's size and fingerprint (a swapped or replaced shard file is
+  refused by name); a directory without it is refused.
 
 The directory is written under a hidden temporary name beside its target, then renamed into place (an existing
 checkpoint of that name is swapped out atomically), so a process killed at any instant leaves the previous
@@ -17,6 +19,8 @@ checkpoint whole. ``consolidate`` turns one into today's single-file format. For
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import pickle
 import shutil
@@ -63,7 +67,10 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
     """Write ``contents`` as a sharded checkpoint directory at ``path`` (every rank calls it; each writes its shards).
 
     Rank 0 writes the rest and, after every shard is on disk, the completion marker, then renames the directory
-    into place (on ``writer``'s thread when given).
+    into place. With ``writer``, through DCP's ``async_save``: each rank's shards are copied now into staging
+    buffers that the writer keeps from one save to the next (DCP's ``DefaultStager``), and written, fsynced,
+    completed and renamed on the writer's thread (DCP's collectives there use a gloo group of their own, so they
+    never interleave with the training's).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -74,29 +81,85 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
     tmp = strategy.broadcast(tmp)
+    storage = dcp.FileSystemWriter(tmp, sync_files=True)
+    no_dist = strategy.world_size == 1 and not _distributed()
     try:
-        try:
+        if writer is None:
             with warnings.catch_warnings():  # one process without a group: "assuming ... a single process", yes
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
-                         no_dist=strategy.world_size == 1 and not _distributed())
-        except BaseException as exc:  # DCP wraps each rank's error (a full disk: OSError) in a CheckpointException
-            cause = _cause(exc)
-            if isinstance(cause, OSError):
-                raise _write_error(path, cause) from None
-            raise
-        strategy.barrier()  # every rank's shards are on disk
-        if strategy.is_main:
-            atomic_save(skeleton, os.path.join(tmp, STATE_FILE))
-            _write_marker(tmp, strategy.world_size)
-            if writer is None:
-                publish(tmp, path)
-            else:
-                writer.submit(publish, tmp, path)
+                _dcp_call(lambda: dcp.save(tensors, storage_writer=storage, no_dist=no_dist), path)
+            strategy.barrier()  # every rank's shards are on disk
+            if strategy.is_main:
+                _complete(tmp, path, skeleton, strategy.world_size)
+            return
+        stager = writer.kept("dcp stager", _stager, lambda stager: stager.close())
+        group = None if no_dist else writer.kept("dcp group", _checkpoint_group, _destroy_group)
+        future = _dcp_call(lambda: dcp.async_save(tensors, storage_writer=storage, process_group=group,
+                                                  async_stager=stager, no_dist=no_dist), path)
+        writer.submit(_finish_async, future, tmp, path, skeleton if strategy.is_main else None, strategy.world_size)
     except BaseException:
         if strategy.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _finish_async(future: Any, tmp: str, path: str, skeleton: dict[str, Any] | None, world_size: int) -> None:
+    """On the writer's thread: wait for this rank's shards (on rank 0, DCP's future completes once every rank's
+    are written and the index is too), then rank 0 (``skeleton`` given) completes the directory and renames it."""
+    try:
+        _dcp_call(future.result, path)
+        if skeleton is not None:
+            _complete(tmp, path, skeleton, world_size)
+    except BaseException:
+        if skeleton is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _complete(tmp: str, path: str, skeleton: dict[str, Any], world_size: int) -> None:
+    atomic_save(skeleton, os.path.join(tmp, STATE_FILE))
+    _write_marker(tmp, world_size)
+    publish(tmp, path)
+
+
+def _dcp_call(fn: Any, path: str) -> Any:
+    """``fn()``; DCP wraps each rank's error in a CheckpointException: one clear error naming the first. A full
+    disk is an OSError, or (DCP writes through torch's zip writer) a RuntimeError about a file position: the free
+    space is then part of the message."""
+    try:
+        return fn()
+    except BaseException as exc:
+        cause = _cause(exc)
+        if isinstance(cause, OSError):
+            raise _write_error(path, cause) from None
+        if isinstance(cause, Exception) and not isinstance(cause, CheckpointError):
+            reason = " ".join(str(cause).split())[:200]
+            free = shutil.disk_usage(os.path.dirname(path)).free
+            raise _write_error(path, RuntimeError(f"{type(cause).__name__}: {reason}; {free} bytes free on its "
+                                                  "file system")) from None
+        raise
+
+
+def _stager() -> Any:
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()  # pinned buffers (page-locked exactly, not rounded up) where a GPU copies
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=False))
+
+
+def _checkpoint_group() -> Any:
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")  # every rank creates it at its first asynchronous save, together
+
+
+def _destroy_group(group: Any) -> None:
+    """At the end of fit (a process may run several, under torchrun): the group's sockets go with it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group(group)
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -114,10 +177,28 @@ def _distributed() -> bool:
 
 
 def _write_marker(directory: str, world_size: int) -> None:
+    """COMPLETE, written last; it also records each shard file's size and fingerprint, so that a file swapped,
+    renamed or replaced afterwards is recognised before anything is read from it (:func:`read_index`)."""
+    lines = [f"taskfit sharded checkpoint, {world_size} shard file(s); complete"]
+    for name in sorted(n for n in os.listdir(directory) if n.endswith(".distcp")):
+        size, digest = _fingerprint(os.path.join(directory, name))
+        lines.append(f"shard {name} {size} {digest}")
     with open(os.path.join(directory, MARKER), "w") as fh:
-        fh.write(f"taskfit sharded checkpoint, {world_size} shard file(s); complete\n")
+        fh.write("\n".join(lines) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _fingerprint(path: str, span: int = 1 << 16) -> tuple[int, str]:
+    """(size, sha256 of the first and last 64 KiB): reads 128 KiB at most, whatever the shard's size."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        digest.update(fh.read(span))
+        if size > span:
+            fh.seek(max(span, size - span))
+            digest.update(fh.read(span))
+    return size, digest.hexdigest()[:32]
 
 
 # ---- reading --------------------------------------------------------------------------------------------
@@ -161,18 +242,20 @@ def read_shards(path: str, skeleton: Mapping[str, Any], templates: Mapping[str, 
     templates = dict(templates or {})
     request = {k: templates[k] if k in templates else torch.empty(m.shape, dtype=m.dtype) for k, m in entries.items()}
     if request:
+        reader = SafeReader(path, read_index(path))  # checked before DCP runs: its failures print tracebacks
         try:
             with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process"
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(request, storage_reader=SafeReader(path), no_dist=True)
+                dcp.load(request, storage_reader=reader, no_dist=True)
         except BaseException as exc:  # DCP wraps a missing or damaged shard file in a CheckpointException
             cause = _cause(exc)
             if isinstance(cause, CheckpointError) or not isinstance(cause, Exception):
                 raise cause from None
             reason = " ".join(str(cause).split())[:300]
             raise CheckpointError(
-                f"Cannot read the shards of {path}: {type(cause).__name__}: {reason}",
-                "a shard file (__<rank>_0.distcp) or .metadata is missing or damaged: copy the whole directory "
+                f"Cannot read the shards of {path}: a shard file does not hold what .metadata says it holds "
+                f"({type(cause).__name__}: {reason}).",
+                "the shard files (__<rank>_0.distcp) were swapped, renamed or damaged: copy the whole directory "
                 "again, or use another checkpoint of the same folder.") from None
 
     def fill(obj: Any, key: str) -> Any:
@@ -187,26 +270,89 @@ def read_shards(path: str, skeleton: Mapping[str, Any], templates: Mapping[str, 
     return {k: fill(v, k) if k in parts else v for k, v in skeleton.items()}
 
 
+def read_index(path: str) -> Any:
+    """The DCP index (``.metadata``) of the sharded checkpoint ``path``, unpickled by :class:`_MetadataUnpickler`
+    and checked against the directory before DCP reads anything: every storage path resolves inside it, every
+    file it names is there and long enough, and each shard file is the one the COMPLETE marker recorded. Any
+    problem is one CheckpointError naming the file and what is wrong."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+
+    where = os.path.join(path, ".metadata")
+    try:
+        with open(where, "rb") as fh:
+            metadata = _MetadataUnpickler(fh).load()
+    except _Refused as exc:
+        raise CheckpointError(f"Refused to load {where}: {exc}. Nothing in it was executed.",
+                              "load only sharded checkpoints written by taskfit.") from None
+    except Exception as exc:  # noqa: BLE001 - truncated, garbled, missing: damaged, whatever the exception
+        metadata, damage = None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    else:
+        damage = f"it holds a {type(metadata).__name__}, not DCP's index"
+    if not isinstance(metadata, Metadata) or not isinstance(getattr(metadata, "storage_data", None), dict):
+        raise CheckpointError(f"Cannot read {where}, the index of the sharded checkpoint: it is damaged ({damage}).",
+                              "copy the whole checkpoint directory again, or use another checkpoint of the same "
+                              "folder (last.ckpt, epoch=...).")
+    pickled = [k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)]
+    if pickled:
+        raise _pickled_entries(path, pickled)
+    _check_files(path, metadata)
+    return metadata
+
+
+def _check_files(path: str, metadata: Any) -> None:
+    root = os.path.realpath(path)
+    extents: dict[str, int] = {}
+    for index, info in metadata.storage_data.items():
+        rel = getattr(info, "relative_path", None)
+        target = os.path.realpath(os.path.join(root, str(rel)))
+        if not isinstance(rel, str) or os.path.commonpath([root, target]) != root or target == root:
+            raise CheckpointError(
+                f"Refused to load {path}: its index (.metadata) stores {getattr(index, 'fqn', index)} in {rel!r}, "
+                "which is outside the checkpoint directory. Nothing was read.",
+                "load only sharded checkpoints written by taskfit: every file of one is inside its directory.")
+        extents[target] = max(extents.get(target, 0), int(info.offset) + int(info.length))
+    marker = os.path.join(path, MARKER)
+    with open(marker) if os.path.isfile(marker) else contextlib.nullcontext([]) as fh:
+        recorded = [line.split() for line in fh if line.startswith("shard ")]  # none in older checkpoints
+    written = {(int(size), digest): name for _, name, size, digest in (r for r in recorded if len(r) == 4)}
+    for (size, digest), name in written.items():
+        target = os.path.join(path, name)
+        now = _fingerprint(target) if os.path.isfile(target) else None  # missing: named below
+        if now is not None and now != (size, digest):
+            what = f"it holds the data written as {written[now]} (shard files swapped or renamed)" if now in written \
+                else f"it changed since it was written ({now[0]} bytes now, {size} then: truncated or damaged)"
+            raise CheckpointError(f"{target} is not the shard file written under that name: {what}; {MARKER} "
+                                  "recorded each shard file's size and fingerprint.",
+                                  "put each shard file back under its own name, or copy the whole checkpoint "
+                                  "directory again, or use another checkpoint of the same folder.")
+    for target, end in sorted(extents.items()):
+        if not os.path.isfile(target):
+            raise CheckpointError(f"{target} is missing: the index (.metadata) of {path} stores data in it.",
+                                  "copy the whole checkpoint directory again, or use another checkpoint of the "
+                                  "same folder.")
+        if os.path.getsize(target) < end:
+            raise CheckpointError(f"{target} is shorter than the index (.metadata) says: {os.path.getsize(target)} "
+                                  f"bytes, with data up to byte {end} (truncated, or another shard file under its "
+                                  "name).", "copy the whole checkpoint directory again, or use another checkpoint of "
+                                  "the same folder.")
+
+
 def _safe_reader_class() -> type:
     from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
+    from torch.distributed.checkpoint.metadata import StorageMeta
     from torch.distributed.checkpoint.planner import LoadItemType
 
     class SafeFileSystemReader(FileSystemReader):
-        """DCP's file reader, except that its index is unpickled by :class:`_MetadataUnpickler` and no entry
-        stored as pickled bytes (which DCP would unpickle with ``weights_only=False``) is ever read."""
+        """DCP's file reader, given the index :func:`read_index` has read and checked (``.metadata`` is never
+        unpickled by DCP), which never reads an entry stored as pickled bytes (which DCP would unpickle with
+        ``weights_only=False``)."""
+
+        def __init__(self, path: str, metadata: Any) -> None:
+            super().__init__(path)
+            self._index = metadata
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            where = os.path.join(os.fspath(self.path), ".metadata")
-            try:
-                with open(where, "rb") as fh:
-                    metadata = _MetadataUnpickler(fh).load()
-            except pickle.UnpicklingError as exc:
-                raise CheckpointError(f"Refused to load {where}: {exc}. Nothing in it was executed.",
-                                      "load only sharded checkpoints written by taskfit.") from None
-            pickled = [k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)]
-            if pickled:
-                raise _pickled_entries(self.path, pickled)
+            metadata = self._index
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -214,7 +360,7 @@ def _safe_reader_class() -> type:
 
         def read_data(self, plan: Any, planner: Any) -> Any:
             pickled = [item.dest_index.fqn for item in plan.items if item.type == LoadItemType.BYTE_IO]
-            if pickled:  # never planned (the metadata check comes first): a second lock on the same door
+            if pickled:  # never planned (the index check comes first): a second lock on the same door
                 raise _pickled_entries(self.path, pickled)
             return super().read_data(plan, planner)
 
@@ -227,9 +373,14 @@ def _pickled_entries(path: Any, names: list[str]) -> CheckpointError:
                            "load only sharded checkpoints written by taskfit (tensors only).")
 
 
-def SafeReader(path: str) -> Any:  # noqa: N802 - a factory standing for the class (torch is imported lazily)
-    """A ``FileSystemReader`` of ``path`` that never runs code from the checkpoint."""
-    return _safe_reader_class()(path)
+def SafeReader(path: str, metadata: Any = None) -> Any:  # noqa: N802 - a factory standing for the class (lazy torch)
+    """A ``FileSystemReader`` of ``path`` that never runs code from the checkpoint; ``metadata``: its index, as
+    :func:`read_index` returns it (read here when not given)."""
+    return _safe_reader_class()(path, metadata if metadata is not None else read_index(path))
+
+
+class _Refused(pickle.UnpicklingError):
+    """A global the index unpickler does not build."""
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -247,8 +398,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         if (module, name) in self._ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None),
                                                                                 (torch.dtype, torch.layout))):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"it needs to import and call `{module}.{name}`, which a checkpoint index "
-                                     "never needs")
+        raise _Refused(f"it needs to import and call `{module}.{name}`, which a checkpoint index never needs")
 
 
 # ---- consolidation ------------------------------------------------------------------------------------------
@@ -273,5 +423,5 @@ def consolidate(src: str, dst: str) -> str:
 
 
 __all__ = ["STATE_FILE", "MARKER", "is_sharded", "checkpoint_exists", "split", "save_sharded", "publish",
-           "copy_checkpoint", "remove_checkpoint", "load_skeleton", "meta_entries", "read_shards", "SafeReader",
-           "consolidate"]
+           "copy_checkpoint", "remove_checkpoint", "load_skeleton", "meta_entries", "read_shards", "read_index",
+           "SafeReader", "consolidate"]

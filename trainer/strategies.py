@@ -9,7 +9,6 @@ of Lightning Fabric: ``launch``, ``setup_environment``, ``setup_module``, ``eval
 """
 from __future__ import annotations
 
-import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -72,11 +71,6 @@ def gpu_indices(devices: int | list[int] | None) -> list[int]:
                                     f"use devices <= {available} or indices below {available}, and check "
                                     "CUDA_VISIBLE_DEVICES.")
     return wanted
-
-
-def launched_by_torchrun() -> bool:
-    """True in a process started by torchrun (or another launcher that sets RANK, LOCAL_RANK and WORLD_SIZE)."""
-    return all(key in os.environ for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
 
 
 def unwrap(module: nn.Module) -> nn.Module:

@@ -3,11 +3,11 @@ nothing from this module; ddp.py (torch.distributed, DDP and torch._dynamo: abou
 torch.distributed.checkpoint: about a second more) load only when asked for."""
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
+from .cluster import detect
 from .errors import MisconfigurationError
-from .strategies import DataParallelStrategy, Strategy, launched_by_torchrun, parse_devices
+from .strategies import DataParallelStrategy, Strategy, parse_devices
 
 
 def _ddp(accelerator: str, devices: Any) -> Strategy:
@@ -30,21 +30,24 @@ _MULTIPROCESS = ("ddp", "fsdp")  # the strategies that run one process per devic
 def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
     """Build the strategy named by ``strategy`` ("auto", "single", "dp", "ddp", "fsdp") or take a Strategy instance.
 
-    "auto" is ddp under torchrun (WORLD_SIZE > 1) or when ``devices`` asks for more than one device, else single.
+    "auto" is ddp under torchrun or SLURM's srun (more than one process) or when ``devices`` asks for more than one
+    device, else single.
     """
     if isinstance(strategy, Strategy):
         return strategy
     if not isinstance(strategy, str) or strategy not in ("auto", *STRATEGIES):
         raise MisconfigurationError(f"Unknown strategy {strategy!r}.",
                                     'use "auto", "single", "dp", "ddp" or "fsdp" (or pass a Strategy instance).')
-    distributed = launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1
+    launcher = detect()
+    distributed = launcher is not None and launcher.world_size > 1
     if strategy == "auto":
         parsed = parse_devices(devices)
         several = (len(parsed) if isinstance(parsed, list) else parsed or 1) > 1
         strategy = "ddp" if distributed or several else "single"
     if distributed and strategy not in _MULTIPROCESS:
         raise MisconfigurationError(
-            f"This process was started by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}, but "
+            f"This process was started by {launcher.launcher} with "
+            f"{'WORLD_SIZE' if launcher.launcher == 'torchrun' else 'SLURM_NTASKS'}={launcher.world_size}, but "
             f"strategy={strategy!r} would train a separate copy of the model in every process.",
-            'use strategy="ddp" (or "auto") under torchrun, or run the script with plain `python`.')
+            f'use strategy="ddp" (or "auto") under {launcher.launcher}, or run the script with plain `python`.')
     return STRATEGIES[strategy](accelerator, devices)

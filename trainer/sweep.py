@@ -19,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
+from .cluster import global_rank
 from .config import DIRECTIVES
 
 # Trainer settings that change a run's result: always among the HParams hyperparameters of the command.
@@ -177,7 +178,7 @@ class SweepSummary(HydraCallback):
 
         hydra_cfg = job_return.hydra_cfg.hydra
         folder = _sweep_dir(config.hydra) if "hydra" in config else None  # the job's config: resolvable
-        if hydra_cfg.mode != RunMode.MULTIRUN or folder is None or os.environ.get("RANK", "0") != "0":
+        if hydra_cfg.mode != RunMode.MULTIRUN or folder is None or global_rank() != 0:
             return
         ok = job_return.status == JobStatus.COMPLETED
         value = job_return.return_value if ok else None
@@ -192,7 +193,7 @@ class SweepSummary(HydraCallback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         folder = _sweep_dir(config.hydra)
-        if folder is None or os.environ.get("RANK", "0") != "0":
+        if folder is None or global_rank() != 0:
             return
         rows = [OmegaConf.to_container(OmegaConf.load(p)) for p in glob.glob(os.path.join(folder, _JOBS, "*.yaml"))]
         rows.sort(key=lambda r: r["job"])

@@ -21,11 +21,13 @@ from .data import batch_size_of, empty_train_loader, length, limit_batches, set_
 from .datamodule import DataModule, DataSource
 from .evaluation import evaluation_pass, run_entry, sanity_pass
 from .init_args import flatten, plain_hparams
-from .lightning_arguments import lightning_keywords, trainer_arguments
+from .lightning_arguments import lightning_trainer
 from .logbuffer import LogBuffer
+from .model_memory import checkpoint_policy, init_module
 from .module import TaskModule
 from .precision import normalize_precision
-from .preemption import normalize_signals, preempt
+from .profiling import profiler_for
+from .preemption import normalize_signals, preempt, requeue_setting
 from .schedule import accumulation_group
 from .serialization import CheckpointWriter
 from .session import fitted_task, running, setup_fit
@@ -34,26 +36,26 @@ from .steps import batch_outputs, defines, detached, step_loss
 from .strategy_registry import select_strategy
 
 
-@lightning_keywords  # fit(model=...), save_checkpoint(filepath=...): Lightning's keyword names (lightning_arguments.py)
+@lightning_trainer  # Trainer(max_epoch=3), Trainer(num_nodes=2): one catalogued error; Lightning's -1/None, model=
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
+    init_module = init_module  # with trainer.init_module(empty_init=True): layers on the meta device (model_memory.py)
 
-    @trainer_arguments  # one catalogued error for Trainer(max_epoch=3) or Trainer(num_nodes=2); Lightning's -1/None
     def __init__(
         self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
-        min_steps: int | None = None, accelerator: str = "auto",
-        devices: int | str | Sequence[int] = "auto", strategy: Any = "auto", precision: str | int = "32",
-        accumulate_grad_batches: int = 1, gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm", limit_train_batches: int | float = 1.0,
-        limit_val_batches: int | float = 1.0, limit_test_batches: int | float = 1.0,
-        limit_predict_batches: int | float = 1.0, val_check_interval: int | float = 1.0,
-        check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int = 2, log_every_n_steps: int = 50,
-        fast_dev_run: bool | int = False, overfit_batches: int | float = 0, deterministic: bool = False,
-        callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
-        enable_progress_bar: bool = True, enable_model_summary: bool = True, enable_checkpointing: bool = True,
-        logger: bool | Logger | Sequence[Logger] = True, nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False,
-        channels_last: bool = False, preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
-        preempt_exit_code: int | None = None, config: Mapping[str, Any] | None = None,
+        min_steps: int | None = None, accelerator: str = "auto", devices: int | str | Sequence[int] = "auto",
+        strategy: Any = "auto", precision: str | int = "32", accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
+        limit_train_batches: int | float = 1.0, limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0, limit_predict_batches: int | float = 1.0,
+        val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int = 2,
+        log_every_n_steps: int = 50, fast_dev_run: bool | int = False, overfit_batches: int | float = 0,
+        deterministic: bool = False, callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
+        profiler: Any = None, enable_progress_bar: bool = True, enable_model_summary: bool = True,
+        enable_checkpointing: bool = True, logger: bool | Logger | Sequence[Logger] = True,
+        nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False, channels_last: bool = False,
+        preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"), preempt_exit_code: int | None = None,
+        requeue: bool | None = None, config: Mapping[str, Any] | None = None, activation_checkpointing: Any = None,
     ) -> None:
         check_arguments(locals())
         self.precision_name = normalize_precision(precision)
@@ -68,7 +70,9 @@ class Trainer:
         self.overfit_batches, self.deterministic, self.seed = overfit_batches, deterministic, seed
         self.default_root_dir, self.nonfinite_loss = default_root_dir, nonfinite_loss
         self.compile, self.channels_last = compile, channels_last
+        self.activation_checkpointing = checkpoint_policy(activation_checkpointing)  # model_memory.py
         self.preempt_signals, self.preempt_exit_code = normalize_signals(preempt_signals), preempt_exit_code
+        self.requeue = requeue_setting(requeue, self.preempt_signals)  # SIGUSR1 under SLURM: save, requeue, exit
         self.config = dict(config) if config is not None else None
         self.fast_dev_run = int(fast_dev_run)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
@@ -78,18 +82,17 @@ class Trainer:
             enable_checkpointing = logger = False
         if overfit_batches:
             self.limits["train"] = self.limits["val"] = overfit_batches
-        self.callbacks = with_defaults(callbacks, progress=enable_progress_bar, summary=enable_model_summary,
-                                       checkpointing=enable_checkpointing, logger=logger)
+        self.callbacks, self.profiler = profiler_for(profiler, with_defaults(callbacks, progress=enable_progress_bar,
+            summary=enable_model_summary, checkpointing=enable_checkpointing, logger=logger))  # None: adds nothing
         self.state, self.log_dir, self.task, self.data, self.logs = TrainerState(), None, None, None, None
         self.model = self.optimizer = self.train_dataloader = self.val_loader = self.predict_dataloader = None
         self.optimizers, self.manual_optimizers, self.manual = [], [], False  # set by fit
-        self.checkpoint_writer = CheckpointWriter()  # fsyncs and renames checkpoint files off the training thread
+        self.checkpoint_writer = CheckpointWriter()  # writes checkpoint files off the training thread
 
     # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
     def fit(self, task: TaskModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: DataModule | None = None, ckpt_path: str | None = None) -> dict[str, float]:
-        """Train ``task`` on its own loaders, the loaders passed, or ``datamodule``'s; resume from ``ckpt_path``
-        ("last", "best" or a path). Returns the final metrics."""
+        """Train ``task`` (its loaders, those passed or ``datamodule``'s), resuming ``ckpt_path``; the final metrics."""
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
@@ -393,6 +396,5 @@ class Trainer:
         load_run_state(self, state)
 
     def save_checkpoint(self, path: str, *, background: bool = False) -> None:
-        """Write :meth:`state_dict` atomically to ``path`` on rank 0 (every rank calls it). ``background=True``: the
-        fsync and rename finish on :attr:`checkpoint_writer`'s thread (by the next save or fit's end)."""
+        """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously with ``background``."""
         save_checkpoint(self, path, background)

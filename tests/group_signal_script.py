@@ -1,0 +1,135 @@
+"""Driver of the group-signal tests (tests/test_cluster.py): SIGTERM to a whole process group with DataLoader
+workers, many times, each time at another moment of the workers' lives.
+
+    python tests/group_signal_script.py ROOT REPETITIONS [MODE]
+
+torch is imported once; every repetition is a forked child in a process group of its own (a real process group,
+a real ``killpg``), training with ``num_workers=2``, whose workers are restarted every epoch. MODE:
+
+* ``random`` (default): a timer in the trainer process signals the group at a random moment around the start of
+  the next epoch's workers;
+* ``window``: a new worker signals its own group right after torch has installed its signal handlers and before
+  ``worker_init_fn`` runs: the moment a worker used to die of the signal;
+* ``mixed``: the two in turn;
+* ``kill_worker``: a worker is SIGKILLed (the out-of-memory killer) at the same time as the group SIGTERM.
+
+Each repetition gets ``DEADLINE`` s (a hang, not a slow machine: a run takes about a second). Prints one JSON
+line: the exit status of every repetition, which of them hung (killed at the deadline), which left a
+``last.ckpt``, which printed a DataLoader worker's death, and how long each ran (reported, never asserted).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+torch.set_num_threads(1)
+
+from resume_script import start_child  # noqa: E402
+from tasks import RegressionTask  # noqa: E402
+from torch.utils.data._utils import signal_handling  # noqa: E402
+
+from taskfit import Trainer  # noqa: E402
+from taskfit.callbacks import Callback  # noqa: E402
+
+DEADLINE = 90.0
+_install_handlers = signal_handling._set_worker_signal_handlers
+
+
+def _signal_from_the_window(*args, **kwargs):
+    """In a new worker: torch's handlers are in place, ``worker_init_fn`` has not run yet. Signal the group."""
+    _install_handlers(*args, **kwargs)
+    if os.environ.get("SIGNAL_FROM_WORKER") == "1":
+        os.environ["SIGNAL_FROM_WORKER"] = "0"  # this process only (a fork of the trainer: its own copy)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+
+
+class Preempt(Callback):
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def on_train_epoch_end(self, trainer, task):
+        if trainer.state.epoch != 1:
+            return
+        if self.mode == "window":  # the next epoch's first worker sends it
+            os.environ["SIGNAL_FROM_WORKER"] = "1"
+        elif self.mode == "kill_worker":
+            threading.Timer(random.uniform(0, 0.05), self._kill_worker).start()
+        else:
+            threading.Timer(random.uniform(0, 0.08), os.killpg, (os.getpgrp(), signal.SIGTERM)).start()
+
+    @staticmethod
+    def _kill_worker():
+        children = _children(os.getpid())
+        if children:
+            os.kill(children[0], signal.SIGKILL)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _child(root: str, mode: str) -> None:
+    signal_handling._set_worker_signal_handlers = _signal_from_the_window
+    trainer = Trainer(max_epochs=40, default_root_dir=root, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Preempt(mode)])
+    trainer.fit(RegressionTask(n=64, batch_size=8, num_workers=2))
+
+
+def _run(root: str, mode: str) -> dict:
+    log = os.path.join(root, "output.txt")
+    os.makedirs(root, exist_ok=True)
+    started = time.monotonic()
+    pid = start_child(lambda: (random.seed(os.getpid()), _child(root, mode)), log)  # its own process group
+    deadline, hung = started + DEADLINE, False
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            hung = True
+            os.killpg(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            break
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # any worker left behind in that group
+    except ProcessLookupError:
+        pass
+    with open(log, errors="replace") as fh:
+        output = fh.read()
+    last = os.path.join(root, "version_0", "checkpoints", "last.ckpt")
+    return {"code": os.waitstatus_to_exitcode(status), "hung": hung, "checkpoint": os.path.isfile(last),
+            "worker_died": "DataLoader worker" in output, "seconds": round(time.monotonic() - started, 1),
+            "tail": output[-600:]}
+
+
+def main() -> None:
+    root, repetitions = sys.argv[1], int(sys.argv[2])
+    mode = sys.argv[3] if len(sys.argv) > 3 else "random"
+    runs = []
+    for i in range(repetitions):
+        this = mode if mode != "mixed" else ("window", "random")[i % 2]
+        runs.append(dict(_run(os.path.join(root, f"run{i}"), this), mode=this))
+    print(json.dumps(runs))
+
+
+if __name__ == "__main__":
+    main()
