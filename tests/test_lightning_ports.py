@@ -294,8 +294,7 @@ def test_every_lightning_trainer_argument_is_taken_or_answered():
     """Each Lightning 2.6 argument is one taskfit's Trainer takes or one its table answers with what to do instead;
     no table row names an argument the Trainer takes (a stale hint)."""
     taken = set(inspect.signature(Trainer.__init__).parameters)
-    missing = [a for a in LIGHTNING_26_TRAINER if a not in taken and a not in TRAINER_ARGUMENTS
-               and a != "profiler"]  # profiler: Trainer(profiler=...) is issue 31's (engineer tools)
+    missing = [a for a in LIGHTNING_26_TRAINER if a not in taken and a not in TRAINER_ARGUMENTS]
     assert not missing, missing
     assert not taken & set(TRAINER_ARGUMENTS), taken & set(TRAINER_ARGUMENTS)
 

@@ -3,15 +3,15 @@ spellings of default values read as taskfit's.
 
 ``TRAINER_ARGUMENTS`` is the ``lightning=`` table of the Trainer's :func:`~taskfit.arguments.arguments_checked`:
 ``Trainer(num_nodes=2)`` is one catalogued error whose HINT says what to do. It holds every argument of Lightning
-2.6's ``Trainer`` that taskfit's lacks (``profiler`` aside: taskfit's own is in the works), and the 1.x arguments
-that ported code still passes (``gpus``, ``resume_from_checkpoint``...). tests/test_lightning_ports.py holds
-Lightning 2.6.6's argument list and checks that each is taken or in this table.
+2.6's ``Trainer`` that taskfit's lacks, and the 1.x arguments that ported code still passes (``gpus``,
+``resume_from_checkpoint``...). tests/test_lightning_ports.py holds Lightning 2.6.6's argument list and checks that
+each is taken or in this table.
 
 :func:`lightning_values` lets the Trainer take the values Lightning documents as "the default" or "no limit":
 ``None`` for the arguments that have a default here, ``max_steps=-1``, ``max_epochs=-1`` with ``max_steps``,
-``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``. :func:`lightning_keywords` lets
-``fit``/``validate``/``test``/``predict`` take Lightning's keyword names (``model=``, ``weights_only=``) and
-``save_checkpoint`` its ``filepath=``.
+``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``. :func:`lightning_trainer`, the
+Trainer's class decorator, applies both and lets ``fit``/``validate``/``test``/``predict`` take Lightning's keyword
+names (``model=``, ``weights_only=``) and ``save_checkpoint`` its ``filepath=``.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "barebones": "turn the extras off one by one: enable_progress_bar=False, enable_model_summary=False, "
                  "enable_checkpointing=False, logger=False (the default path already costs no sync per step).",
     "plugins": "precision plugins: precision='16-mixed' or 'bf16-mixed'; SLURMEnvironment(auto_requeue=True): "
-               "preempt_signals and preempt_exit_code; cluster environments: torchrun's variables "
-               "(docs/strategies.md).",
+               "requeue=True (the default in a SLURM batch job), preempt_signals, preempt_exit_code; cluster "
+               "environments: torchrun's or SLURM's variables are read (docs/clusters.md).",
     "sync_batchnorm": "convert the model yourself for ddp: self.net = torch.nn.SyncBatchNorm.convert_sync_batchnorm("
                       "self.net) in your TaskModule's __init__ or configure_model.",
     "reload_dataloaders_every_n_epochs": "the loaders are built once per fit; change what an epoch sees in the "
@@ -64,7 +64,8 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "track_grad_norm": "log it in on_before_optimizer_step: self.log('grad_norm', "
                        "torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])).",
     "replace_sampler_ddp": "taskfit shards a plain DataLoader itself and keeps a sampler of your own; nothing to set.",
-    "auto_lr_find": "run the learning-rate range test before fit (Lightning 2's Tuner.lr_find; docs/tuning.md).",
+    "auto_lr_find": "call taskfit.tune.lr_find(trainer, task) before fit (Lightning 2's Tuner.lr_find; "
+                    "docs/tuning.md).",
     "auto_scale_batch_size": "not available: try batch sizes with short fits (e.g. fast_dev_run=5) and keep the "
                              "largest that fits in memory.",
     "amp_backend": "precision='16-mixed' or 'bf16-mixed' (torch.autocast; apex is not supported).",
@@ -76,7 +77,8 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "progress_bar_refresh_rate": "enable_progress_bar=True/False (the bar refreshes a few times a second).",
     "weights_summary": "enable_model_summary=True/False, or callbacks=[ModelSummary(max_depth=...)].",
     "terminate_on_nan": "nonfinite_loss='raise' (the default).",
-    "stochastic_weight_avg": "a weight-averaging callback in callbacks=[...] (docs/tuning.md).",
+    "stochastic_weight_avg": "callbacks=[StochasticWeightAveraging(swa_lrs=...)] from taskfit.callbacks "
+                             "(docs/tuning.md).",
     "flush_logs_every_n_steps": "the loggers flush their files themselves every few seconds; leave it out.",
     "weights_save_path": "ModelCheckpoint(dirpath=...), or default_root_dir=...",
     "prepare_data_per_node": "prepare_data runs once per machine (local rank 0), Lightning's default.",
@@ -133,20 +135,18 @@ def _gpu() -> str:
                                 "on this machine.", 'use accelerator="cpu" or "auto" (a GPU where there is one).')
 
 
-def trainer_arguments(init: Callable[..., None]) -> Callable[..., None]:
-    """The Trainer's ``__init__`` decorator: Lightning's values read as taskfit's (:func:`lightning_values`), then one
-    catalogued error for any call its signature does not bind (unknown, Lightning-only or positional arguments)."""
-    return arguments_checked(lightning=TRAINER_ARGUMENTS, docs="docs/trainer.md")(lightning_values(init))
-
-
 ENTRY_POINTS = ("fit", "validate", "test", "predict")
 
 
-def lightning_keywords(cls: type) -> type:
-    """Class decorator for the Trainer: its entry points take Lightning's keywords, ``trainer.fit(model=m,
-    datamodule=dm)`` (the template's call; taskfit's name is ``task``) and ``weights_only=True``/``None`` (taskfit
-    always loads with ``torch.load(weights_only=True)``), and ``save_checkpoint(filepath=...)``; any other keyword
-    they do not take is one catalogued error with a did-you-mean, not a bare TypeError."""
+def lightning_trainer(cls: type) -> type:
+    """The Trainer's class decorator. ``__init__``: Lightning's values read as taskfit's (:func:`lightning_values`),
+    then one catalogued error for any call its signature does not bind (unknown, Lightning-only or positional
+    arguments). The entry points take Lightning's keywords: ``trainer.fit(model=m, datamodule=dm)`` (the template's
+    call; taskfit's name is ``task``), ``weights_only=True``/``None`` (taskfit always loads with
+    ``torch.load(weights_only=True)``), ``save_checkpoint(filepath=...)``; any other keyword they do not take is one
+    catalogued error with a did-you-mean, not a bare TypeError."""
+    checked = arguments_checked(lightning=TRAINER_ARGUMENTS, docs="docs/trainer.md")
+    cls.__init__ = checked(lightning_values(cls.__init__))
     for name in ENTRY_POINTS:
         setattr(cls, name, _entry_point(getattr(cls, name)))
     cls.save_checkpoint = _entry_point(cls.save_checkpoint, renamed={"filepath": "path"})
