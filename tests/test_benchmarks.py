@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -65,6 +67,21 @@ def test_lightning_parity_runs_or_says_how_to_install_lightning(tmp_path):
     else:  # where Lightning is installed: the rows of this setting agree
         rows = [line for line in proc.stdout.splitlines() if line.startswith("| val_check_interval |")]
         assert len(rows) == 5 and all(row.rstrip(" |").endswith("yes") for row in rows), proc.stdout
+
+
+def test_lightning_ports_run_or_say_how_to_install_lightning(tmp_path):
+    pytest.importorskip("sklearn", reason="the ported examples use scikit-learn's bundled digits")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "lightning_ports.py"), "--only",
+                           "autoencoder", "--quick"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if "not installed" in proc.stdout:  # CI: no Lightning
+        assert "pip install lightning" in proc.stdout
+    elif "skipped" not in proc.stdout:  # where Lightning (and jsonargparse) is installed: the same numbers
+        [row] = [line for line in proc.stdout.splitlines() if line.startswith("| autoencoder")]
+        assert "(0.0e+00 relative)" in row and "max difference 0.0e+00" in row and "the same" in row, row
+        assert "image grids: 4 of 4 byte-identical" in row, row
 
 
 def test_step_budget_prices_each_piece_of_the_step_on_the_same_work():

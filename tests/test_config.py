@@ -59,7 +59,7 @@ def test_every_config_group_option_composes_and_instantiates(tmp_path, group, op
     if group in ("task", "experiment"):  # the data sets of the examples: build the task too
         task = instantiate(config["task"], _convert_="all")
         assert type(task).__name__ == config["task"]["_target_"].rsplit(".", 1)[1]
-        check_task(task, "fit", trainer.max_epochs, trainer.max_steps)  # what fit checks before it starts
+        check_task(task, "fit")  # what fit checks before it starts
 
 
 def test_defaults_reach_the_trainer_and_callbacks(tmp_path):

@@ -72,13 +72,9 @@ def check_arguments(args: dict[str, Any]) -> None:
                                     "pass a positive number (e.g. 1.0), or None to turn clipping off.")
 
 
-def check_task(task: Any, stage: str, max_epochs: int | None = None, max_steps: int | None = None,
-               data: Any = None) -> None:
-    """The TaskModule defines what ``stage`` needs (and fit has an end: ``max_epochs`` or ``max_steps``); the
-    training loader may come from ``data`` (loaders passed to fit, a DataModule) instead."""
-    if stage == "fit" and max_epochs is None and max_steps is None:
-        raise MisconfigurationError("Neither max_epochs nor max_steps is set, so fit would never end.",
-                                    "pass Trainer(max_epochs=N) or Trainer(max_steps=N).")
+def check_task(task: Any, stage: str, data: Any = None) -> None:
+    """The TaskModule defines what ``stage`` needs; the training loader may come from ``data`` (loaders passed to
+    fit, a DataModule) instead."""
     if not isinstance(task, TaskModule):
         raise TaskModuleError(f"Trainer.{stage} expects a TaskModule, got {type(task).__name__}.",
                               "subclass `taskfit.TaskModule` (it is a torch.nn.Module) and pass an instance.")

@@ -22,7 +22,8 @@ from typing import Any
 from .errors import MisconfigurationError
 
 # The root of conf/config.yaml (tests/test_config.py keeps this in step with the composed config).
-ROOT_KEYS = ("name", "mode", "ckpt_path", "test", "predict", "lr_find", "task", "trainer", "callbacks", "logger", "paths")
+ROOT_KEYS = ("name", "mode", "ckpt_path", "test", "predict", "lr_find", "task", "trainer", "callbacks", "logger",
+             "paths")
 _INTERPOLATION = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")
 
 

@@ -6,6 +6,7 @@ resumable sampler (data.py), so exact resume and ddp sharding work for all of th
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from .callbacks.lightning_hooks import default_hook
@@ -96,11 +97,26 @@ class DataSource:
         self.task, self.datamodule = task, datamodule
         self.passed = {"train_dataloader": train, "val_dataloader": val if fn == "fit" else None,
                        LOADERS[fn]: loaders if fn != "fit" else train}
+        # Lightning's rule: fit validates only a task that has a validation step (here also the default one: forward
+        # and the task's own loss); a GAN's val_dataloader from a shared data module is then not used.
+        self.skip_val = fn == "fit" and isinstance(task, TaskModule) and not (
+            callable(getattr(type(task), "validation_step", None)) or type(task).loss is not TaskModule.loss)
+        if self.skip_val and self.defines("val_dataloader"):
+            warnings.warn(f"{type(task).__name__} defines no validation_step (nor a loss for the default one), so fit "
+                          f"does not validate, although {self.owner}.val_dataloader() is defined (Lightning: 'Skipping "
+                          "val loop'). HINT: define validation_step(self, batch, batch_idx) to validate.", stacklevel=3)
 
     def _get(self, method: str) -> Any:
         if self.passed.get(method) is not None:
             return self.passed[method]
         return getattr(self.datamodule if self.datamodule is not None else self.task, method)()
+
+    def defines(self, method: str) -> bool:
+        """The loader of ``method`` is passed, or the data module's or task's own method (not the base's None)."""
+        if self.passed.get(method) is not None:
+            return True
+        owner = type(self.datamodule if self.datamodule is not None else self.task)
+        return getattr(owner, method, None) is not getattr(TaskModule, method)
 
     def provides(self, method: str) -> bool:
         """The loader of ``method`` comes from somewhere other than the task (check_task then does not ask it)."""
@@ -110,7 +126,7 @@ class DataSource:
         return self._get("train_dataloader")
 
     def val_dataloader(self) -> Any:
-        return self._get("val_dataloader")
+        return None if self.skip_val else self._get("val_dataloader")
 
     def test_dataloader(self) -> Any:
         return self._get("test_dataloader")

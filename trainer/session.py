@@ -54,6 +54,11 @@ def running(trainer: Trainer, task: TaskModule, fn: str, data: DataSource,
         try:
             if fn == "fit":
                 trainer.state, trainer.log_dir = TrainerState(), None
+                if trainer.max_epochs is None and trainer.max_steps is None:  # Lightning's default, and its warning
+                    trainer.max_epochs = 1000
+                    if strategy.rank == 0:
+                        warnings.warn("Trainer: max_epochs was not set, so fit stops after 1000 epochs (Lightning's "
+                                      "default). HINT: pass Trainer(max_epochs=N) or max_steps=N.", stacklevel=5)
             trainer.state.fn = fn
             if trainer.log_dir is None:  # chosen on rank 0
                 trainer.log_dir = strategy.broadcast(trainer.is_main and run_directory(trainer))  # the first logger's

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from .arguments import arguments_checked
 from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, with_defaults
 from .checkpoint import load_run_state, run_state, save_checkpoint
 from .checks import check_arguments, check_loss, check_manual, check_task
@@ -22,6 +21,7 @@ from .data import batch_size_of, empty_train_loader, length, limit_batches, set_
 from .datamodule import DataModule, DataSource
 from .evaluation import evaluation_pass, run_entry, sanity_pass
 from .init_args import flatten, plain_hparams
+from .lightning_arguments import lightning_trainer
 from .logbuffer import LogBuffer
 from .model_memory import checkpoint_policy, init_module
 from .module import TaskModule
@@ -36,11 +36,11 @@ from .steps import batch_outputs, defines, detached, step_loss
 from .strategy_registry import select_strategy
 
 
+@lightning_trainer  # Trainer(max_epoch=3), Trainer(num_nodes=2): one catalogued error; Lightning's -1/None, model=
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
     init_module = init_module  # with trainer.init_module(empty_init=True): layers on the meta device (model_memory.py)
 
-    @arguments_checked(docs="docs/trainer.md")  # Trainer(max_epoch=3): one error naming max_epochs (arguments.py)
     def __init__(
         self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
         min_steps: int | None = None, accelerator: str = "auto", devices: int | str | Sequence[int] = "auto",
@@ -94,7 +94,7 @@ class Trainer:
             datamodule: DataModule | None = None, ckpt_path: str | None = None) -> dict[str, float]:
         """Train ``task`` (its loaders, those passed or ``datamodule``'s), resuming ``ckpt_path``; the final metrics."""
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
-        check_task(task, "fit", self.max_epochs, self.max_steps, data)
+        check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
         return self.strategy.launch(self._fit, task, data, ckpt_path)
 
@@ -395,6 +395,6 @@ class Trainer:
         """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
         load_run_state(self, state)
 
-    def save_checkpoint(self, path: str, background: bool = False) -> None:
+    def save_checkpoint(self, path: str, *, background: bool = False) -> None:
         """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously with ``background``."""
         save_checkpoint(self, path, background)
