@@ -35,7 +35,8 @@ logger.setLevel(logging.INFO)
 
 def echo(message: str, *, stream: TextIO | None = None, level: int = logging.INFO, name: str | None = None,
          terminal: bool = True) -> None:
-    """``print(message, file=stream or sys.stdout, flush=True)`` and the same text as a ``taskfit`` log record.
+    """``message`` and a newline to ``stream or sys.stdout`` in one write, flushed, and the same text as a ``taskfit``
+    log record.
 
     Args:
         message: the text (several lines are one record).
@@ -44,8 +45,10 @@ def echo(message: str, *, stream: TextIO | None = None, level: int = logging.INF
         name: the logger, a child of ``taskfit`` (``"taskfit.progress"``); default ``taskfit``.
         terminal: False: the log record only (the progress bar already showed the line).
     """
-    if terminal:
-        print(message, file=stream or sys.stdout, flush=True)
+    if terminal:  # one write of the line and its newline: ddp ranks sharing a stream never interleave mid-line
+        out = stream or sys.stdout
+        out.write(f"{message}\n")
+        out.flush()
     _follow_parent_log()
     logging.getLogger(name or LOGGER_NAME).log(level, message)
 
