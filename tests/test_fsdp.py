@@ -28,7 +28,7 @@ from taskfit.consolidate import main as consolidate_main
 from taskfit.fsdp import FSDPStrategy
 from taskfit.serialization import CheckpointWriter
 from taskfit import Strategy
-from taskfit import sharded_checkpoint
+from taskfit import sharded_checkpoint, sharded_index
 from taskfit.sharded_checkpoint import MARKER, STATE_FILE, consolidate, load_skeleton, read_shards, save_sharded
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
@@ -315,7 +315,7 @@ def test_an_index_pointing_outside_a_damaged_index_and_swapped_shards_are_one_er
     outside = copy("outside")  # .metadata sends rank 1's entries to ../../elsewhere.distcp, a real shard file
     shutil.copy(outside / "__1_0.distcp", tmp_path / "elsewhere.distcp")
     with open(outside / ".metadata", "rb") as fh:
-        index = sharded_checkpoint._MetadataUnpickler(fh).load()
+        index = sharded_index._MetadataUnpickler(fh).load()
     for info in index.storage_data.values():
         if info.relative_path == "__1_0.distcp":
             info.relative_path = "../../elsewhere.distcp"
