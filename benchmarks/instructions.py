@@ -6,8 +6,10 @@
 Wall-clock differences of 1% drown in the noise of a shared machine; instruction counts do not. This runs the
 tiny MLP of benchmarks/workloads.py under callgrind, counts the instructions of one epoch (the second: the first
 warms up) of the hand-written loop and of the Trainer with its defaults switched on one at a time, and prints
-each against the hand-written loop. Instructions are not time: they miss the disk (fsync) and cache misses,
-and Python-level work costs more per instruction than compiled kernels, so wall-clock shares are larger.
+each against the hand-written loop, for all threads and for the training thread alone (the per-step work;
+background threads such as the checkpoint writer's run the previous save during the counted epoch). Instructions
+are not time: they miss the disk (fsync) and cache misses, and Python-level work costs more per instruction than
+compiled kernels, so wall-clock shares are larger.
 """
 from __future__ import annotations
 
@@ -84,23 +86,31 @@ def main() -> None:
         sys.exit("benchmarks/instructions.py needs valgrind (e.g. `apt-get install valgrind`).")
     with tempfile.TemporaryDirectory() as out:
         base = os.path.join(out, "callgrind.out")
-        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={base}",
+        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                        f"--callgrind-out-file={base}",
                         sys.executable, os.path.abspath(__file__), "--child", *variants], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        counts = {}
+        counts: dict[str, int] = {}  # every thread: the training thread, the checkpoint writer, the loggers'...
+        training: dict[str, int] = {}  # the training thread alone (thread 1: the per-step work)
         for path in glob.glob(base + ".*"):
             with open(path) as f:
                 text = f.read()
             name = re.search(r"^desc: Trigger: dump (.*)$", text, re.M)
             total = re.search(r"^totals: (\d+)", text, re.M)
+            thread = re.search(r"^thread: (\d+)", text, re.M)
             if name and total:
-                counts[name.group(1).strip()] = int(total.group(1))
+                key = name.group(1).strip()
+                counts[key] = counts.get(key, 0) + int(total.group(1))
+                if thread is None or thread.group(1) == "1":
+                    training[key] = training.get(key, 0) + int(total.group(1))
     missing = [v for v in variants if v not in counts]
     if missing:
         sys.exit(f"no count for {missing}: is callgrind_control on the PATH?")
-    print("| variant | instructions in one epoch of the tiny MLP | ratio to hand |\n|---|---|---|")
+    print("| variant | instructions in one epoch of the tiny MLP | ratio to hand | training thread alone | ratio "
+          "to hand |\n|---|---|---|---|---|")
     for name in variants:
-        print(f"| {name} | {counts[name]:,} | {counts[name] / counts['hand']:.4f} |")
+        print(f"| {name} | {counts[name]:,} | {counts[name] / counts['hand']:.4f} | {training[name]:,} | "
+              f"{training[name] / training['hand']:.4f} |")
 
 
 if __name__ == "__main__":
