@@ -39,6 +39,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from process_memory import AnonPeak, memory, reset_peak  # noqa: E402
+
 VARIANTS = ("torch.save", "dcp async_save", "dcp async_save, reused stager", "taskfit", "lightning")
 RESUMES = ("resume: taskfit", "resume: torch.load")
 
@@ -54,28 +56,6 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, DataLoader]:
     data = TensorDataset(torch.randn(steps * args.batch, args.width, generator=g),
                          torch.randn(steps * args.batch, args.width, generator=g))
     return nn.Sequential(*layers[:-1]), DataLoader(data, batch_size=args.batch)
-
-
-def memory(field: str) -> int:
-    """VmRSS / VmHWM of this process in bytes (0 where /proc is not there)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def reset_peak() -> int:
-    """Reset VmHWM to the current RSS (Linux: ``echo 5 > /proc/self/clear_refs``); returns the RSS."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
-    return memory("VmRSS")
 
 
 class Clock:
@@ -310,29 +290,6 @@ def run_resume(args: argparse.Namespace, path: str, taskfit: bool) -> dict[str, 
             "extra_anon": anon.stop()}
 
 
-class AnonPeak:
-    """The peak of RssAnon (memory that is not a mapped file's pages) above its value at start, sampled every
-    millisecond on a thread: VmHWM also counts the page-cache pages a mapped file shows, which the kernel can drop."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.base = self.peak = memory("RssAnon")
-        self.running = True
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self) -> None:
-        while self.running:
-            self.peak = max(self.peak, memory("RssAnon"))
-            time.sleep(0.001)
-
-    def stop(self) -> int:
-        self.running = False
-        self.thread.join()
-        return max(self.peak, memory("RssAnon")) - self.base
-
-
 # ---- the parent: one process per variant, one table -----------------------------------------------------------
 def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
@@ -431,8 +388,8 @@ def main() -> None:
               f"{s['return']:.3f} | {s['extra_peak'] / 2**20:.0f} | {result['copy_warm']:.3f} | "
               f"{s['later'] / result['copy_warm']:.2f} |")
     if resumes:
-        print(f"\n| resume of the taskfit checkpoint | seconds | peak anonymous memory above the model (MiB) | "
-              f"peak RSS above the model (MiB) | RSS after, above the model (MiB) |\n|---|---|---|---|---|")
+        print("\n| resume of the taskfit checkpoint | seconds | peak anonymous memory above the model (MiB) | "
+              "peak RSS above the model (MiB) | RSS after, above the model (MiB) |\n|---|---|---|---|---|")
         for name, r in resumes.items():
             print(f"| {name[len('resume: '):]} | {r['seconds']:.3f} | {r['extra_anon'] / 2**20:.0f} | "
                   f"{r['extra_peak'] / 2**20:.0f} | {r['after'] / 2**20:.0f} |")

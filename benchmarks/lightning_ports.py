@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any
 
 import torch
 

@@ -38,20 +38,10 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from taskfit import TaskModule, Trainer  # noqa: E402
 from taskfit.callbacks import Callback  # noqa: E402
 
+from process_memory import memory, reset_peak  # noqa: E402
+
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False,
              num_sanity_val_steps=0, accelerator="cpu")
-
-
-def memory(field: str) -> int:
-    """VmRSS / VmHWM of this process in bytes (Linux)."""
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(field + ":"))
-
-
-def reset_peak() -> int:
-    with open("/proc/self/clear_refs", "w") as fh:  # VmHWM back to the current RSS
-        fh.write("5")
-    return memory("VmRSS")
 
 
 # ---- 1. activation checkpointing ---------------------------------------------------------------------------------

@@ -46,7 +46,8 @@ class WeightAveraging(Callback):
 
     @arguments_checked(docs="docs/tuning.md")
     def __init__(self, device: torch.device | str | None = None, use_buffers: bool = True,
-                 avg_fn: AvgFn | None = None, multi_avg_fn: MultiAvgFn | None = None, save_average: bool = True) -> None:
+                 avg_fn: AvgFn | None = None, multi_avg_fn: MultiAvgFn | None = None,
+                 save_average: bool = True) -> None:
         if avg_fn is not None and multi_avg_fn is not None:
             raise MisconfigurationError(f"{type(self).__name__}(avg_fn=..., multi_avg_fn=...) got both.",
                                         "pass one averaging function: avg_fn (per tensor) or multi_avg_fn (lists).")

@@ -13,13 +13,15 @@ def sklearn_dataset(name: str, **kwargs: Any) -> Any:
     except ImportError:
         raise MisconfigurationError(
             f"The example tasks load scikit-learn's bundled data ({name}), but scikit-learn is not installed.",
-            "pip install 'taskfit[examples]' (or pip install scikit-learn); your own TaskModule needs neither.") from None
+            "pip install 'taskfit[examples]' (or pip install scikit-learn); your own TaskModule needs neither.",
+        ) from None
     return getattr(datasets, name)(**kwargs)
 
 
 def image_grid(images: Any, nrow: int = 8, zoom: int = 4, padding: int = 2) -> Any:
     """``(N, 1, H, W)`` images in [0, 1] as one ``(1, rows*(H*zoom+padding)+padding, ...)`` grid, each pixel
-    a ``zoom x zoom`` square, on a dark grey background, for ``SummaryWriter.add_image`` (CHW) and :func:`save_png` (torchvision not needed)."""
+    a ``zoom x zoom`` square, on a dark grey background, for ``SummaryWriter.add_image`` (CHW) and
+    :func:`save_png` (torchvision not needed)."""
     import torch
 
     images = images.detach().float().clamp(0, 1).cpu()

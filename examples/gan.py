@@ -25,7 +25,6 @@ What it shows: ``automatic_optimization = False``, ``configure_optimizers`` retu
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 

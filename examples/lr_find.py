@@ -35,7 +35,8 @@ def main() -> None:
     tuned = train(task, epochs, "suggested")
     seed_everything(0)
     default = train(DigitsTask(), epochs, "default")  # the same initial weights: the finder restored the task
-    print(f"\ndigits, {epochs} epochs, seed 0\n\n| lr | val/acc | val/loss | test/acc | test/loss |\n|---|---|---|---|---|")
+    print(f"\ndigits, {epochs} epochs, seed 0\n")
+    print("| lr | val/acc | val/loss | test/acc | test/loss |\n|---|---|---|---|---|")
     for lr, (fitted, tested) in ((suggested, tuned), (3e-3, default)):
         print(f"| {lr:.3g} | {fitted['val/acc']:.4f} | {fitted['val/loss']:.4f} | {tested['test/acc']:.4f} | "
               f"{tested['test/loss']:.4f} |")

@@ -35,10 +35,12 @@ def main() -> None:
             "EMA (decay 0.95)": train("ema", [EMAWeightAveraging(decay=0.95)], epochs),
             "SWA (from half-way)": train("swa", [StochasticWeightAveraging(swa_lrs=1e-3, swa_epoch_start=0.5,
                                                                             annealing_epochs=2)], epochs)}
-    print(f"\ndigits, {epochs} epochs, seed 0\n\n| run | val/acc | val/loss | test/acc | test/loss |\n|---|---|---|---|---|")
+    print(f"\ndigits, {epochs} epochs, seed 0\n")
+    print("| run | val/acc | val/loss | test/acc | test/loss |\n|---|---|---|---|---|")
     for name, r in runs.items():
         print(f"| {name} | {r['val/acc']:.4f} | {r['val/loss']:.4f} | {r['test/acc']:.4f} | {r['test/loss']:.4f} |")
-    print(f"\n(run directory: {runs['EMA (decay 0.95)']['run directory']})  tensorboard --logdir taskfit_logs/weight_averaging")
+    where = runs["EMA (decay 0.95)"]["run directory"]
+    print(f"\n(run directory: {where})  tensorboard --logdir taskfit_logs/weight_averaging")
 
 
 if __name__ == "__main__":

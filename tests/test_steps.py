@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from step_tasks import DtypeProbe, ManualClassifier, OutputsProbe, StepClassifier
 from tasks import ClassifierTask
 
-from taskfit import TaskModule, Trainer, seed_everything
+from taskfit import Trainer, seed_everything
 from taskfit.callbacks import Callback
 from taskfit.errors import MisconfigurationError, TaskModuleError
 

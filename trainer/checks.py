@@ -92,8 +92,9 @@ def check_task(task: Any, stage: str, data: Any = None) -> None:
                                   f"add `{_signature(method)}` to your TaskModule.")
     warn_misspelt_hooks(task)
     sig = inspect.signature(type(task).loss)
-    if "loss" in needed and len([p for p in sig.parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,
-                                                                                       p.VAR_KEYWORD)]) > 3:
+    required = [p for p in sig.parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if "loss" in needed and len(required) > 3:
         raise TaskModuleError(f"{type(task).__name__}.loss{sig} takes more arguments than (outputs, targets).",
                               f"use `{_signature('loss')}`.")
 

@@ -2,9 +2,10 @@
 
 Two layers, both before the first batch:
 
-1. **Schemas** (the dataclasses of ``config_schemas.py``, registered in Hydra's ConfigStore as ``taskfit_<name>``). The yaml files
-   of ``conf/trainer`` and ``conf/callbacks`` start from them (``defaults: [/taskfit_trainer@_here_]``), so Hydra
-   rejects ``trainer.max_epoch=3`` or ``trainer.max_epochs=abc`` while composing the config.
+1. **Schemas** (the dataclasses of ``config_schemas.py``, registered in Hydra's ConfigStore as ``taskfit_<name>``).
+   The yaml files of ``conf/trainer`` and ``conf/callbacks`` start from them
+   (``defaults: [/taskfit_trainer@_here_]``), so Hydra rejects ``trainer.max_epoch=3`` or
+   ``trainer.max_epochs=abc`` while composing the config.
    :func:`explain` turns Hydra's error into one :class:`~trainer.errors.MisconfigurationError` that names the key,
    the expected type and the close valid names (``did you mean trainer.max_epochs (int or null)?``).
 2. :func:`check_targets` walks the composed config: every ``_target_`` must import, and every other key of its
@@ -253,10 +254,11 @@ def check_targets(node: Any, key: str = "") -> None:
             if (isinstance(value, dict) and "_target_" in value) or name not in hints:
                 continue
             if _accepts(hints[name], value) is False:
+                default = params[name].default
                 raise MisconfigurationError(
                     f"Config value {full}={value!r} is not valid: {target} expects {type_name(hints[name])}.",
                     f"pass a value of that type (null is None), e.g. the default: "
-                    f"{full}={_yaml(params[name].default) if params[name].default is not params[name].empty else '...'}.")
+                    f"{full}={_yaml(default) if default is not params[name].empty else '...'}.")
     for name, value in node.items():
         if name not in DIRECTIVES:
             check_targets(value, f"{key}.{name}" if key else str(name))

@@ -1,6 +1,7 @@
 """What ``self.log``'s arguments mean, as Lightning defines them: the per-hook defaults of ``on_step``/``on_epoch``,
 the published names (``<name>``, or ``<name>_step`` and ``<name>_epoch`` when both), ``reduce_fx``, and the errors
-for combinations Lightning refuses. The logging buffer (logbook.py, logbuffer.py) keeps the values; this decides their names."""
+for combinations Lightning refuses. The logging buffer (logbook.py, logbuffer.py) keeps the values; this decides
+their names."""
 from __future__ import annotations
 
 import warnings

@@ -95,7 +95,8 @@ def checkpoint_activations(task: nn.Module, policy: Policy) -> list[str]:
         if picks(module):
             chosen.append((name, module))
     if not chosen:
-        kinds = sorted({type(m).__name__ for m in task.modules() if m is not task and any(True for _ in m.parameters())})
+        kinds = sorted({type(m).__name__ for m in task.modules()
+                        if m is not task and any(True for _ in m.parameters())})
         raise MisconfigurationError(
             f"Trainer(activation_checkpointing={_describe(policy)}) picks no submodule of {type(task).__name__}; its "
             f"layers with parameters are {kinds}.",
@@ -184,7 +185,8 @@ def materialize(root: nn.Module, on_done: Callable[[nn.Module], None] | None = N
                 real = made[id(meta)][1]() if id(meta) in made else None
                 if real is None:
                     real = torch.empty_like(meta, device="cpu")
-                    real = type(meta)(real, requires_grad=meta.requires_grad) if isinstance(meta, nn.Parameter) else real
+                    if isinstance(meta, nn.Parameter):
+                        real = type(meta)(real, requires_grad=meta.requires_grad)
                     made[id(meta)] = (meta, weakref.ref(real))
                 setattr(module, name, real)
             with torch.no_grad():

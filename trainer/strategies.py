@@ -3,9 +3,9 @@
 ``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here), ``DDPStrategy`` (``ddp.py``) and
 ``FSDPStrategy`` (``fsdp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit
 of Lightning Fabric: ``launch``, ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``,
-``module_state_dict``, ``gradient_sync``, ``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``,
-``teardown``; checkpoints ask it for the module's and the optimizers' state (``optimizer_state_dict``, ``load_*``,
-``full_state_dict``). See docs/strategies.md.
+``module_state_dict``, ``gradient_sync``, ``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``,
+``is_main``, ``teardown``; checkpoints ask it for the module's and the optimizers' state (``optimizer_state_dict``,
+``load_*``, ``full_state_dict``). See docs/strategies.md.
 """
 from __future__ import annotations
 

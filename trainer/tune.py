@@ -372,6 +372,7 @@ def lr_find_command(trainer: Any, task: Any, config: Mapping[str, Any], run_dir:
                                                              "lr_find.num_training)",
             *([f"  use it:          {use}"] if lr else [])]), name="taskfit.cli")
     return {"run_dir": run_dir, "run_mode": "lr_find", "suggestion": lr, "override": f"{key}={lr:.3g}" if key and lr
-            else None, "metrics": {"lr_find/suggestion": lr} if lr else {}, "score": lr, "monitor": "lr_find/suggestion",
+            else None, "metrics": {"lr_find/suggestion": lr} if lr else {}, "score": lr,
+            "monitor": "lr_find/suggestion",
             "mode": "min", "kind": "final", "log_dir": finder.output_dir if finder else None, "test": None,
             "best_checkpoint": None, "loggers": []}
