@@ -36,10 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from process_memory import AnonPeak, memory, reset_peak  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-from process_memory import AnonPeak, memory, reset_peak  # noqa: E402
 
 VARIANTS = ("torch.save", "dcp async_save", "dcp async_save, reused stager", "taskfit", "lightning")
 RESUMES = ("resume: taskfit", "resume: torch.load")

@@ -131,8 +131,8 @@ def hand_loop(args: argparse.Namespace, device: torch.device, precision: str, co
 
 def trainer_loop(args: argparse.Namespace, device: torch.device, precision: str, compiled: bool,
                  strategy: str) -> float:
-    from taskfit.callbacks import Callback
     from taskfit import TaskModule, Trainer
+    from taskfit.callbacks import Callback
 
     class ResNetTask(TaskModule):
         def __init__(self) -> None:
@@ -168,7 +168,7 @@ def trainer_loop(args: argparse.Namespace, device: torch.device, precision: str,
     clock = StepClock()
     dp, chosen = strategy == "dp", "dp" if strategy == "dp" else "auto"
     if strategy == "fsdp":  # one process (a 1-rank mesh), so that the task and callbacks need not be pickled
-        from taskfit.fsdp import FSDPStrategy
+        from taskfit.strategies.fsdp import FSDPStrategy
 
         chosen = FSDPStrategy(device.type, 1, auto_wrap_policy={BasicBlock})
     with tempfile.TemporaryDirectory() as root, contextlib.redirect_stdout(io.StringIO()):

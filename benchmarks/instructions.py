@@ -30,13 +30,12 @@ VARIANTS = ["hand", "taskfit, all off", "taskfit, + progress bar", "taskfit, + l
 
 def child() -> None:
     """Under callgrind: run every variant; count only its second epoch (callgrind_control toggles and dumps)."""
+    import overhead as ob
     import torch
     import torch.nn.functional as F
-
-    import overhead as ob
     import workloads as wl
-    from taskfit.callbacks import Callback
     from taskfit import Trainer
+    from taskfit.callbacks import Callback
 
     torch.set_num_threads(1)
     spec = wl.WORKLOADS["tiny MLP"]

@@ -9,7 +9,6 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
-
 from workloads import make_hand, make_task
 
 HARNESS_CHECK = "hand in the Trainer's place (harness check)"

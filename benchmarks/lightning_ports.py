@@ -114,7 +114,6 @@ def autoencoder(epochs: int) -> list[str]:
 
 def gan(seed: int) -> list[str]:
     import torch.nn.functional as F
-
     from taskfit.examples.gan import judge, train_judge
     from taskfit.examples.lightning_gan import GAN
     from taskfit.examples.lightning_stand_ins import MNIST, ToTensor

@@ -32,13 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
+from process_memory import memory, reset_peak  # noqa: E402
 from taskfit import TaskModule, Trainer  # noqa: E402
 from taskfit.callbacks import Callback  # noqa: E402
-
-from process_memory import memory, reset_peak  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False,
              num_sanity_val_steps=0, accelerator="cpu")
@@ -139,7 +137,7 @@ class RankPeak(Callback):
 
 
 def run_fsdp_init(args: argparse.Namespace, empty: bool, width: int, out: str) -> dict[str, Any]:
-    from taskfit.fsdp import FSDPStrategy
+    from taskfit.strategies.fsdp import FSDPStrategy
 
     folder = tempfile.mkdtemp(prefix="memory-")
     strategy = FSDPStrategy("cpu", 2, auto_wrap_policy={nn.Linear})

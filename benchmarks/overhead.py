@@ -50,13 +50,12 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from interleaved import HARNESS_CHECK, run_harness_check, run_interleaved  # noqa: E402
+from separate import measure as measure_separate  # noqa: E402
+from separate import print_table as print_separate
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-from interleaved import HARNESS_CHECK, run_harness_check, run_interleaved  # noqa: E402
-from separate import measure as measure_separate, print_table as print_separate  # noqa: E402
-from workloads import (WORKLOADS, make_data, make_hand, make_loader, make_net, make_optimizer,  # noqa: E402
-                       make_task, max_param_diff)
+from workloads import WORKLOADS, make_data, make_hand, make_loader, make_net, make_optimizer, make_task, max_param_diff  # noqa: E402
 
 
 # ---- (1) the hand-written loop ---------------------------------------------------------------------
@@ -95,8 +94,8 @@ BREAKDOWN = {
 
 def run_taskfit(spec: dict[str, Any], data: TensorDataset, epochs: int, root: str,
                 **settings: Any) -> tuple[list[tuple[float, float]], nn.Module]:
-    from taskfit.callbacks import Callback
     from taskfit import Trainer
+    from taskfit.callbacks import Callback
 
     class EpochClock(Callback):
         order = -1000  # first: an epoch runs from one on_train_epoch_start to the next (or to on_fit_end)

@@ -25,7 +25,6 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-
 from interleaved import run_harness_check, run_interleaved  # noqa: E402
 from separate import ALL_OFF  # noqa: E402
 from workloads import WORKLOADS, make_data, max_param_diff  # noqa: E402
@@ -35,7 +34,7 @@ def reduced_step(batch_size: bool = False, step_function: bool = False, keep_los
     """The hand-written loop's step inside the Trainer (zero_grad, forward, loss, backward, step), plus the pieces
     named: ``batch_size_of`` (the weights of epoch means), the task's step function (``forward_and_loss`` and
     ``split_batch``), the loss kept for logging (``detach`` and ``add_loss``)."""
-    from taskfit.data import batch_size_of
+    from taskfit.data.loaders import batch_size_of
 
     full = WORKLOADS["tiny MLP"]["batch_size"]  # every batch of the tiny MLP's epoch is full (16,384 / 32)
 

@@ -24,11 +24,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-
 from taskfit import Trainer, seed_everything  # noqa: E402
 from taskfit.callbacks import EMAWeightAveraging, StochasticWeightAveraging  # noqa: E402
 from taskfit.examples.digits import DigitsTask  # noqa: E402
-from taskfit.profiler import SimpleProfiler  # noqa: E402
+from taskfit.profilers.simple import SimpleProfiler  # noqa: E402
 
 
 class TimedEMA(EMAWeightAveraging):

@@ -4,25 +4,32 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ..callback import Callback, callback_states, load_callback_states
 from ..errors import MisconfigurationError
-from .base import Callback, callback_states, load_callback_states
-from .lightning_hooks import (HOOKS, drop_idle_batch_hooks, hook_table, is_task_hook, merge_task_callbacks,
-                              publish_late, warn_uncalled)
-from .logger import Logger, run_directory
+from ..logs.logger import Logger, run_directory
+from ..loop.hooks import (
+    HOOKS,
+    drop_idle_batch_hooks,
+    hook_table,
+    is_task_hook,
+    merge_task_callbacks,
+    publish_late,
+    warn_uncalled,
+)
 
 LAZY = {  # class name: its module, relative to this package (imported on first use)
     "ProgressBar": ".progress",
     "ModelSummary": ".summary",
-    "ModelCheckpoint": ".checkpoint",
-    "TensorBoardLogger": ".tensorboard",
+    "ModelCheckpoint": ".checkpoint.model_checkpoint",
+    "TensorBoardLogger": ".loggers.tensorboard",
     "EarlyStopping": ".early_stopping",
     "EarlyStoppingReason": ".early_stopping",
     "LearningRateMonitor": ".lr_monitor",
     "ThroughputMonitor": ".throughput",
     "PredictionWriter": ".prediction_writer",
     "BasePredictionWriter": ".prediction_writer",
-    "CSVLogger": ".csv_logger",
-    "MLFlowLogger": ".mlflow_logger",
+    "CSVLogger": ".loggers.csv_logger",
+    "MLFlowLogger": ".loggers.mlflow_logger",
     "WeightAveraging": ".weight_averaging",
     "EMAWeightAveraging": ".weight_averaging",
     "StochasticWeightAveraging": ".weight_averaging",

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from ..arguments import arguments_checked
+from ..callback import Callback
 from ..console import echo
 from ..errors import MisconfigurationError
-from .base import Callback
 
 
 class EarlyStoppingReason(enum.Enum):

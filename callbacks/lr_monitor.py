@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..arguments import arguments_checked
+from ..callback import Callback
 from ..errors import MisconfigurationError
-
-from .base import Callback
 
 MONITORS = "vitals"  # the group of the trainer's own measurements: after train/ and val/ in every logger's UI
 

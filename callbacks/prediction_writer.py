@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..arguments import arguments_checked
-from ..data import batch_size_of, sample_order
+from ..callback import Callback
+from ..checkpoint.files import atomic_save
+from ..data.loaders import batch_size_of, sample_order
 from ..errors import MisconfigurationError
-from ..evaluation import to_cpu
-from ..serialization import atomic_save
-from .base import Callback
+from ..loop.evaluation import to_cpu
 
 _INTERVALS = ("batch", "epoch", "batch_and_epoch")
 

@@ -14,8 +14,8 @@ import time
 from typing import Any, Callable, TextIO
 
 from ..arguments import arguments_checked
+from ..callback import Callback
 from ..console import echo, results_table
-from .base import Callback
 
 REFRESH_S = 0.25  # the bar and its values redraw at most this often (tqdm's mininterval)
 EVAL_DELAY_S = 2.0  # a validation, test or predict pass shows a bar once it has run this long

@@ -6,9 +6,9 @@ from typing import Any
 from torch import nn
 
 from ..arguments import arguments_checked
+from ..callback import Callback
 from ..console import echo
 from ..errors import MisconfigurationError
-from .base import Callback
 
 
 def summarize(module: nn.Module, max_depth: int = 1) -> str:

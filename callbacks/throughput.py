@@ -13,10 +13,9 @@ from time import perf_counter
 from typing import Any, TextIO
 
 from ..arguments import arguments_checked
+from ..callback import Callback
 from ..console import echo
 from ..errors import MisconfigurationError
-
-from .base import Callback
 from .lr_monitor import MONITORS
 
 PERF, FIT = f"{MONITORS}/", f"{MONITORS}/fit/"  # vitals/samples_per_sec...; the whole fit's: vitals/fit/...

@@ -15,12 +15,11 @@ from typing import Any
 import torch
 
 from ..arguments import arguments_checked
-from ..averaging import AveragedWeights, AvgFn, MultiAvgFn
+from ..callback import Callback
 from ..console import echo
 from ..errors import MisconfigurationError
-from ..strategies import unwrap
-
-from .base import Callback
+from ..strategies.base import unwrap
+from .averaging import AveragedWeights, AvgFn, MultiAvgFn
 
 
 class WeightAveraging(Callback):
@@ -141,7 +140,7 @@ class WeightAveraging(Callback):
     def _release(self, trainer: Any) -> None:
         """Under fsdp, free what evaluation gathered (the shards are what is swapped: nothing may go stale)."""
         if self._sharded:
-            from ..fsdp import release
+            from ..strategies.fsdp import release
 
             release(unwrap(trainer.model))
 

@@ -19,11 +19,10 @@ import os
 
 import torch
 import torch.nn.functional as F
-
-from taskfit.callbacks import Callback
-from taskfit.callbacks.tensorboard import summary_writer
-from taskfit.examples.digits import DigitsTask
 from taskfit import Trainer, seed_everything
+from taskfit.callbacks import Callback
+from taskfit.callbacks.loggers.tensorboard import summary_writer
+from taskfit.examples.digits import DigitsTask
 
 
 class PredictionSamples(Callback):

@@ -17,11 +17,10 @@ import os
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from taskfit import TaskModule, Trainer, seed_everything
 from taskfit.examples import sklearn_dataset
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 
 def diabetes_splits(seed: int = 0) -> tuple[TensorDataset, TensorDataset, TensorDataset]:

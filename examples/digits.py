@@ -16,11 +16,10 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from taskfit import TaskModule, Trainer, seed_everything
 from taskfit.examples import sklearn_dataset
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 
 def digits_datasets(val_fraction: float = 0.15, test_fraction: float = 0.15,

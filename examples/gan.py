@@ -30,13 +30,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from taskfit import TaskModule, Trainer, seed_everything
 from taskfit.callbacks import Callback
 from taskfit.examples import image_grid, save_png
 from taskfit.examples.digits import DigitsTask, digits_datasets
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 
 class DigitsGAN(TaskModule):

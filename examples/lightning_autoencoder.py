@@ -29,30 +29,30 @@ To run: python autoencoder.py --trainer.max_epochs=50
 """
 from os import path
 from typing import Optional, Tuple
-from typing_extensions import override
 
 import torch
 import torch.nn.functional as F
+
 # was: from lightning.pytorch import LightningDataModule, LightningModule, Trainer, callbacks, cli_lightning_logo
-from taskfit import DataModule as LightningDataModule, TaskModule as LightningModule, Trainer, callbacks
-# was: from lightning.pytorch.cli import LightningCLI
-from taskfit.examples.lightning_stand_ins import LightningCLI, cli_lightning_logo
-# was: from lightning.pytorch.demos.mnist_datamodule import MNIST
-from taskfit.examples.lightning_stand_ins import MNIST
+from taskfit import DataModule as LightningDataModule
+from taskfit import TaskModule as LightningModule
+
 # was: from lightning.pytorch.utilities import rank_zero_only
-from taskfit import rank_zero_only
+from taskfit import Trainer, callbacks, rank_zero_only
+
+# was: from lightning.pytorch.cli import LightningCLI
+# was: from lightning.pytorch.demos.mnist_datamodule import MNIST
 # was: from lightning.pytorch.utilities.imports import _TORCHVISION_AVAILABLE
-from taskfit.examples.lightning_stand_ins import _TORCHVISION_AVAILABLE
+from taskfit.examples.lightning_stand_ins import _TORCHVISION_AVAILABLE, MNIST, LightningCLI, cli_lightning_logo
 from torch import nn
 from torch.utils.data import DataLoader, random_split
+from typing_extensions import override
 
 if _TORCHVISION_AVAILABLE:
     # was: import torchvision
-    from taskfit.examples.lightning_stand_ins import torchvision
     # was: from torchvision import transforms
-    from taskfit.examples.lightning_stand_ins import transforms
     # was: from torchvision.utils import save_image
-    from taskfit.examples.lightning_stand_ins import save_image
+    from taskfit.examples.lightning_stand_ins import save_image, torchvision, transforms
 
 DATASETS_PATH = path.join(path.dirname(__file__), "..", "..", "Datasets")
 

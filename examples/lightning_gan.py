@@ -31,25 +31,26 @@ After a few epochs, launch TensorBoard to see the images being generated at ever
 tensorboard --logdir default
 
 """
-from argparse import ArgumentParser, Namespace
-from typing_extensions import override
 # added: for --quick
 import os
+from argparse import ArgumentParser, Namespace
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-# was: from lightning.pytorch import cli_lightning_logo
-from taskfit.examples.lightning_stand_ins import cli_lightning_logo
+
 # was: from lightning.pytorch.core import LightningModule
 from taskfit import TaskModule as LightningModule
-# was: from lightning.pytorch.demos.mnist_datamodule import MNISTDataModule
-from taskfit.examples.lightning_stand_ins import MNISTDataModule
+
 # was: from lightning.pytorch.trainer import Trainer
 from taskfit import Trainer
+
+# was: from lightning.pytorch import cli_lightning_logo
+# was: from lightning.pytorch.demos.mnist_datamodule import MNISTDataModule
 # was: from lightning.pytorch.utilities.imports import _TORCHVISION_AVAILABLE
-from taskfit.examples.lightning_stand_ins import _TORCHVISION_AVAILABLE
+from taskfit.examples.lightning_stand_ins import _TORCHVISION_AVAILABLE, MNISTDataModule, cli_lightning_logo
+from typing_extensions import override
 
 if _TORCHVISION_AVAILABLE:
     # was: import torchvision

@@ -14,7 +14,7 @@ import sys
 
 from taskfit import Trainer, seed_everything
 from taskfit.examples.digits import DigitsTask
-from taskfit.tune import lr_find
+from taskfit.tools.lr_finder import lr_find
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False)
 

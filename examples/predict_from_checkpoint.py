@@ -17,10 +17,9 @@ import argparse
 import os
 
 import torch
-from torch.utils.data import DataLoader
-
-from taskfit.examples.digits import DigitsTask
 from taskfit import Trainer, seed_everything
+from taskfit.examples.digits import DigitsTask
+from torch.utils.data import DataLoader
 
 
 class DigitsPredictor(DigitsTask):

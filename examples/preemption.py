@@ -25,9 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def job(root: str, epochs: int, heartbeat: bool = True) -> str:
     """The training job. Run it again after a preemption and it resumes: nothing else to do."""
+    from taskfit import Trainer, seed_everything
     from taskfit.callbacks import Callback
     from taskfit.examples.digits import DigitsTask
-    from taskfit import Trainer, seed_everything
 
     class Heartbeat(Callback):  # lets the "scheduler" above see progress (and pick a moment to preempt)
         def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:

@@ -24,11 +24,10 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from taskfit import TaskModule, Trainer, seed_everything
 from taskfit.callbacks import Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 PLUS, START, VOCAB = 10, 11, 12  # tokens: digits 0..9, "+", the decoder's start token
 

@@ -18,10 +18,9 @@ import os
 
 import torch
 import torch.nn.functional as F
+from taskfit import TaskModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
-from taskfit import TaskModule, Trainer, seed_everything
 
 VOCAB, MARKER = 8, 9  # tokens 1..8 are symbols, 9 the marker; 0 is unused (free for padding)
 

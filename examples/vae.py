@@ -25,12 +25,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from taskfit import TaskModule, Trainer, seed_everything
 from taskfit.examples import image_grid, save_png
 from taskfit.examples.digits import digits_datasets
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 LEVELS = 16  # the digits' pixels are counts 0..16
 

@@ -18,7 +18,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import resume_script  # noqa: E402
-
 from taskfit.callbacks import Callback, EMAWeightAveraging, StochasticWeightAveraging  # noqa: E402
 
 TASK = dict(n=48, batch_size=4, lr=0.02, shuffle=True, dropout=0.3, val_n=16)

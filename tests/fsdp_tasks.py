@@ -7,11 +7,10 @@ import signal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from taskfit import TaskModule
 from taskfit.callbacks import Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 
 def sequences(n: int, seed: int, length: int = 6, features: int = 8) -> TensorDataset:

@@ -33,11 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
 
 from resume_script import start_child  # noqa: E402
-from tasks import RegressionTask  # noqa: E402
-from torch.utils.data._utils import signal_handling  # noqa: E402
-
 from taskfit import Trainer  # noqa: E402
 from taskfit.callbacks import Callback  # noqa: E402
+from tasks import RegressionTask  # noqa: E402
+from torch.utils.data._utils import signal_handling  # noqa: E402
 
 DEADLINE = 90.0
 _install_handlers = signal_handling._set_worker_signal_handlers

@@ -11,11 +11,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import taskfit.callbacks.tensorboard as tb  # noqa: E402
-from tasks import ClassifierTask, KillAt  # noqa: E402
-
+import taskfit.callbacks.loggers.tensorboard as tb  # noqa: E402
 from taskfit import Trainer  # noqa: E402
 from taskfit.callbacks import CSVLogger, MLFlowLogger, ModelCheckpoint, TensorBoardLogger  # noqa: E402
+from tasks import ClassifierTask, KillAt  # noqa: E402
 
 
 def main(root: str, uri: str, what: str) -> None:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from taskfit import TaskModule
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from taskfit import TaskModule
 
 
 class Block(nn.Module):

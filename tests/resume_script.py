@@ -24,10 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)
 
-from tasks import RegressionTask  # noqa: E402
-
-from taskfit.callbacks import Callback, ModelCheckpoint  # noqa: E402
 from taskfit import Trainer  # noqa: E402
+from taskfit.callbacks import Callback, ModelCheckpoint  # noqa: E402
+from tasks import RegressionTask  # noqa: E402
 
 
 class ScheduledTask(RegressionTask):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from tasks import ClassifierTask
-
 from taskfit.callbacks import Callback
+from tasks import ClassifierTask
 
 
 class StepClassifier(ClassifierTask):

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from taskfit import DataModule, TaskModule
+from taskfit.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from taskfit.callbacks import Callback
-from taskfit import DataModule, TaskModule
 
 
 def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:

@@ -11,17 +11,16 @@ import sys
 import threading
 
 import pytest
+import taskfit.checkpoint.files
 import torch
-import taskfit.serialization
-from tasks import RegressionTask, same_state, seeded_task
-from torch import nn
-
 from taskfit import CheckpointError, Strategy, Trainer
 from taskfit.callbacks import Callback, ModelCheckpoint
-from taskfit.checkpoint import load_checkpoint
-from taskfit.serialization import CheckpointWriter, load_file
-from taskfit.sharded_checkpoint import load_skeleton, read_shards, save_sharded
-from taskfit.staging import StagingBuffers
+from taskfit.checkpoint.files import CheckpointWriter, load_file
+from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint.sharded import load_skeleton, read_shards, save_sharded
+from taskfit.checkpoint.staging import StagingBuffers
+from tasks import RegressionTask, same_state, seeded_task
+from torch import nn
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
 
@@ -36,8 +35,8 @@ def _held(writer: CheckpointWriter) -> threading.Event:
 def test_an_async_save_holds_the_state_of_its_step_while_training_changes_it(tmp_path, monkeypatch):
     writer = CheckpointWriter()
     weight, moments = torch.arange(6.0).view(2, 3), {"state": {0: {"exp_avg": torch.ones(4)}}, "lr": 0.1}
-    release, write = threading.Event(), taskfit.serialization.write_file
-    monkeypatch.setattr(taskfit.serialization, "write_file", lambda *args: release.wait() and write(*args))
+    release, write = threading.Event(), taskfit.checkpoint.files.write_file
+    monkeypatch.setattr(taskfit.checkpoint.files, "write_file", lambda *args: release.wait() and write(*args))
     path = str(tmp_path / "a.ckpt")
     writer.save({"module": {"w": weight}, "optimizer": moments}, path)
     assert not os.path.exists(path)  # nothing written yet: the training thread only copied the tensors

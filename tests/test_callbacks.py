@@ -9,11 +9,10 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
-
+from taskfit import MisconfigurationError, Trainer
 from taskfit.callbacks import Callback, EarlyStopping, LearningRateMonitor, TensorBoardLogger, ThroughputMonitor
 from tasks import RegressionTask
-from taskfit import MisconfigurationError, Trainer
+from torch.utils.data import DataLoader, Dataset
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 

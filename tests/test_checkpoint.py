@@ -13,14 +13,13 @@ import threading
 
 import pytest
 import torch
-from tasks import ClassifierTask, RegressionTask
-
-from taskfit.callbacks import Callback, ModelCheckpoint
-from taskfit.callbacks.checkpoint import format_filename
 from taskfit import CheckpointError, MisconfigurationError
-from taskfit.checkpoint import FORMAT_VERSION, last_checkpoint, load_checkpoint
-
-from tasks import checkpointing_trainer as _trainer, same_state, seeded_task as _task
+from taskfit.callbacks import Callback, ModelCheckpoint
+from taskfit.callbacks.checkpoint.model_checkpoint import format_filename
+from taskfit.checkpoint.run_state import FORMAT_VERSION, last_checkpoint, load_checkpoint
+from tasks import ClassifierTask, RegressionTask, same_state
+from tasks import checkpointing_trainer as _trainer
+from tasks import seeded_task as _task
 
 
 def _digest(folder) -> dict[str, str]:
@@ -319,7 +318,7 @@ class Tick(Callback):
 
 def test_an_epoch_save_is_skipped_only_within_min_epoch_interval_of_the_last(tmp_path, monkeypatch, capsys):
     clock = Clock(epoch_s=0.6)  # saves are due at 0.6, 1.2, 1.8, 2.4, 3.0 s: only 1.2 and 2.4 are 1 s after one
-    monkeypatch.setattr("taskfit.callbacks.checkpoint.time", clock)
+    monkeypatch.setattr("taskfit.callbacks.checkpoint.model_checkpoint.time", clock)
     trainer = _trainer(tmp_path, max_epochs=5, callbacks=[ModelCheckpoint(), Tick(clock)])
     saves = _count_saves(trainer)
     trainer.fit(_task())

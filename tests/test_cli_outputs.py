@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from test_cli import TINY, load_ckpt, run_dirs, taskfit
 from tb_server import hparams_view, serve
+from test_cli import TINY, load_ckpt, run_dirs, taskfit
 
 PROBE = '''
 import os, signal, warnings
@@ -205,8 +204,8 @@ def test_evaluating_without_a_usable_checkpoint_fails_before_anything_is_built(t
 
 
 def test_check_checkpoint_reads_headers_and_explains(tmp_path):
+    from taskfit.cli.modes import check_checkpoint, check_checkpoint_arg, check_mode
     from taskfit.errors import CheckpointError, MisconfigurationError
-    from taskfit.modes import check_checkpoint, check_checkpoint_arg, check_mode
 
     (tmp_path / "text.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="not a PyTorch checkpoint of tensors"):

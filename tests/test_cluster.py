@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from tasks import RecordPeriod, RegressionTask, SignalAt, SlowSteps
 from taskfit import Trainer
+from tasks import RecordPeriod, RegressionTask, SignalAt, SlowSteps
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -218,8 +217,7 @@ def _srun(script: Path, tmp_path: Path, port: int, scontrol: Path) -> list[subpr
 
 
 def test_slurm_tasks_form_the_group_and_sigusr1_saves_requeues_and_resumes(tmp_path):
-    from taskfit.ddp_spawn import free_port
-
+    from taskfit.strategies.spawn import free_port
     from test_ddp import _assert_same_weights, _single_reference
 
     calls = tmp_path / "scontrol_calls"
@@ -315,9 +313,8 @@ def test_an_incomplete_sharded_last_is_skipped_for_the_newest_complete_checkpoin
     COMPLETE marker (a copy stopped half-way): "last" takes version_1's epoch=2-step=18.ckpt, not version_0's
     last.ckpt (12 steps redone), and says which directory it skipped."""
     from fsdp_tasks import MLPTask
-
-    from taskfit.fsdp import FSDPStrategy
-    from taskfit.sharded_checkpoint import MARKER
+    from taskfit.checkpoint.sharded import MARKER
+    from taskfit.strategies.fsdp import FSDPStrategy
 
     def fit(epochs):
         trainer = Trainer(strategy=FSDPStrategy("cpu", 1), max_epochs=epochs, default_root_dir=str(tmp_path), **QUIET)

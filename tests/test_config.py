@@ -13,13 +13,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.utils import instantiate
-
-from taskfit import callbacks as cbs
 from taskfit import Trainer
+from taskfit import callbacks as cbs
 from taskfit.cli import _config_path, build_callbacks, build_trainer, compose_config, find_last_checkpoint
-from taskfit.checks import check_task
-from taskfit.config import SCHEMAS, check_targets, explain, locate
+from taskfit.cli.config import SCHEMAS, check_targets, explain, locate
 from taskfit.errors import CheckpointError, MisconfigurationError
+from taskfit.loop.checks import check_task
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -75,7 +74,7 @@ def test_defaults_reach_the_trainer_and_callbacks(tmp_path):
 
 
 def test_ddp_preset_builds_a_ddp_strategy_with_its_options(tmp_path):
-    from taskfit.ddp import DDPStrategy
+    from taskfit.strategies.ddp import DDPStrategy
 
     config = composed(tmp_path, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
                       "trainer.strategy.timeout=30")
@@ -236,7 +235,6 @@ def test_a_users_config_dir_adds_options(tmp_path, monkeypatch):
 def command(tmp_path, monkeypatch):
     """Call trainer.cli.main in this process (its environment, argv and sys.path changes are undone after)."""
     from hydra.core.global_hydra import GlobalHydra
-
     from taskfit.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -298,7 +296,7 @@ def test_find_last_checkpoint_picks_the_newest_run_of_the_name(tmp_path):
 
 # ---- sweeps: the keys a sweep varies, job names, HParams' hyperparameters ------------------------------------
 def test_swept_keys_job_names_and_hparams_of_a_run(tmp_path):
-    from taskfit.sweep import hparams_of, run_name, swept_keys
+    from taskfit.cli.sweep import hparams_of, run_name, swept_keys
 
     raw = ["task.optimizer.lr=0.1,0.01", "trainer.max_epochs=2", "task=digits", "task.channels=range(16,33,16)"]
     assert swept_keys(raw, {"task.hidden": "64,128", "seed": "3"}) == ["task.optimizer.lr", "task.channels",

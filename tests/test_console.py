@@ -16,10 +16,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from tasks import ClassifierTask
 from taskfit import Trainer
 from taskfit.callbacks import ProgressBar
+from tasks import ClassifierTask
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,12 +6,11 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
-
-from taskfit.callbacks import Callback, ProgressBar
-from tasks import ClassifierTask, RegressionTask, regression_data
 from taskfit import Trainer, seed_everything
-from taskfit.data import batch_to_device
+from taskfit.callbacks import Callback, ProgressBar
+from taskfit.data.loaders import batch_to_device
+from tasks import ClassifierTask, RegressionTask, regression_data
+from torch.utils.data import DataLoader
 
 
 def params(task):
@@ -254,7 +253,7 @@ def test_batch_to_device_nested():
 
 
 def test_cpu_skips_batch_to_device_unless_a_strategy_overrides_it(quiet):
-    from taskfit.strategies import Strategy
+    from taskfit.strategies.base import Strategy
 
     class Halve(Strategy):  # a custom strategy that transforms batches: it must run even on the CPU
         def batch_to_device(self, batch):

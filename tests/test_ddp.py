@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from tasks import ClassifierTask, EpochAccClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt, SlowSteps
 from taskfit import Trainer, seed_everything
+from tasks import ClassifierTask, EpochAccClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt, SlowSteps
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
@@ -108,7 +107,7 @@ def test_ddp_spawn_equals_one_process_and_checkpoints_cross_over(tmp_path, capfd
 def test_ddp_spawn_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
     """1000 epochs, but rank 1 raises at step 3: the run ends with that error. Rank 0 is stopped at once, not by
     its collectives' timeout (set to 900 s here, far past pytest's 300 s, so a rank left waiting fails the test)."""
-    from taskfit.ddp import DDPStrategy
+    from taskfit.strategies.ddp import DDPStrategy
 
     trainer = Trainer(strategy=DDPStrategy("cpu", 2, timeout=900), max_epochs=1000, callbacks=[RaiseAtStep(3, 1)],
                       enable_checkpointing=False, default_root_dir=str(tmp_path), **QUIET)

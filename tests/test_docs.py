@@ -345,7 +345,7 @@ def test_api_page_covers_every_callback_and_strategy():
     import importlib
 
     from taskfit import callbacks
-    from taskfit.strategies import Strategy
+    from taskfit.strategies.base import Strategy
 
     page = (DOCS / "api.md").read_text(encoding="utf-8")
     # mkdocstrings reads the source folders: taskfit.<m> is trainer/<m>.py, taskfit.callbacks.<m> is callbacks/<m>.py

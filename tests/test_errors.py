@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from taskfit import MisconfigurationError, TaskModule, TaskModuleError, Trainer
+from tasks import RegressionTask
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from tasks import RegressionTask
-from taskfit import MisconfigurationError, TaskModule, TaskModuleError, Trainer
 
 
 class NoLoss(TaskModule):

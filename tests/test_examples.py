@@ -79,7 +79,6 @@ def test_sequence_model_needs_memory(tmp_path):
 def test_recall_task_cannot_be_solved_without_memory():
     """The synthetic task really needs memory: the label is not a function of the token counts."""
     import torch
-
     from taskfit.examples.sequence import MARKER, VOCAB, RecallDataset
 
     data = RecallDataset(2048, length=16, seed=0)
@@ -187,7 +186,6 @@ def test_lightning_autoencoder_port_learns_a_code(tmp_path):
     """examples/lightning_autoencoder.py (Lightning's basics/autoencoder.py): fit, test and predict with the best
     checkpoint through the LightningCLI stand-in, 3 epochs. Its test MSE beats the best constant image by far."""
     import torch
-
     from taskfit.examples.lightning_stand_ins import MNIST, ToTensor
 
     out = run_example("lightning_autoencoder.py", tmp_path, "--quick")
@@ -223,7 +221,6 @@ def test_lightning_gan_port_samples_become_digit_like(tmp_path):
     judges of other seeds and Lightning's own runs of the same program; the GAN's collapsed early epochs: 0-0.9)."""
     import torch
     import torch.nn.functional as F
-
     from taskfit.examples.gan import judge, train_judge
     from taskfit.examples.lightning_gan import GAN
     from taskfit.examples.lightning_stand_ins import MNIST, ToTensor

@@ -17,19 +17,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_tasks import BatchNormTask, HeadOutsideForward, KillAt, ManualTwoOptimizers, MLPTask, ShardProbe, TransformerTask
+from fsdp_tasks import (
+    BatchNormTask,
+    HeadOutsideForward,
+    KillAt,
+    ManualTwoOptimizers,
+    MLPTask,
+    ShardProbe,
+    TransformerTask,
+)
+from taskfit import (
+    CheckpointError,
+    MisconfigurationError,
+    Strategy,
+    TaskModuleError,
+    Trainer,
+    seed_everything,
+    sharded_checkpoint,
+    sharded_index,
+)
+from taskfit.callbacks import ModelCheckpoint
+from taskfit.checkpoint.files import CheckpointWriter
+from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint.sharded import MARKER, STATE_FILE, consolidate, load_skeleton, read_shards, save_sharded
+from taskfit.consolidate import main as consolidate_main
+from taskfit.strategies.fsdp import FSDPStrategy
 from tasks import same_state
 from torch import nn
-
-from taskfit import CheckpointError, MisconfigurationError, TaskModuleError, Trainer, seed_everything
-from taskfit.callbacks import ModelCheckpoint
-from taskfit.checkpoint import load_checkpoint
-from taskfit.consolidate import main as consolidate_main
-from taskfit.fsdp import FSDPStrategy
-from taskfit.serialization import CheckpointWriter
-from taskfit import Strategy
-from taskfit import sharded_checkpoint, sharded_index
-from taskfit.sharded_checkpoint import MARKER, STATE_FILE, consolidate, load_skeleton, read_shards, save_sharded
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
 COMMON = dict(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5, **QUIET)

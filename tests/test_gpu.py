@@ -7,11 +7,10 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
+from taskfit import TaskModule, Trainer
+from taskfit.callbacks import Callback, ProgressBar
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from taskfit.callbacks import Callback, ProgressBar
-from taskfit import TaskModule, Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -5,11 +5,9 @@ import io
 import os
 
 import torch
-
 from taskfit import Trainer, seed_everything
 from taskfit.callbacks import Callback, ModelCheckpoint, ProgressBar
 from tasks import RegressionTask
-
 
 _RECORDED = ("on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start",
              "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",

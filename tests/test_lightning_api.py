@@ -13,14 +13,13 @@ import re
 import warnings
 
 import pytest
+import tasks
 import torch
 import torchmetrics
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-import tasks
 from taskfit import DataModule, MisconfigurationError, TaskModule, Trainer
 from taskfit.callbacks import HOOKS, Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False)
 
@@ -843,7 +842,7 @@ def _same(label: str) -> list[str]:
 def test_every_name_the_guide_calls_same_is_accepted_or_called():
     import inspect
 
-    from taskfit.callbacks.lightning_hooks import MODULE_HOOKS as CALLED_ON_TASK
+    from taskfit.loop.hooks import MODULE_HOOKS as CALLED_ON_TASK
 
     trainer_args = set(inspect.signature(Trainer.__init__).parameters)
     assert set(_same("Trainer arguments")) <= trainer_args

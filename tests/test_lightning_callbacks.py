@@ -14,14 +14,13 @@ import os
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from taskfit import CheckpointError, MisconfigurationError, TaskModule, Trainer
 from taskfit.callbacks import BasePredictionWriter, Callback, EarlyStopping, ModelCheckpoint, ModelSummary
-from taskfit.callbacks.checkpoint_policy import format_filename
+from taskfit.callbacks.checkpoint.policy import format_filename
 from taskfit.callbacks.early_stopping import EarlyStoppingReason
-from taskfit.checkpoint import load_checkpoint
+from taskfit.checkpoint.run_state import load_checkpoint
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
 

@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 import torch
 import torchmetrics
-from torch import nn
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset, random_split
-
 from taskfit import DataModule, MisconfigurationError, TaskModule, Trainer
 from taskfit.callbacks import Callback
-from taskfit.lightning_arguments import TRAINER_ARGUMENTS
+from taskfit.compat.lightning.trainer_arguments import TRAINER_ARGUMENTS
+from torch import nn
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset, random_split
 
 pytest.importorskip("sklearn", reason="the template's data is scikit-learn's bundled digits (the MNIST stand-in)")
 from taskfit.examples.lightning_stand_ins import MNIST, make_grid, save_image, transforms  # noqa: E402

@@ -15,7 +15,6 @@ import os
 
 import pytest
 import torch
-
 from taskfit import MisconfigurationError, Trainer
 from taskfit.callbacks import Callback, ModelCheckpoint
 from tasks import Line

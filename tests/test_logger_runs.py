@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from tasks import RegressionTask
 from taskfit import MisconfigurationError, Trainer
-from taskfit.callbacks import (CSVLogger, LearningRateMonitor, MLFlowLogger, ProgressBar, TensorBoardLogger,
-                               ThroughputMonitor)
+from taskfit.callbacks import (
+    CSVLogger,
+    LearningRateMonitor,
+    MLFlowLogger,
+    ProgressBar,
+    TensorBoardLogger,
+    ThroughputMonitor,
+)
+from tasks import RegressionTask
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 

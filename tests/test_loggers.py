@@ -15,11 +15,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tasks import ClassifierTask, KillAt, RaiseAtStep, RegressionTask
 from taskfit import MisconfigurationError, Trainer
-from taskfit.callbacks import (Callback, CSVLogger, EarlyStopping, LearningRateMonitor, Logger, MLFlowLogger,
-                               TensorBoardLogger, ThroughputMonitor)
+from taskfit.callbacks import (
+    Callback,
+    CSVLogger,
+    EarlyStopping,
+    LearningRateMonitor,
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,
+    ThroughputMonitor,
+)
+from tasks import ClassifierTask, KillAt, RaiseAtStep, RegressionTask
 
 ROOT = Path(__file__).resolve().parents[1]
 MLFLOW = importlib.util.find_spec("mlflow")

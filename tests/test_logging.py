@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.callbacks import Callback, EarlyStopping, TensorBoardLogger
 from tasks import ClassifierTask, RegressionTask
 from tb_server import free_port, get
-from taskfit import MisconfigurationError, Trainer, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
@@ -139,7 +138,7 @@ def test_scalars_reach_the_writer_in_one_batch_every_send_secs(tmp_path, monkeyp
     """Each event handed to SummaryWriter wakes its thread, which takes the GIL from the loop (one wake-up per log
     interval cost a 0.14 s epoch ~4%): the events are kept and handed over together every SEND_SECS, and at the end
     nothing is missing. With SEND_SECS=0 every completed step's event goes over at the next log call."""
-    import taskfit.callbacks.tensorboard as tb
+    import taskfit.callbacks.loggers.tensorboard as tb
     from torch.utils.tensorboard.writer import FileWriter
 
     monkeypatch.setattr(tb, "SEND_SECS", send_secs)
@@ -286,7 +285,7 @@ def test_histograms_and_graph_when_asked(tmp_path):
 
 def test_default_logger_costs_nothing_per_step():
     """Only a logger with histograms overrides on_before_optimizer_step (which the Trainer would call per step)."""
-    from taskfit.callbacks.base import Callback as Base
+    from taskfit.callback import Callback as Base
 
     assert type(TensorBoardLogger()) is TensorBoardLogger
     assert TensorBoardLogger.on_before_optimizer_step is Base.on_before_optimizer_step

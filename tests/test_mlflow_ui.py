@@ -13,7 +13,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from tb_server import free_port
 
 pytest.importorskip("mlflow", reason="the mlflow extra is not installed (pip install -e '.[mlflow]')")

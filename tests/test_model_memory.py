@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from memory_tasks import AttentionTask, Block, BlocksTask, ConfiguredTask, ScaledTask
+from taskfit import MisconfigurationError, TaskModuleError, Trainer, seed_everything
+from taskfit.strategies.fsdp import FSDPStrategy
 from tasks import same_state
 from torch import nn
-
-from taskfit import MisconfigurationError, TaskModuleError, Trainer, seed_everything
-from taskfit.fsdp import FSDPStrategy
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False,
              num_sanity_val_steps=0)
@@ -88,7 +87,7 @@ def test_init_module_builds_the_layers_empty_and_fit_trains_exactly_what_an_eage
 def test_materialised_weights_are_the_eager_ones_for_torch_s_own_layers():
     """Linear, Embedding, LayerNorm and MultiheadAttention (whose init also zeroes its out_proj's bias after that
     Linear's own init): children first, with the random numbers an eager construction draws."""
-    from taskfit.model_memory import materialize
+    from taskfit.strategies.model_memory import materialize
 
     seed_everything(0)
     eager = AttentionTask()

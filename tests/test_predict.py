@@ -10,11 +10,10 @@ import textwrap
 
 import pytest
 import torch
-from tasks import ClassifierTask
-
 from taskfit import Trainer, seed_everything
 from taskfit.callbacks import Callback, PredictionWriter
 from taskfit.errors import MisconfigurationError
+from tasks import ClassifierTask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False)

@@ -7,13 +7,12 @@ import json
 import os
 
 import pytest
-from tasks import ClassifierTask
-
 from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.callbacks import Callback
-from taskfit.profiler import SimpleProfiler
-from taskfit.profiling import PassThroughProfiler, profiler_for
-from taskfit.torch_profiler import PyTorchProfiler
+from taskfit.profilers.choice import PassThroughProfiler, profiler_for
+from taskfit.profilers.pytorch import PyTorchProfiler
+from taskfit.profilers.simple import SimpleProfiler
+from tasks import ClassifierTask
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
 

@@ -16,19 +16,19 @@ import warnings
 
 import pytest
 import torch
+from taskfit import Trainer
+from taskfit.callbacks import Callback
+from taskfit.checkpoint.run_state import load_checkpoint
 from tasks import RegressionTask, same_state
 from torch.utils.data import DataLoader, Dataset
-
-from taskfit.callbacks import Callback
-from taskfit import Trainer
-from taskfit.checkpoint import load_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCENARIOS = ("steps", "epochs", "write", "sigterm", "manual")
 
 
-from tasks import checkpointing_trainer as _trainer, seeded_task as _task
+from tasks import checkpointing_trainer as _trainer
+from tasks import seeded_task as _task
 
 
 @pytest.fixture(scope="module")

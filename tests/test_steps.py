@@ -8,11 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from step_tasks import DtypeProbe, ManualClassifier, OutputsProbe, StepClassifier
-from tasks import ClassifierTask
-
 from taskfit import Trainer, seed_everything
 from taskfit.callbacks import Callback
 from taskfit.errors import MisconfigurationError, TaskModuleError
+from tasks import ClassifierTask
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False)
 

@@ -11,12 +11,11 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
-
-from tasks import ClassifierTask, RegressionTask
 from taskfit import MisconfigurationError, Trainer, seed_everything
-from taskfit.ddp import DDPStrategy
-from taskfit.strategies import DataParallelStrategy, Strategy, normalize_state_dict
+from taskfit.strategies.base import DataParallelStrategy, Strategy, normalize_state_dict
+from taskfit.strategies.ddp import DDPStrategy
+from tasks import ClassifierTask, RegressionTask
+from torch import nn
 
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")

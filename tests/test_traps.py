@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import torchmetrics
-from torch.utils.data import DataLoader
-
 from taskfit import MisconfigurationError, TaskModule, Trainer
-from taskfit.precision import Precision
+from taskfit.loop.precision import Precision
 from tasks import ClassifierTask, RegressionTask, regression_data
+from torch.utils.data import DataLoader
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
 
@@ -81,7 +80,7 @@ def test_a_metric_and_a_logged_value_with_one_name_is_an_error_naming_both():
 
 
 def test_16_mixed_on_the_cpu_warns_once_with_the_measured_slowdown():
-    import taskfit.precision as precision
+    import taskfit.loop.precision as precision
 
     precision._warned.clear()  # noqa: SLF001 - this process may have warned already (another test)
     with warnings.catch_warnings(record=True) as caught:

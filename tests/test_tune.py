@@ -10,11 +10,10 @@ import os
 
 import pytest
 import torch
+from taskfit import MisconfigurationError, Trainer, seed_everything
+from taskfit.tools.lr_finder import LRFinder, lr_find
 from tasks import ClassifierTask, RegressionTask, same_state
 from test_cli import _env, read_events, taskfit
-
-from taskfit import MisconfigurationError, Trainer, seed_everything
-from taskfit.tune import LRFinder, lr_find
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
 

@@ -11,13 +11,12 @@ import sys
 import pytest
 import torch
 from fsdp_tasks import MLPTask
+from taskfit import MisconfigurationError, Trainer, seed_everything
+from taskfit.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
+from taskfit.checkpoint.run_state import load_checkpoint
 from tasks import ClassifierTask, checkpointing_trainer, same_state
 from torch import nn
 from torch.optim.swa_utils import SWALR, AveragedModel, get_ema_multi_avg_fn
-
-from taskfit import MisconfigurationError, Trainer, seed_everything
-from taskfit.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
-from taskfit.checkpoint import load_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
@@ -192,7 +191,7 @@ def test_fsdp_ema_averages_the_shards_and_resumes_exactly(tmp_path):
     """FSDP2 over 2 processes: each rank averages its shard (the 3-row head splits 2 + 1); the result equals one
     process with batch 16, and a run stopped at step 4 resumes from its sharded checkpoint to the same end, bit for
     bit (the average is gathered into the checkpoint and cut back to each rank's shard)."""
-    from taskfit.fsdp import FSDPStrategy
+    from taskfit.strategies.fsdp import FSDPStrategy
 
     def run(root, batch_size, strategy="single", callbacks=(), ckpt_path=None):
         seed_everything(0)

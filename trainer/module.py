@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from .checkpoint import load_module
+from .checkpoint.run_state import load_module
 from .cluster import global_rank
 from .errors import MisconfigurationError, TaskModuleError
 from .init_args import AttributeDict, recorded_init_args, select_hparams

@@ -15,25 +15,25 @@ from typing import Any
 import torch
 
 from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, with_defaults
-from .checkpoint import load_run_state, run_state, save_checkpoint
-from .checks import check_arguments, check_loss, check_manual, check_task
-from .data import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
+from .checkpoint.files import CheckpointWriter
+from .checkpoint.run_state import load_run_state, run_state, save_checkpoint
+from .compat.lightning.trainer_arguments import lightning_trainer
+from .data.loaders import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
 from .datamodule import DataModule, DataSource
-from .evaluation import evaluation_pass, run_entry, sanity_pass
 from .init_args import flatten, plain_hparams
-from .lightning_arguments import lightning_trainer
-from .logbuffer import LogBuffer
-from .model_memory import checkpoint_policy, init_module
+from .logs.buffer import LogBuffer
+from .loop.cadence import accumulation_group
+from .loop.checks import check_arguments, check_loss, check_manual, check_task
+from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
+from .loop.precision import normalize_precision
+from .loop.preemption import normalize_signals, preempt, requeue_setting
+from .loop.run import fitted_task, running, setup_fit
+from .loop.steps import batch_outputs, defines, detached, step_loss
 from .module import TaskModule
-from .precision import normalize_precision
-from .profiling import profiler_for
-from .preemption import normalize_signals, preempt, requeue_setting
-from .schedule import accumulation_group
-from .serialization import CheckpointWriter
-from .session import fitted_task, running, setup_fit
+from .profilers.choice import profiler_for
 from .state import TrainerState
-from .steps import batch_outputs, defines, detached, step_loss
-from .strategy_registry import select_strategy
+from .strategies.model_memory import checkpoint_policy, init_module
+from .strategies.registry import select_strategy
 
 
 @lightning_trainer  # Trainer(max_epoch=3), Trainer(num_nodes=2): one catalogued error; Lightning's -1/None, model=

@@ -6,9 +6,8 @@ It takes the same arguments as taskfit.examples.digits.DigitsTask, so the built-
 """
 from __future__ import annotations
 
-from torch import nn
-
 from taskfit.examples.digits import DigitsTask
+from torch import nn
 
 
 class BatchNormDigits(DigitsTask):

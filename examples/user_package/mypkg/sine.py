@@ -5,10 +5,9 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from taskfit import TaskModule
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from taskfit import TaskModule
 
 
 def sine_data(n: int, noise: float, seed: int) -> TensorDataset:

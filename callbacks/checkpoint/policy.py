@@ -1,0 +1,134 @@
+"""ModelCheckpoint's rules that need no Trainer: its arguments checked, the top-k ranking, the file names.
+
+Kept apart from callbacks/checkpoint.py (when to save, what happens on a fault): pure bookkeeping on arguments,
+paths and numbers.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import re
+from typing import Any, Callable
+
+from ...errors import MisconfigurationError
+
+_FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+
+
+def format_filename(template: str, values: dict[str, Any], auto_insert_metric_name: bool = True) -> str:
+    """A file name (without ``.ckpt``) from a Lightning template, as Lightning's ``format_checkpoint_name`` writes it.
+
+    Each ``{name}`` or ``{name:spec}`` is ``format(values[name], spec)``; with ``auto_insert_metric_name`` it is
+    preceded by ``name=`` (``"{epoch:03d}"`` -> ``"epoch=009"``). One difference: a ``/`` in an inserted name is
+    written ``_`` (``"{val/acc:.2f}"`` -> ``"val_acc=0.91"``), where Lightning would start a sub-folder. A name
+    missing from ``values`` raises ``KeyError`` (Lightning would write 0).
+    """
+    def field(match: re.Match) -> str:
+        name, spec = match.group(1).strip(), match.group(2) or ""
+        value = format(values[name], spec)
+        return f"{name.replace('/', '_')}={value}" if auto_insert_metric_name else value
+
+    return _FIELD.sub(field, template)
+
+
+def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_last: Any, save_on_exception: Any,
+                    filename: str | None) -> str:
+    """One error for an argument ModelCheckpoint cannot take; returns the filename template without ``.ckpt``."""
+    if mode not in ("min", "max"):
+        raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
+                                    'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
+    if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
+        raise MisconfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) is not valid.",
+                                    "use -1 (keep all), 0 (only last.ckpt) or a positive number of files.")
+    for name, value in triggers.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid.",
+                                        "use a positive integer, or None/0 to turn this trigger off.")
+    if save_last not in (True, False, None, "link"):
+        raise MisconfigurationError(f"ModelCheckpoint(save_last={save_last!r}) is not valid.",
+                                    'use True (keep last.ckpt), False or None (none), or "link".')
+    if save_on_exception:
+        raise MisconfigurationError(
+            "ModelCheckpoint(save_on_exception=True) is not supported: a state saved in the middle of a failed "
+            "step could not be resumed exactly.",
+            "leave it False: SIGTERM, SIGUSR1 and Ctrl-C already save last.ckpt at the next step boundary "
+            "(Trainer(preempt_signals=...)), and every save before the error is on disk.")
+    stem = "{epoch}-{step}" if filename is None else filename[:-5] if filename.endswith(".ckpt") else filename
+    if not stem or stem == "last" or os.sep in _FIELD.sub("", stem):
+        raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not valid.",
+                                    'give a file name template without folders and other than "last", e.g. '
+                                    '"{epoch}-{step}" or "{epoch}-{val/acc:.3f}" (put folders in dirpath).')
+    return stem
+
+
+def seconds(name: str, value: Any, zero: str, allow_none: bool = False) -> float | None:
+    """A duration argument as seconds: a number >= 0 or a ``datetime.timedelta`` (``zero``: what 0 means)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid.",
+                                    f"pass a number of seconds >= 0 (0: {zero}) or a datetime.timedelta.")
+    return float(value)
+
+
+def versioned(dirpath: str, name: str, free: Callable[[str], bool], counter: bool) -> str:
+    """``dirpath/name.ckpt``, or with ``enable_version_counter`` the first of ``name-v1.ckpt``, ``name-v2.ckpt``...
+    that is ``free`` (Lightning's version counter: a file from another save is never overwritten)."""
+    path, version = os.path.join(dirpath, name + ".ckpt"), 0
+    while counter and not free(path):
+        version += 1
+        path = os.path.join(dirpath, f"{name}-v{version}.ckpt")
+    return path
+
+
+class Ranking:
+    """The kept files and their scores: the ``k`` best by a monitored value (``mode``), or without a monitor the
+    ``k`` newest (the score is then the global step). ``k == -1`` keeps every file. A NaN score is never better
+    than anything, so a diverged state never pushes a good file out."""
+
+    def __init__(self, mode: str, by_recency: bool, k: int) -> None:
+        self.lower, self.k = mode == "min" and not by_recency, k
+        self.kept: dict[str, float] = {}
+
+    def better(self, a: float, b: float) -> bool:
+        if math.isnan(a):
+            return False
+        return math.isnan(b) or (a < b if self.lower else a > b)
+
+    def worst(self) -> str:
+        worst = ""
+        for path, score in self.kept.items():
+            if not worst or self.better(self.kept[worst], score):
+                worst = path
+        return worst
+
+    def best(self) -> str:
+        best = ""
+        for path, score in self.kept.items():
+            if not best or self.better(score, self.kept[best]):
+                best = path
+        return best
+
+    def qualifies(self, score: float) -> bool:
+        """``score`` enters the top k (Lightning's ``check_monitor_top_k``: strictly better than the k-th)."""
+        if self.k == -1 or len(self.kept) < self.k:
+            return True
+        return self.k > 0 and self.better(score, self.kept[self.worst()])
+
+    def would_evict(self) -> str:
+        """The file that admitting one more would push out ("" when the top k is not full)."""
+        return self.worst() if self.k != -1 and len(self.kept) >= self.k else ""
+
+    def admit(self, path: str, score: float) -> list[str]:
+        """Rank ``path`` (an existing entry of that name is replaced); return the files that fell out."""
+        self.kept.pop(path, None)
+        self.kept[path] = score
+        evicted = []
+        while self.k != -1 and len(self.kept) > self.k:
+            worst = self.worst()
+            evicted.append(worst)
+            del self.kept[worst]
+        return evicted

@@ -1,0 +1,156 @@
+"""CSVLogger: ``metrics.csv`` (a column per key, a row per step that logged) and ``hparams.yaml`` in the run's
+directory, for pandas, a spreadsheet or ``csv.DictReader``; no dependency beyond the standard library and PyYAML
+(which hydra-core already needs).
+
+The values of one step arrive in several ``on_log`` calls (the loss, the learning rate, the throughput, at an
+epoch's last step also the epoch means and the fit's summary); they are merged into one row, written when the
+step moves on, at every epoch end, before a checkpoint records the run, and when the run ends (values of a step
+that arrive after its row was written are merged into it). A row is appended with one ``write`` and flushed, so a
+killed process leaves a valid file, at worst without its last step. When a key appears that the header lacks (the
+first validation, a test after fit), the file is rewritten with the wider header into a temporary file that
+replaces it atomically; so is it when a resumed fit drops the rows of the steps it redoes.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from typing import Any
+
+from ...arguments import arguments_checked
+from ...logs.logger import Logger, check_writable
+
+STEP, EPOCH = "step", "epoch"  # the first columns: the global step of the row, and the epoch it belongs to
+_LIGHTNING_ONLY = {"flush_logs_every_n_steps": "remove it: taskfit's CSVLogger writes each step's row as soon as the "
+                                               "step is complete (one whole row per write), so nothing waits."}
+
+
+class CSVLogger(Logger):
+    """Writes ``metrics.csv`` and ``hparams.yaml`` into its run directory (rank 0; one per fit:
+    ``<save_dir>/<name>/version_N``, as Lightning's CSVLogger).
+
+    ``metrics.csv`` starts with a ``step`` column (the global step) and an ``epoch`` column, then one column per
+    logged key in the order keys first appeared; a row leaves the keys not logged at its step empty. Read it with
+    ``pandas.read_csv(path)`` or ``csv.DictReader``.
+
+    Args:
+        save_dir: the folder of the runs (None: ``Trainer(default_root_dir=...)``).
+        name: a folder below ``save_dir`` (None: none; Lightning's default is ``"lightning_logs"``).
+        version: ``3`` writes ``version_3``; a string names the folder; None: the next free ``version_N``.
+        prefix: put ``<prefix>-`` before every column name.
+    """
+
+    @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")
+    def __init__(self, save_dir: str | None = None, name: str | None = None, version: int | str | None = None,
+                 prefix: str = "") -> None:
+        self._where(save_dir, name, version, prefix)
+        self._path: str | None = None
+        self._header: list[str] = []
+        self._row: dict[str, Any] = {}  # the current step's values, not written yet
+        self._row_step = 0
+        self._epoch = 0  # trainer.state.epoch when the current row's values were logged
+        self._written: dict[str, Any] | None = None  # the last row, written before its step was over (merge into it)
+
+    @property
+    def metrics_path(self) -> str | None:
+        """``<log_dir>/metrics.csv`` of the current run (None before one, and on ranks other than 0)."""
+        return self._path
+
+    # ---- the Logger interface ---------------------------------------------------------------------------
+    def setup(self, trainer: Any) -> None:
+        check_writable(self.log_dir, "CSVLogger")
+        path = os.path.join(self.log_dir, "metrics.csv")
+        if path != self._path:
+            self._path, self._header, self._row, self._written = path, [], {}, None
+            if os.path.isfile(path):  # a run directory written before (validate/test into a finished fit's)
+                header, rows = _read(path)
+                self._header = header
+                if self.resuming:  # the steps after the checkpoint's were written by the killed run: redone now
+                    kept = [r for r in rows if not r or not r[0].isdigit() or int(r[0]) <= trainer.state.global_step]
+                    if len(kept) != len(rows):
+                        _replace(path, _table(header, kept))
+
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything else as text)."""
+        import yaml
+
+        plain = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+                 for k, v in params.items()}
+        _replace(os.path.join(self._run_dir, "hparams.yaml"),
+                 yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True))
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self._row and (step != self._row_step or not self._row.keys().isdisjoint(metrics)):
+            self._write_row()  # a new step, or a key again at the same step (a validate after fit): a new row
+        if not self._row and self._written is not None:  # its row is on disk: more values of that step merge in
+            if self._written[STEP] == step and self._written.keys().isdisjoint(metrics):
+                self._row, self._written, self._row_step = dict(self._written), None, step
+                del self._row[STEP]
+                self._row.update(metrics)
+                self._write_row(replace_last=True, keep=True)
+                return
+            self._written = None
+        self._row_step = step
+        self._row.update(metrics)
+
+    def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
+        self._epoch = trainer.state.epoch  # the row's epoch column
+        super().on_log(trainer, task, metrics)
+
+    def save(self) -> None:
+        """Write the pending row (every epoch end, and before a checkpoint records the run): what a checkpoint
+        covers is on disk; a later value of the same step merges into the row."""
+        self._write_row(keep=True)
+
+    def finalize(self, status: str) -> None:
+        self._write_row()
+        self._written = None  # a test after fit starts a row of its own
+
+    # ---- the file ---------------------------------------------------------------------------------------------
+    def _write_row(self, replace_last: bool = False, keep: bool = False) -> None:
+        if not self._row or self._path is None:
+            return
+        row: dict[str, Any] = {STEP: self._row_step, EPOCH: self._row.pop(EPOCH, self._epoch), **self._row}
+        self._row = {}
+        self._written = row if keep else None
+        new = [key for key in row if key not in self._header]
+        if not new and not replace_last:
+            with open(self._path, "a", newline="", encoding="utf-8") as fh:
+                fh.write(_line([row.get(key, "") for key in self._header]))  # one write: a whole row or none
+            return
+        rows = _read(self._path)[1] if os.path.isfile(self._path) else []
+        if replace_last and rows:
+            rows.pop()
+        self._header = (self._header or [STEP, EPOCH]) + [key for key in new if key not in (STEP, EPOCH)]
+        _replace(self._path, _table(self._header, rows + [[str(row.get(key, "")) for key in self._header]]))
+
+
+def _read(path: str) -> tuple[list[str], list[list[str]]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    return (rows[0] if rows else []), rows[1:]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """The whole file: ``header``, then ``rows`` (older rows get the new columns empty)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(r + [""] * (len(header) - len(r)) for r in rows)
+    return out.getvalue()
+
+
+def _line(values: list[Any]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow(values)
+    return out.getvalue()
+
+
+def _replace(path: str, text: str) -> None:
+    """Write ``path`` through a temporary file and an atomic rename: a crash leaves the old file or the new."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,398 @@
+"""Checkpoint files: atomic writes, and reads that never run code (``torch.load(weights_only=True)`` only).
+
+Writes go to a hidden temporary file in the same folder, are fsynced, then renamed over the target with
+``os.replace``: a process killed at any instant leaves the previous file intact, and no partial file carries a
+checkpoint's name. An asynchronous save copies the state into reused host buffers (staging.py) and leaves
+serialising, writing, fsync and rename to a :class:`CheckpointWriter` thread, off the training loop. Reads map
+the file (``mmap``) instead of reading it whole, and refuse, with one clear error, a missing, unsafe, truncated
+or foreign file, and a checkpoint of another model (listing missing/unexpected keys and shape mismatches).
+trainer/checkpoint.py decides what goes into a checkpoint and how a run continues from one.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+import shutil
+import tempfile
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..strategies.base import normalize_state_dict
+from .dirs import STATE_FILE, copy_checkpoint, fsync_dir, is_sharded, publish, require_complete
+from .staging import StagingBuffers
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+FORMAT = "taskfit.checkpoint"
+FORMAT_VERSION = 1
+LAST = "last.ckpt"
+# Exactly the types torch.load(weights_only=True) reads back (subclasses, e.g. torch's version string, are not).
+_PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size, torch.Tensor,
+          torch.nn.Parameter)
+
+
+# ---- writing --------------------------------------------------------------------------------------------
+def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None) -> None:
+    """``torch.save`` to a hidden temporary file beside ``path``; then fsync it and rename it over ``path``.
+
+    With a ``writer``, only a copy of the tensors is made now (they change at the next step: staging.py); the
+    writer's thread serialises the copy to the file, fsyncs and renames it while training goes on.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if writer is None:
+        write_file(obj, path)
+    else:
+        writer.save(obj, path)
+
+
+def write_file(obj: Any, path: str) -> None:
+    """Serialise ``obj`` into a temporary file beside ``path``, make it durable and rename it over ``path``."""
+    tmp = _temp_beside(path)
+    try:
+        with open(tmp, "wb") as f:  # a Python file: a full disk is an OSError naming its cause
+            torch.save(obj, f)
+    except BaseException as exc:
+        _remove(tmp)
+        if isinstance(exc, OSError):
+            raise _write_error(path, exc) from exc
+        raise
+    _finish(tmp, path)
+
+
+def write_probe(folder: str) -> None:
+    """Create ``folder`` and write, fsync and remove a probe file in it: the OSError of a folder that cannot hold
+    a file (permissions, a read-only or full file system), found before any work (loggers, ModelCheckpoint)."""
+    probe = os.path.join(folder, f".taskfit-write-probe-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    with open(probe, "wb") as fh:
+        fh.write(b"probe")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.unlink(probe)  # (unlink: a test that watches os.remove counts checkpoint rotations)
+
+
+def atomic_copy(src: str, dst: str) -> None:
+    """Make ``dst`` a copy of the checkpoint ``src`` atomically: a hard link (free) or, where links fail, a copy."""
+    if os.path.isdir(src):  # a sharded checkpoint: a directory of links
+        return copy_checkpoint(src, dst)
+    tmp = _temp_beside(dst)
+    try:
+        os.unlink(tmp)
+        try:
+            os.link(src, tmp)
+            copied = False
+        except OSError:  # no hard links on this file system: copy the bytes
+            shutil.copyfile(src, tmp)
+            copied = True
+    except BaseException:
+        _remove(tmp)
+        raise
+    _finish(tmp, dst, sync=copied)  # a link shares the data src already has on disk
+
+
+def remove_files(paths: list[str]) -> None:
+    """Delete checkpoint files (or sharded checkpoint directories) that fell out of the top k (already gone: fine)."""
+    for path in paths:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+class CheckpointWriter:
+    """Writes checkpoint files on one background thread, in the order they were submitted: :meth:`save` (the
+    asynchronous save: the caller's thread copies the tensors into reused staging buffers, this thread serialises,
+    writes, fsyncs and renames the copy), then what else waits for the disk (a link, removing old files).
+    :meth:`wait` joins that work and re-raises its first error; the Trainer calls it before every save and before
+    fit returns, so a file is never renamed over a newer one, the buffers are free when the next save fills them,
+    and ``fit`` returns with every file in place. :meth:`close` also lets the buffers go."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        self._failed = False  # a submitted step failed: the steps after it (until wait() reports it) are skipped
+        self._staging = StagingBuffers()
+        self._kept: dict[str, tuple[Any, Callable[[Any], None] | None]] = {}
+
+    def save(self, obj: Any, path: str) -> None:
+        """Copy ``obj``'s tensors into the staging buffers now; write the file on the writer's thread."""
+        self.wait()  # the previous save's file is written: its buffers may be filled again
+        self.submit(self._write_staged, self._staging.stage(obj), path)
+
+    def _write_staged(self, staged: Any, path: str) -> None:
+        self._staging.wait()  # CUDA: the copies queued by stage() are done
+        write_file(staged, path)
+
+    @property
+    def staged_bytes(self) -> int:
+        """The bytes the staging buffers hold (one copy of the last asynchronous save's tensors)."""
+        return self._staging.nbytes
+
+    def kept(self, name: str, create: Callable[[], Any], release: Callable[[Any], None] | None = None) -> Any:
+        """An object kept for this writer's saves until :meth:`close` (sharded saves keep DCP's stager and a
+        process group of their own here), created by ``create`` on first use and passed to ``release`` at close."""
+        if name not in self._kept:
+            self._kept[name] = (create(), release)
+        return self._kept[name][0]
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._pool is None:  # created on first use, in the process that trains (never pickled or forked)
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskfit-checkpoint")
+        self._pending.append(self._pool.submit(self._run, fn, args))
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        # The steps of one save depend on each other: a link to a file that was not written, or the removal of the
+        # file it was to replace, must not run (a full disk must not cost the previous best checkpoint).
+        if self._failed:
+            return
+        try:
+            fn(*args)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def wait(self) -> None:
+        """Block until every submitted file is in place; raise the first error of that work."""
+        pending, self._pending = self._pending, []
+        errors = [error for future in pending if (error := future.exception()) is not None]
+        self._failed = False
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """:meth:`wait`, then stop the thread and let the staging buffers go (the next save starts afresh)."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
+            self._staging = StagingBuffers()
+            kept, self._kept = self._kept, {}
+            for value, release in kept.values():
+                if release is not None:
+                    release(value)
+
+    def close_quietly(self) -> None:
+        """:meth:`close` while an error is already on its way: its own errors become a warning."""
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - the exception already propagating is the one to report
+            warnings.warn(f"A background checkpoint write failed too: {exc!r}.", stacklevel=3)
+
+    def __getstate__(self) -> dict[str, Any]:  # a Trainer sent to ddp workers carries no thread and no buffers
+        return CheckpointWriter().__dict__
+
+
+def _temp_beside(path: str) -> str:
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    return tmp
+
+
+def _finish(tmp: str, path: str, sync: bool = True) -> None:
+    """Make ``tmp`` durable and rename it over ``path`` (``tmp`` is removed if that fails)."""
+    try:
+        if sync:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())  # the data is on disk before the name points at it
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600 files; give the checkpoint the usual permissions
+        if os.path.isdir(path):
+            if is_sharded(path):  # a sharded checkpoint of an earlier fsdp run had this name: swap it out
+                return publish(tmp, path)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _remove(tmp)
+        if isinstance(exc, OSError):
+            raise _write_error(path, exc) from exc
+        raise
+    fsync_dir(os.path.dirname(path))  # make the rename itself durable
+
+
+def _write_error(path: str, exc: OSError) -> CheckpointError:
+    return CheckpointError(f"Could not write the checkpoint {path}: {exc}.",
+                           "check that its folder is writable, has free space and that no folder has the "
+                           "checkpoint's name; the previous checkpoint there is intact.")
+
+
+def _file_mode() -> int:
+    mask = os.umask(0)  # process-wide: read once here, at import, not from the writer thread
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _file_mode()
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def check_plain(obj: Any, where: str) -> None:
+    """Refuse to write anything ``torch.load(weights_only=True)`` could not read back (names the culprit)."""
+    kind = type(obj)
+    if kind in _PLAIN:
+        return
+    if kind in (dict, OrderedDict):
+        for key, value in obj.items():
+            check_plain(key, f"{where} key {key!r}")
+            check_plain(value, f"{where}[{key!r}]")
+        return
+    if kind in (list, tuple, set):
+        for i, value in enumerate(obj):
+            check_plain(value, f"{where}[{i}]")
+        return
+    raise CheckpointError(
+        f"Cannot save a checkpoint: {where} is a {type(obj).__module__}.{type(obj).__qualname__}, which a "
+        "safe checkpoint cannot hold.",
+        "checkpoints hold only tensors, dicts, lists, tuples and numbers/strings (so loading them never runs "
+        "code): convert it in the state_dict() that returns it (numpy arrays: torch.from_numpy(a); "
+        "numpy numbers: float(x); objects: a dict of their fields).")
+
+
+# ---- reading --------------------------------------------------------------------------------------------
+def load_file(path: str) -> Any:
+    """``torch.load(path, weights_only=True, mmap=True)`` with one clear error for a missing, unsafe or damaged file.
+    Mapped, not read: weights are copied once, from the page cache, into a model (an old non-zip file: read whole)."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"Checkpoint {path} does not exist.",
+                              "check the path (it is relative to the working directory), or pass "
+                              "ckpt_path=\"last\" to resume from the newest checkpoint of the run directory.")
+    if os.path.isdir(path):
+        if is_sharded(path):  # an fsdp checkpoint: its state, with meta tensors where the shards are
+            require_complete(path)
+            return load_file(os.path.join(path, STATE_FILE))
+        raise CheckpointError(f"Checkpoint {path} is a directory, not a file.",
+                              f"pass a .ckpt file inside it (e.g. {os.path.join(path, LAST)}) or ckpt_path=\"last\".")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about unusual pickle protocols before refusing them
+            try:
+                ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap can only be used" not in str(exc):
+                    raise
+                ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch words it "GLOBAL x.y was not an allowed global" or "unsupported GLOBAL x.y whose module x is blocked"
+        needed = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if needed:
+            raise CheckpointError(
+                f"Refused to load {path}: it needs to import and call `{needed.group(1)}`, so loading it could "
+                "run any code. Nothing in it was executed.",
+                "load only checkpoints written by taskfit or plain state dicts (tensors only). If you trust the "
+                "file, re-save its weights on a trusted machine with torch.save(model.state_dict(), path).") from None
+        raise CheckpointError(
+            f"Refused to load {path}: it is not a PyTorch checkpoint of tensors ({_reason(exc)}). Nothing in it "
+            "was executed.",
+            "pass a file written by taskfit (.ckpt) or by torch.save(model.state_dict(), path).") from None
+    except Exception as exc:  # zip/stream errors of a truncated or overwritten file
+        size = os.path.getsize(path)
+        raise CheckpointError(
+            f"Cannot read checkpoint {path} ({size} bytes): the file is truncated or corrupt ({_reason(exc)}).",
+            "taskfit never leaves a partial file under a checkpoint's name, so it was damaged after writing "
+            "(an interrupted copy, a full disk): copy it again, or use another checkpoint of the same folder."
+        ) from None
+    check_format(ckpt, path)
+    return ckpt
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = re.sub(r"^Weights only load failed\..*?WeightsUnpickler error: ", "", text)
+    text = text.split(" Check the documentation")[0].split(". ")[0][:160]
+    return text if isinstance(exc, (RuntimeError, pickle.UnpicklingError)) and text else \
+        f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """Load a taskfit checkpoint (a full training state), refusing a newer format or a bare state dict. The weights
+    stay mapped (a resume copies them into the parameters); what a resume keeps (optimizer states, logged values)
+    is copied into memory, so that nothing the run uses depends on the file (the next save may replace it)."""
+    ckpt = load_file(path)
+    if not isinstance(ckpt, Mapping) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} holds {'only weights (a state dict)' if _is_state_dict(ckpt) else type(ckpt).__name__}, "
+            "not a taskfit training checkpoint, so training cannot resume from it.",
+            "resume from a file written by taskfit (ModelCheckpoint, trainer.save_checkpoint); to start from "
+            "these weights, load them first: task.load_state_dict(torch.load(path, weights_only=True)).")
+    return {key: value if key == "module" else _in_memory(value) for key, value in ckpt.items()}
+
+
+def _in_memory(tree: Any) -> Any:
+    """``tree`` with every tensor copied out of the mapped file (one at a time: no second copy of the file)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, Mapping):
+        return type(tree)((k, _in_memory(v)) for k, v in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_in_memory(v) for v in tree)
+    return tree
+
+
+def check_format(ckpt: Any, path: str) -> None:
+    """A taskfit checkpoint of a newer format is refused by every loading path (resume, weights, inference)."""
+    if not isinstance(ckpt, Mapping) or ckpt.get("format") != FORMAT:
+        return  # a plain state dict: no format to check
+    version = ckpt.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        written = ckpt.get("versions", {}).get("taskfit", "?")
+        raise CheckpointError(
+            f"{path} has checkpoint format version {version} (written by taskfit {written}); this taskfit reads "
+            f"versions up to {FORMAT_VERSION}.",
+            "upgrade taskfit (pip install -U taskfit) to load it.")
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def module_state(ckpt: Any, path: str) -> Mapping[str, Any]:
+    """The weights in a taskfit checkpoint, a Lightning-style ``{"state_dict": ...}`` or a plain state dict."""
+    if isinstance(ckpt, Mapping) and ckpt.get("format") == FORMAT:
+        return ckpt["module"]
+    if isinstance(ckpt, Mapping) and _is_state_dict(ckpt.get("state_dict")):
+        return ckpt["state_dict"]
+    if _is_state_dict(ckpt):
+        return ckpt
+    raise CheckpointError(f"{path} holds no model weights (a {type(ckpt).__name__} without tensors).",
+                          "pass a checkpoint written by taskfit or a file saved with "
+                          "torch.save(model.state_dict(), path).")
+
+
+def check_weights(module: torch.nn.Module, state: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    """``state`` without foreign ``module.``/``_orig_mod.`` prefixes, checked against ``module`` before anything is
+    loaded: one error listing the missing keys, unexpected keys and shape mismatches."""
+    state = normalize_state_dict(state, module)
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)}" for k, v in expected.items()
+              if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        raise CheckpointError(
+            f"{path} does not fit {type(module).__name__}: missing keys {_short(missing)}; unexpected keys "
+            f"{_short(unexpected)}; shape mismatches {_short(shapes)}.",
+            "load a checkpoint of this model, built with the same arguments (layer sizes); "
+            "Module.load_from_checkpoint(path) rebuilds it with the arguments the checkpoint records.")
+    return state
+
+
+def _short(items: list[str], limit: int = 8) -> str:
+    if not items:
+        return "none"
+    more = f", ... ({len(items) - limit} more)" if len(items) > limit else ""
+    return "[" + ", ".join(items[:limit]) + more + "]"

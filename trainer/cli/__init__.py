@@ -1,0 +1,7 @@
+"""The ``taskfit`` command (``python -m taskfit``): the Hydra app (``app.py``), its structured configs
+(``schemas.py``, ``config.py``), its errors (``config_errors.py``), modes and sweeps. docs/configuration.md."""
+from __future__ import annotations
+
+from .app import SweepSummary, main
+
+__all__ = ["main", "SweepSummary"]

@@ -1,0 +1,1 @@
+"""Compatibility layers: ``lightning/`` holds what exists only so that Lightning code runs unchanged."""

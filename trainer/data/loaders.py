@@ -1,0 +1,257 @@
+"""Data plumbing: a deterministic, shardable, resumable sampler; DataLoader re-creation; moving batches.
+
+taskfit owns the data order: the permutation of epoch ``e`` is ``randperm(n, seed + e)`` (as in
+``DistributedSampler``), so single-process and ddp runs see the same order, and a resume can jump to
+sample ``k`` of the epoch without loading (or replaying) the batches before it.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+
+from ..errors import MisconfigurationError, TaskModuleError
+from ..seed import worker_init_fn
+from .workers import shield
+
+
+class ResumableSampler(Sampler[int]):
+    """Sample indices in an order fixed by ``(seed, epoch)``; shard them over ranks; start mid-epoch.
+
+    ``pad=True`` (training) repeats a few indices so every rank gets the same number of samples, as
+    DistributedSampler does; ``pad=False`` (evaluation) shards without duplicates, so no sample is counted twice.
+    """
+
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
+                 pad: bool = True) -> None:
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size, self.pad = rank, world_size, pad
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip(self, samples: int) -> None:
+        """Start the next iteration ``samples`` indices into this rank's order (a resume)."""
+        self._skip = samples
+
+    def indices(self) -> Sequence[int]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order: Sequence[int] = torch.randperm(self.size, generator=g).tolist()
+        else:
+            order = range(self.size)  # not a list of n ints per epoch (a slice of a range is a range)
+        if self.world_size > 1:
+            order = list(order)
+            if self.pad:
+                total = math.ceil(self.size / self.world_size) * self.world_size
+                order += (order * math.ceil(total / max(1, self.size)))[: total - self.size]
+            order = order[self.rank:: self.world_size]
+        return order
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._skip = self._skip, 0
+        return iter(self.indices()[start:])
+
+    def __len__(self) -> int:
+        if self.world_size == 1:
+            return self.size
+        if self.pad:
+            return math.ceil(self.size / self.world_size)
+        return len(range(self.rank, self.size, self.world_size))
+
+
+def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_size: int = 1,
+                   pin_memory: bool = False, shuffle: bool | None = None, ignore_signals: tuple[str, ...] = ()) -> Any:
+    """Re-create a plain DataLoader around a :class:`ResumableSampler`, keeping every user setting.
+
+    Anything else (an iterable, a DataLoader subclass, an IterableDataset, a custom sampler) is returned as
+    is: it still trains, but without sharding or exact mid-epoch resume (a warning says so under ddp).
+    """
+    if loader is None or not isinstance(loader, DataLoader):
+        return loader
+    shielded = bool(ignore_signals) and loader.num_workers > 0  # fit: workers leave those signals to the trainer
+    sampler = loader.sampler
+    plain = (type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
+             and isinstance(loader.batch_sampler, BatchSampler) and type(loader.batch_sampler) is BatchSampler
+             and (isinstance(sampler, SequentialSampler)
+                  or (isinstance(sampler, RandomSampler) and not sampler.replacement
+                      and sampler.num_samples == len(sampler.data_source))))  # num_samples not set
+    if not plain:
+        if world_size > 1:
+            warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom sampler, dataset or "
+                          "class, so taskfit cannot shard it: every rank sees all of its data. HINT: use a plain "
+                          "DataLoader over a map-style dataset, or shard the data yourself.", stacklevel=3)
+        if shielded:  # the user's own loader, as it is: only how its workers start and take signals changes
+            shield(loader, ignore_signals)
+        return loader
+    if shuffle is None:
+        shuffle = isinstance(sampler, RandomSampler)
+    new_sampler = ResumableSampler(len(loader.dataset), shuffle, seed, rank, world_size, pad=train)
+    kwargs: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    new = DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=new_sampler, num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or pin_memory, drop_last=loader.drop_last,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn or worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context, generator=torch.Generator(), **kwargs)
+    if shielded:
+        shield(new, ignore_signals)  # loader_workers.py: no moment of a worker's life where the signal kills it
+    return new
+
+
+def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None:
+    """Fix the order (sampler) and the worker seeds (loader generator) of ``epoch``; optionally skip batches."""
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, ResumableSampler):
+        sampler.set_epoch(epoch)
+        if skip_batches:
+            sampler.skip(skip_batches * loader.batch_size)
+    elif hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    generator = getattr(loader, "generator", None)
+    if isinstance(generator, torch.Generator):
+        # The iterator draws the workers' base seed from this generator, not from the global RNG, so
+        # creating an iterator does not disturb the RNG stream that dropout etc. depend on.
+        generator.manual_seed(seed + epoch)
+
+
+def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
+    """Move every tensor in nested tuples/lists/dicts (and namedtuples) to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: batch_to_device(v, device, non_blocking) for k, v in batch.items()}) \
+            if type(batch) is not dict else {k: batch_to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(batch_to_device(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(batch_to_device(v, device, non_blocking) for v in batch)
+    return batch
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in a batch: the first dimension of its first tensor (1 when there is none)."""
+    first = batch[0] if type(batch) in (tuple, list) and batch else batch  # the usual (inputs, targets): answered
+    if type(first) is torch.Tensor and first.dim() and first.shape[0]:  # here, without recursion, an ABC check or
+        return first.shape[0]  # Tensor.__len__ (Python code)
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = batch_size_of(item)
+            if size:
+                return size
+    return 1
+
+
+def limit_batches(total: float, limit: int | float) -> float:
+    """Apply a ``limit_*_batches`` value to a loader of ``total`` batches (inf when it has no length)."""
+    if isinstance(limit, float):
+        if limit == 1.0 or total == float("inf"):
+            return total
+        return max(1, int(total * limit)) if limit > 0 and total > 0 else 0
+    return min(total, limit)
+
+
+def finite(n: float) -> int | None:
+    """A batch count as an int, None for a loader without a length (what a checkpoint records)."""
+    return None if n == float("inf") else int(n)
+
+
+def length(loader: Any) -> float:
+    """``len(loader)``, or inf for a loader without a length (an IterableDataset, a generator)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return float("inf")
+
+
+def empty_train_loader(loader: Any) -> MisconfigurationError:
+    """The error for a training loader that yields no batches."""
+    dataset = getattr(loader, "dataset", None)
+    size = len(dataset) if hasattr(dataset, "__len__") else "?"
+    return MisconfigurationError(
+        f"train_dataloader() yields no batches (dataset of {size} samples, batch_size="
+        f"{getattr(loader, 'batch_size', '?')}, drop_last={getattr(loader, 'drop_last', '?')}).",
+        "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
+
+
+def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int, strategy: Any,
+                ignore_signals: tuple[str, ...] = ()) -> tuple[Any, float, Any, float]:
+    """``(train loader, its batches per epoch, val loader or None, its batches)`` for fit, after ``limit_*_batches``;
+    ``task`` is where the loaders come from (the task, or a ``DataSource``: loaders passed, a DataModule).
+
+    With ``overfit_batches`` the training batches, unshuffled, are also the validation batches."""
+    args = dict(seed=seed, rank=strategy.rank, world_size=strategy.world_size,
+                pin_memory=strategy.device.type == "cuda", ignore_signals=ignore_signals)
+    train = prepare_loader(task.train_dataloader(), train=True, shuffle=False if overfit else None, **args)
+    total = length(train)
+    if total == 0:
+        raise empty_train_loader(train)
+    val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args) if overfit else \
+        prepare_loader(task.val_dataloader(), train=False, **args)
+    if val is not None and length(val) == 0:
+        warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* values, and "
+                      "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "
+                      "empty and its batch_size/drop_last, or return None from val_dataloader().", stacklevel=4)
+    num_val = 0 if val is None else limit_batches(length(val), limits["val"])
+    return train, limit_batches(total, limits["train"]), val if num_val else None, num_val
+
+
+def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
+    """The loader of a ``validate``/``test``/``predict`` call, sharded over the ranks without duplicates."""
+    method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[fn]
+    loader = getattr(task, method)()
+    if loader is None:
+        owner = getattr(task, "owner", type(task).__name__)
+        raise TaskModuleError(f"Trainer.{fn} needs data, but {owner}.{method}() returned None.",
+                              f"define `def {method}(self): return DataLoader(...)`, or pass the loader: "
+                              f"trainer.{fn}(task, dataloaders=...).")
+    return prepare_loader(loader, train=False, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
+                          pin_memory=strategy.device.type == "cuda")
+
+
+def sample_order(loader: Any) -> Sequence[int] | None:
+    """The dataset indices this rank's evaluation loader visits, in order (None when taskfit does not choose
+    them: a sampler or an IterableDataset of the user's)."""
+    sampler = getattr(loader, "sampler", None)
+    return sampler.indices() if isinstance(sampler, ResumableSampler) else None
+
+
+def stateful(loader: Any) -> bool:
+    """A loader that keeps its own position (``torchdata``'s ``StatefulDataLoader``, or any loader with
+    ``state_dict``/``load_state_dict``) and that taskfit does not re-create: its own state is saved and restored."""
+    sampler = getattr(loader, "sampler", None)
+    return not isinstance(sampler, ResumableSampler) and callable(getattr(loader, "state_dict", None)) \
+        and callable(getattr(loader, "load_state_dict", None))
+
+
+def restore_position(train: Any, val: Any, data: Mapping[str, Any]) -> None:
+    """Continue the saved data position: the run's seed for the resumable samplers, the saved state of a
+    stateful training loader (which then resumes mid-epoch by itself)."""
+    for loader in (train, val):
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, ResumableSampler):
+            sampler.seed = int(data["seed"])
+    if stateful(train) and data.get("loader") is not None:
+        train.load_state_dict(data["loader"])
+
+
+def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, trainer: Any) -> dict[str, Any]:
+    """Where the data stands, for a checkpoint: the order (seed, epoch), the batches done, and the settings that
+    give a batch position its meaning, the run's planned length included (a resume warns when they changed)."""
+    return {"seed": int(seed), "epoch": state.epoch, "batches_done": state.batches_done,
+            "batch_size": getattr(loader, "batch_size", None), "world_size": trainer.strategy.world_size,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches, "num_train_batches": finite(num_train_batches),
+            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
+            "loader": loader.state_dict() if stateful(loader) else None}

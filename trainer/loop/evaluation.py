@@ -1,0 +1,259 @@
+"""The passes without gradients: a validation/test pass (loss, ``self.log`` values and metrics, sample-weighted
+over all ranks) and a predict pass, each with the task's own step or the default one, and Lightning's hooks around
+them. Plain functions of what they use; the Trainer calls them with itself (``run_entry``, ``evaluation_pass``)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..callbacks import is_task_hook
+from ..data.loaders import batch_size_of, eval_loader, length, limit_batches, sample_order, set_epoch
+from ..errors import MisconfigurationError
+from ..logs.buffer import LogBuffer
+from ..logs.metrics import metric_values
+from ..module import TaskModule, predict_inputs
+from ..strategies.base import Strategy
+from .checks import check_loss
+from .precision import warn_once
+from .steps import Step, ThroughWrapper, defines, own_step
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
+
+STAGES = {"validate": "val", "test": "test", "predict": "predict"}
+HOOK = {"val": "validation", "test": "test", "predict": "predict"}  # Lightning's hook names by stage
+
+
+def eval_step(task: TaskModule, module: torch.nn.Module, stage: str, metrics: dict[str, Any]) -> Step:
+    """One evaluation batch: the task's own ``validation_step``/``test_step``/``predict_step`` (through ``module``
+    when that wraps the task), or the default: ``forward``, then ``loss`` and the metrics' update (val/test) or
+    the outputs (predict)."""
+    name = {"val": "validation_step", "test": "test_step", "predict": "predict_step"}[stage]
+    if defines(task, name):
+        return own_step(task, name) if module is task else ThroughWrapper(module, task, name)
+    if stage == "predict":
+        return lambda batch, batch_idx: module(predict_inputs(task, batch))
+
+    def forward_loss_metrics(batch: Any, batch_idx: int) -> torch.Tensor:
+        inputs, targets = task.split_batch(batch)
+        outputs = module(inputs)
+        for metric in metrics.values():
+            metric.update(outputs, targets)
+        return task.loss(outputs, targets)
+    return forward_loss_metrics
+
+
+def run_entry(trainer: Trainer, fn: str, keep: bool = True) -> list[Any] | None:
+    """``validate``/``test`` (returns ``[metrics]``) or ``predict`` (the predictions) inside the run: the loader,
+    ``on_<stage>_start``, the pass, ``on_<stage>_end``."""
+    stage = STAGES[fn]
+    loader = eval_loader(trainer.data, fn, trainer.data_seed, trainer.strategy)
+    limit, trainer.state.stage = limit_batches(length(loader), trainer.limits[stage]), stage
+    trainer.predict_dataloader = loader if fn == "predict" else None
+    trainer.call_hooks(f"on_{HOOK[stage]}_start")
+    if fn == "predict":
+        result = predict_pass(trainer, loader, limit, keep)
+    else:
+        values = evaluation_pass(trainer, stage, loader, limit)
+        trainer.log_metrics(values)
+        result = [{k: v for k, v in values.items() if k not in trainer.logs.eval_step_names}]  # as Lightning
+    trainer.call_hooks(f"on_{HOOK[stage]}_end")
+    trainer.state.stage = "idle"
+    return result
+
+
+def sanity_pass(trainer: Trainer, limit: float) -> None:
+    """The sanity check's validation batches, with the hooks Lightning calls there (``trainer.sanity_checking``),
+    except the callbacks' ``on_validation_start``/``on_validation_end``: those mean a real validation in taskfit
+    (ModelCheckpoint, EarlyStopping and the loggers react to them). Nothing is published."""
+    task_only = {name: [fn for fn in trainer.hooks[name] if is_task_hook(fn)]
+                 for name in ("on_validation_start", "on_validation_end")}
+    for fn in task_only["on_validation_start"]:
+        fn(trainer, trainer.task)
+    evaluation_pass(trainer, "val", trainer.val_loader, limit, sanity=True)
+    for fn in task_only["on_validation_end"]:
+        fn(trainer, trainer.task)
+
+
+def evaluation_pass(trainer: Trainer, stage: str, loader: Any, limit: float, sanity: bool = False) -> dict[str, float]:
+    """One validation/test pass with Lightning's hooks: ``on_<stage>_epoch_start``, per batch
+    ``on_<stage>_batch_start/end``, the pass's values computed into ``state.metrics`` (callback_metrics; not in the
+    sanity check), ``on_<stage>_epoch_end`` (its torchmetrics not yet reset; what it logs joins the values), then
+    the metrics reset. Returns the values, as floats."""
+    name, logs, table = HOOK[stage], trainer.logs, trainer.hooks
+    trainer.call_hooks(f"on_{name}_epoch_start")
+    book = logs.enter(stage)
+    metrics, module = trainer.metrics.get(stage, {}), trainer.strategy.eval_module(trainer.model)
+    values = evaluate(trainer.task, module, loader, limit, prefix=stage,
+                      strategy=trainer.strategy, precision=trainer.precision, logs=logs, metrics=metrics,
+                      data_seed=trainer.data_seed, trainer=trainer, on_start=table[f"on_{name}_batch_start"],
+                      on_end=table[f"on_{name}_batch_end"])
+    if not sanity:
+        trainer.state.metrics.update(logs.callback_view(values))
+    book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
+    trainer.call_hooks(f"on_{name}_epoch_end")
+    values.update(logs.late_values(book))
+    book.reset_metrics()
+    for metric in metrics.values():
+        metric.reset()
+    logs.enter("train")
+    module.train()  # as Lightning after validation and test (fsdp: frees the parameters gathered for the pass)
+    return values
+
+
+def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, prefix: str,
+             strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any], data_seed: int,
+             trainer: Any = None, on_start: list[Any] | None = None, on_end: list[Any] | None = None
+             ) -> dict[str, float]:
+    """At most ``limit`` batches of ``loader``: ``{prefix}/loss`` (what the step returned: the loss, or a dict's
+    ``"loss"``), ``self.log`` values and ``metrics``, as floats (the metrics computed, not reset)."""
+    module.eval()
+    book = logs.current
+    set_epoch(loader, 0, data_seed)
+    step = eval_step(task, module, prefix, metrics)
+    source = {"val": "validation_step", "test": "test_step"}[prefix]
+    source = source if defines(task, source) else "loss"
+    builtin = book.builtin_loss(None, f"{prefix}/loss")
+    with torch.no_grad():
+        for i, batch in enumerate(loader):
+            if i >= limit:
+                break
+            batch = strategy.batch_to_device(batch)
+            book.weight = batch_size_of(batch)
+            for fn in on_start or ():
+                fn(trainer, task, batch, i)
+            with precision.autocast:
+                out = step(batch, i)
+            for fn in on_end or ():
+                fn(trainer, task, out, batch, i)
+            loss = out.get("loss") if isinstance(out, Mapping) else out
+            if source != "loss" and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+                continue  # a step of its own may return nothing to log (it logs with self.log)
+            if i == 0:  # the sanity check may run before any training step: check the loss here too
+                check_loss(loss, task, training=False, source=source)
+            builtin.add(loss.detach(), book.weight)
+    steps = book.step_values()  # on_step=True values: the last batch's, published, not in validate()'s result
+    logs.eval_step_names = set(steps)
+    values = {**logs.reduce(book), **steps, **book.compute_metrics()}
+    for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
+        if source != "loss" and getattr(metric, "update_count", 1) == 0:  # its own step never updated it
+            warn_once(f"configure_metrics()'s {name!r} was not updated by {type(task).__name__}.{source}, so "
+                      f"{prefix}/{name} is not logged. HINT: call self.stage_metrics[{name!r}].update(outputs, "
+                      "targets) in the step (docs/steps.md), or log a value of your own with self.log.")
+            continue
+        computed = metric_values(f"{prefix}/{name}", metric.compute())
+        clash = sorted(set(computed) & set(values))
+        if clash:
+            raise MisconfigurationError(
+                f"{clash[0]!r} is both the metric {name!r} of configure_metrics() and a value logged with self.log "
+                f"(or the loss); one would silently overwrite the other.",
+                f"rename one of them, e.g. configure_metrics() -> {{'{name}_metric': ...}} or "
+                f"self.log('{name}_batch', ...).")
+        values.update(computed)
+    book.late = set()  # what the epoch-end hooks log from here on comes from LogBuffer.late_values
+    return logs.to_floats(values)
+
+
+def predict_pass(trainer: Trainer, loader: Any, limit: float, keep: bool = True) -> list[Any] | None:
+    """``on_predict_epoch_start``, :func:`predict` with the batch hooks, ``on_predict_epoch_end``."""
+    trainer.call_hooks("on_predict_epoch_start")
+    hooks, task = trainer.hooks, trainer.task
+    result = predict(task, trainer.strategy.eval_module(trainer.model), loader, limit, strategy=trainer.strategy,
+                     precision=trainer.precision, keep=keep,
+                     on_batch_start=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_start"]],
+                     on_batch_end=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_end"]])
+    trainer.call_hooks("on_predict_epoch_end")
+    return result
+
+
+def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, strategy: Strategy,
+            precision: Any, on_batch_end: list[Any], keep: bool = True,
+            on_batch_start: list[Any] | None = None) -> list[Any] | None:
+    """``predict_step(batch, batch_idx)``, or ``module(inputs)``, for at most ``limit`` batches of ``loader``; each
+    batch's prediction goes to the ``on_predict_batch_end`` hooks, and is kept only when ``keep``. Under ddp the
+    kept predictions of every rank come back in dataset order (see :func:`in_dataset_order`)."""
+    module.eval()
+    predictions: list[Any] = []
+    step = eval_step(task, module, "predict", {})
+    with torch.no_grad():
+        for i, batch in enumerate(loader):
+            if i >= limit:
+                break
+            batch = strategy.batch_to_device(batch)
+            for fn in on_batch_start or ():
+                fn(batch, i)
+            with precision.autocast:
+                out = step(batch, i)
+            for fn in on_batch_end:
+                fn(out, batch, i)
+            if keep:
+                predictions.append(out)
+    if not keep:
+        return None
+    if strategy.world_size == 1:
+        return predictions
+    order = sample_order(loader)
+    gathered = strategy.all_gather_object((None if order is None else list(order), to_cpu(predictions)))
+    return in_dataset_order(gathered, getattr(loader, "batch_size", None))
+
+
+def to_cpu(tree: Any) -> Any:
+    """Tensors (in tuples, lists, dicts) on the CPU: what crosses process boundaries and goes to disk."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    if isinstance(tree, Mapping):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    return tree
+
+
+def _concat(batches: list[Any]) -> Any:
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(batches)
+    if isinstance(first, (list, tuple)):
+        return type(first)(_concat([b[i] for b in batches]) for i in range(len(first)))
+    return {k: _concat([b[k] for b in batches]) for k in first}
+
+
+def _take(tree: Any, index: torch.Tensor) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree[index]
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_take(v, index) for v in tree)
+    return {k: _take(v, index) for k, v in tree.items()}
+
+
+def _per_sample(tree: Any) -> bool:
+    """A prediction made of tensors with a batch dimension (in tuples, lists, dicts): it can be reordered."""
+    if isinstance(tree, torch.Tensor):
+        return tree.dim() > 0
+    if isinstance(tree, (list, tuple)):
+        return len(tree) > 0 and all(_per_sample(v) for v in tree)
+    return isinstance(tree, Mapping) and len(tree) > 0 and all(_per_sample(v) for v in tree.values())
+
+
+def in_dataset_order(gathered: list[tuple[list[int] | None, list[Any]]], batch_size: int | None) -> list[Any]:
+    """Every rank's ``(sample order, predictions)`` as one process would have returned them: batches of
+    ``batch_size`` in dataset order. Evaluation shards samples ``rank, rank + world, ...``, so per-sample tensors
+    are concatenated, sorted by sample index and split again. Predictions that are not per-sample tensors, or a
+    loader whose order taskfit does not know, come back rank after rank (docs/strategies.md)."""
+    batches = [b for _, predictions in gathered for b in predictions]
+    if not batches or any(order is None for order, _ in gathered) or not all(map(_per_sample, batches)):
+        return batches
+    indices = torch.tensor([i for order, predictions in gathered
+                            for i in order[:len(_first_leaf(_concat(predictions))) if predictions else 0]])
+    samples = _concat([_concat(predictions) for _, predictions in gathered if predictions])
+    ordered = _take(samples, torch.argsort(indices))
+    size = batch_size or len(_first_leaf(gathered[0][1][0]))
+    total = len(indices)
+    return [_take(ordered, torch.arange(start, min(start + size, total))) for start in range(0, total, size)]
+
+
+def _first_leaf(tree: Any) -> torch.Tensor:
+    while not isinstance(tree, torch.Tensor):
+        tree = tree[0] if isinstance(tree, (list, tuple)) else next(iter(tree.values()))
+    return tree

@@ -1,0 +1,172 @@
+"""The steps a TaskModule may write itself, how the Trainer calls them, and manual optimization's optimizer.
+
+By default a training step is ``split_batch -> forward -> loss``, the forward through the strategy's wrapper
+(DDP, DataParallel, torch.compile). A task that defines ``training_step`` (or ``validation_step``, ``test_step``,
+``predict_step``) has its own step called instead. The training step then runs *inside* the wrapper's forward,
+as Lightning and Fabric do (:class:`ThroughWrapper`): DDP prepares its gradient all-reduce around the whole step
+and ``self(inputs)`` inside it is an ordinary forward. Which step runs is chosen once per run, not per batch.
+docs/steps.md shows each.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import MisconfigurationError, TaskModuleError
+
+if TYPE_CHECKING:
+    from ..module import TaskModule
+    from ..trainer import Trainer
+
+STEPS = ("training_step", "validation_step", "test_step", "predict_step")
+Step = Callable[[Any, int], Any]
+
+
+def defines(task: TaskModule, step: str) -> bool:
+    """The task writes ``step`` itself (TaskModule has no such method: the default is the Trainer's)."""
+    return callable(getattr(type(task), step, None))
+
+
+def own_step(task: TaskModule, step: str) -> Step:
+    """``task.<step>`` called as ``(batch, batch_idx)``: a step written without ``batch_idx`` (Lightning allows
+    ``training_step(self, batch)``) gets only the batch. Decided once per run."""
+    method = getattr(task, step)
+    try:
+        params = [p for p in inspect.signature(method).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        return method
+    if len(params) == 1 and params[0].kind is not params[0].VAR_POSITIONAL:
+        return lambda batch, batch_idx: method(batch)
+    return method
+
+
+class ThroughWrapper:
+    """Calls ``task.<step>(batch, batch_idx)`` inside ``wrapper``'s forward: ``task.forward`` is swapped for the
+    step for the length of one call (and restored before the step runs, so ``self(x)`` in it is the real forward).
+
+    Built once per run: the swap is two dict writes per step, no object is created per batch.
+    """
+
+    def __init__(self, wrapper: nn.Module, task: TaskModule, step: str) -> None:
+        if isinstance(wrapper, nn.DataParallel) and len(wrapper.device_ids) > 1:
+            raise MisconfigurationError(
+                f"{type(task).__name__}.{step} cannot run under strategy='dp' on {len(wrapper.device_ids)} GPUs: "
+                "DataParallel splits forward(inputs) over copies of the module, and a whole step cannot be split "
+                "that way.", "use strategy='ddp' (one process per GPU), or remove the step to use "
+                "forward + loss.")
+        self.wrapper, self.task, self.step = wrapper, task, own_step(task, step)
+        self.own_forward = task.__dict__.get("forward")  # an instance attribute to put back, if the task had one
+        self.redirect = self.run_step  # one bound method for the run
+
+    def run_step(self, *args: Any) -> Any:
+        self.restore()
+        return self.step(*args)
+
+    def restore(self) -> None:
+        if self.own_forward is None:
+            self.task.__dict__.pop("forward", None)
+        else:
+            self.task.__dict__["forward"] = self.own_forward
+
+    def __call__(self, batch: Any, batch_idx: int) -> Any:
+        self.task.__dict__["forward"] = self.redirect
+        try:
+            return self.wrapper(batch, batch_idx)
+        finally:
+            self.restore()  # also when the wrapper raised before it reached the step
+
+
+def training_step(task: TaskModule, model: nn.Module, manual: bool, unsynced: nn.Module) -> Step:
+    """What the loop calls for one training batch: the task's own ``training_step`` (through ``model``, the
+    wrapped module; with manual optimization through ``unsynced``, the module without DDP's gradient hooks,
+    because the optimizers average the gradients when they step), or the default forward and loss."""
+    if manual and not defines(task, "training_step"):
+        raise TaskModuleError(
+            f"{type(task).__name__} sets automatic_optimization = False but defines no training_step.",
+            "add `def training_step(self, batch, batch_idx):` that calls self.manual_backward(loss) and "
+            "steps self.optimizers() (docs/steps.md).")
+    if defines(task, "training_step"):
+        through = unsynced if manual else model
+        return own_step(task, "training_step") if through is task else ThroughWrapper(through, task, "training_step")
+    split, loss = task.split_batch, task.loss
+
+    def forward_and_loss(batch: Any, batch_idx: int) -> torch.Tensor:  # the default: today's hand-written step
+        inputs, targets = split(batch)
+        return loss(model(inputs), targets)
+    return forward_and_loss
+
+
+def step_loss(out: Any, task: TaskModule, manual: bool) -> torch.Tensor | None:
+    """The loss in what a training step returned: the tensor itself or its mapping's ``"loss"`` (None allowed
+    with manual optimization, which has already done its backward)."""
+    if isinstance(out, torch.Tensor) or not defines(task, "training_step"):
+        return out  # (the default step returns what loss returned: check_loss names it)
+    if isinstance(out, Mapping) and "loss" in out:
+        return out["loss"]
+    if out is None and manual:
+        return None
+    raise TaskModuleError(
+        f"{type(task).__name__}.training_step returned {type(out).__name__}"
+        f"{f' with keys {sorted(map(str, out))}' if isinstance(out, Mapping) else ''}, not a loss.",
+        "return the scalar loss tensor, or a dict with a 'loss' key (other keys reach the callbacks' "
+        "on_train_batch_end as `outputs`).")
+
+
+def batch_outputs(outputs: Any) -> dict[str, Any]:
+    """``on_train_batch_end``'s ``outputs`` as Lightning passes them: ``{"loss": loss}`` for a loss, the step's dict,
+    ``{}`` for a manual step that returned nothing. Built only when a batch-end hook is defined."""
+    if isinstance(outputs, torch.Tensor):
+        return {"loss": outputs}
+    return dict(outputs) if isinstance(outputs, Mapping) else {} if outputs is None else {"loss": outputs}
+
+
+def detached(out: Any) -> Any:
+    """A step's outputs for the batch hooks: tensors detached (a mapping's values too)."""
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    if isinstance(out, Mapping):
+        return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+    return out
+
+
+class ManualOptimizer:
+    """What ``self.optimizers()`` returns with ``automatic_optimization = False``: the optimizer, whose ``step()``
+    averages the gradients over ddp ranks (unless ``self.clip_gradients`` already did), unscales them (16-mixed),
+    calls ``on_before_optimizer_step``, steps through the GradScaler (which skips a step whose gradients
+    overflowed) and counts ``global_step`` as Lightning does: one per optimizer step. Everything else (``zero_grad``, ``param_groups``) is the optimizer's.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
+        self.optimizer, self.trainer = optimizer, trainer
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.synced = True  # no backward since the gradients were last averaged (manual_backward resets it)
+
+    def sync_gradients(self) -> None:
+        """Average this optimizer's gradients over ddp ranks, once after the last backward: before clipping and
+        stepping (a no-op in one process). Accumulating over several backwards costs one all-reduce per step."""
+        if not self.synced:
+            self.trainer.strategy.average_gradients(self.params)
+            self.synced = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["optimizer"], name)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> bool:
+        """Step the optimizer; returns False when the GradScaler skipped the step (inf/NaN gradients)."""
+        if closure is not None:
+            raise MisconfigurationError("ManualOptimizer.step(closure) is not supported.",
+                                        "compute the loss and call self.manual_backward(loss) before opt.step().")
+        trainer = self.trainer
+        self.sync_gradients()
+        trainer.before_optimizer_step(self.optimizer)
+        stepped = trainer.precision.step(self.optimizer)
+        trainer.state.global_step += 1
+        return stepped
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
