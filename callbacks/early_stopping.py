@@ -51,6 +51,8 @@ class EarlyStopping(Callback):
     ``stopping_reason`` (:class:`EarlyStoppingReason`), ``stopping_reason_message``. They are saved in checkpoints.
     """
 
+    monitors_epoch_values = True  # checks what the epoch logged (hooks.hook_table)
+
     order = 990  # a monitoring callback: after the others in each hook (as Lightning), before ModelCheckpoint (1000)
 
     @arguments_checked(docs="docs/callbacks.md")

@@ -191,9 +191,9 @@ def test_a_non_editable_install_runs_from_another_directory(tmp_path):
         top = {name.split("/")[0] for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"taskfit"}
     assert sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info")) == ["bin", "taskfit"]
-    where = subprocess.run([sys.executable, "-c", "import taskfit.cli as c; print(c.__file__, c._config_path())"],
+    where = subprocess.run([sys.executable, "-c", "import taskfit.cli.app as c; print(c.__file__, c._config_path())"],
                            cwd=work, env=env, capture_output=True, text=True, check=True).stdout.split()
-    assert where == [str(site / "taskfit" / "cli.py"), "pkg://taskfit.conf"]
+    assert where == [str(site / "taskfit" / "cli" / "app.py"), "pkg://taskfit.conf"]
     out = taskfit("debug=fast_dev_run", "test=false", "trainer.enable_model_summary=false", cwd=work,
                   command=[str(site / "bin" / "taskfit")], env=env).stdout
     (run,) = run_dirs(work, "debug_digits")

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 if TYPE_CHECKING:
     import torch
 
-    from . import TaskModule, Trainer
+# What every hook receives: the running Trainer and its TaskModule. Named, not imported: this module is a leaf of
+# the package (tests/test_layers.py), below trainer.py and module.py.
+Trainer = TaskModule = Any
 
 HOOKS = ("on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start",
          "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
@@ -42,6 +44,7 @@ class Callback:
     """Base class: override the hooks you need. ``order`` sorts callbacks (lower runs first)."""
 
     order: int = 0
+    monitors_epoch_values: bool = False  # True: on_train_epoch_end after the task's own (it reads what that logs)
 
     def on_fit_start(self, trainer: Trainer, task: TaskModule) -> None:
         """Before the first epoch (after the module is on its device and a checkpoint, if any, is restored)."""

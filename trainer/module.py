@@ -5,19 +5,16 @@ import contextlib
 import functools
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from .checkpoint.run_state import load_module
+from .checkpoint.lookup import load_module
 from .cluster import global_rank
 from .errors import MisconfigurationError, TaskModuleError
 from .init_args import AttributeDict, recorded_init_args, select_hparams
 from .optim import gradient_clipper
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 # torch.compiler.disable, applied at the first call: the decorator imports torch._dynamo (about a second), which
 # `import taskfit` should not pay. torch.optim defers it the same way, with this helper; where a torch lacks it,
@@ -47,7 +44,7 @@ class TaskModule(nn.Module):
         object.__setattr__(self, "_hparams", AttributeDict(recorded_init_args(cls, args, kwargs)))
         return self
 
-    trainer: Trainer | None = None  # the Trainer running this module (set for the length of fit/validate/...)
+    trainer: Any = None  # the taskfit.Trainer running this module (not imported: module.py sits below trainer.py) (set for the length of fit/validate/...)
     automatic_optimization: bool = True  # False: training_step calls manual_backward and steps self.optimizers()
 
     def __init__(self, optimizer: Callable[..., torch.optim.Optimizer] | None = None,
@@ -321,7 +318,7 @@ class TaskModule(nn.Module):
         trainer = self._running_trainer("self.stage_metrics")
         return trainer.metrics.get({"sanity": "val"}.get(trainer.state.stage, trainer.state.stage), {})
 
-    def _running_trainer(self, what: str) -> Trainer:
+    def _running_trainer(self, what: str) -> Any:
         if self.trainer is None:
             raise MisconfigurationError(f"{what} was called outside a Trainer run.",
                                         "call it from training_step (or another method the Trainer calls during fit).")

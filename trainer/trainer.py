@@ -7,6 +7,7 @@ device value is read per step: the loss is converted once per ``log_every_n_step
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -14,33 +15,39 @@ from typing import Any
 
 import torch
 
-from .callbacks import Callback, Logger, ModelCheckpoint, drop_idle_batch_hooks, with_defaults
+from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
 from .checkpoint.files import CheckpointWriter
-from .checkpoint.run_state import load_run_state, run_state, save_checkpoint
 from .compat.lightning.trainer_arguments import lightning_trainer
 from .data.loaders import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
 from .datamodule import DataModule, DataSource
 from .init_args import flatten, plain_hparams
 from .logs.buffer import LogBuffer
+from .loop import lifecycle
 from .loop.cadence import accumulation_group
+from .loop.checkpointing import load_run_state, preempt, run_state, save_checkpoint
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
+from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
 from .loop.precision import normalize_precision
-from .loop.preemption import normalize_signals, preempt, requeue_setting
-from .loop.run import fitted_task, running, setup_fit
+from .loop.preemption import normalize_signals, requeue_setting
+from .loop.run import Run
 from .loop.steps import batch_outputs, defines, detached, step_loss
 from .module import TaskModule
 from .profilers.choice import profiler_for
 from .state import TrainerState
-from .strategies.model_memory import checkpoint_policy, init_module
+from .strategies import model_memory
+from .strategies.model_memory import checkpoint_policy
 from .strategies.registry import select_strategy
+
+
+def _run_part(name: str, doc: str, empty: Any = None) -> property:
+    """A read-only Trainer property: ``name`` of the current (or last) run, ``empty`` before any run."""
+    return property(lambda self: getattr(self.run, name) if self.run is not None else empty, doc=doc)
 
 
 @lightning_trainer  # Trainer(max_epoch=3), Trainer(num_nodes=2): one catalogued error; Lightning's -1/None, model=
 class Trainer:
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
-    init_module = init_module  # with trainer.init_module(empty_init=True): layers on the meta device (model_memory.py)
-
     def __init__(
         self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
         min_steps: int | None = None, accelerator: str = "auto", devices: int | str | Sequence[int] = "auto",
@@ -84,10 +91,16 @@ class Trainer:
             self.limits["train"] = self.limits["val"] = overfit_batches
         self.callbacks, self.profiler = profiler_for(profiler, with_defaults(callbacks, progress=enable_progress_bar,
             summary=enable_model_summary, checkpointing=enable_checkpointing, logger=logger))  # None: adds nothing
-        self.state, self.log_dir, self.task, self.data, self.logs = TrainerState(), None, None, None, None
-        self.model = self.optimizer = self.train_dataloader = self.val_loader = self.predict_dataloader = None
-        self.optimizers, self.manual_optimizers, self.manual = [], [], False  # set by fit
+        self.state = TrainerState()  # the counters of the current or last run (a new one per fit)
+        self.run: Run | None = None  # the current or last run: task, model, optimizers, loaders... (loop/run.py)
+        self._log_dir: str | None = None  # a self-launched fit's run directory and task, as its rank 0 reported them
+        self._spawned_task: TaskModule | None = None
         self.checkpoint_writer = CheckpointWriter()  # writes checkpoint files off the training thread
+
+    def init_module(self, empty_init: bool | None = None) -> Any:
+        """``with trainer.init_module(empty_init=True): task = MyTask()``: layers on the meta device
+        (strategies/model_memory.py; docs/big-models.md)."""
+        return model_memory.init_module(self.strategy, empty_init)
 
     # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
     def fit(self, task: TaskModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -115,19 +128,23 @@ class Trainer:
 
     def _entry(self, fn: str, task: TaskModule | None, loaders: Any, datamodule: Any, ckpt_path: str | None,
                *more: Any) -> Any:
-        task, ckpt_path = fitted_task(self, fn, task, ckpt_path)
+        task, ckpt_path = lifecycle.fitted_task(self, fn, task, ckpt_path)
         data = DataSource(task, fn, datamodule, loaders=loaders)
         check_task(task, fn, data=data)
         return self.strategy.launch(self._run_eval, fn, task, data, ckpt_path, *more)
 
     # ---- fit: epochs and batches ----------------------------------------------------------------------
     def _fit(self, task: TaskModule, data: DataSource, ckpt_path: str | None) -> dict[str, float]:
-        with running(self, task, "fit", data):
-            setup_fit(self, ckpt_path)
+        self._default_max_epochs()
+        self.state = TrainerState()
+        self.callbacks = merge_task_callbacks(self.callbacks, task)  # the task's configure_callbacks()
+        self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state, log_dir=None)
+        with lifecycle.running(run):
+            lifecycle.setup_fit(run, ckpt_path)
             st = self.state
-            self.call_hooks("on_fit_start")
-            on_start, on_end = drop_idle_batch_hooks(self.hooks, self)  # a per-batch call only where it does work
-            if self.num_sanity_val_steps and self.val_loader is not None and not st.resumed:
+            run.call_hooks("on_fit_start")
+            on_start, on_end = drop_idle_batch_hooks(run.hooks, self)  # a per-batch call only where it does work
+            if self.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
             self._epoch_hooks("on_train_start")
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
@@ -139,7 +156,7 @@ class Trainer:
                     if batch_idx >= n:
                         break
                     st.batch_idx = batch_idx
-                    if self.moves_batches:  # on the CPU a batch stays where it is, without even a call
+                    if run.moves_batches:  # on the CPU a batch stays where it is, without even a call
                         batch = self.strategy.batch_to_device(batch)
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
@@ -152,86 +169,90 @@ class Trainer:
                         outputs = batch_outputs(outputs)
                         for fn in on_end:
                             fn(self, task, outputs, batch, batch_idx)
-                    if validating and self.val_schedule.due(st.epoch, batch_idx):
+                    if validating and run.val_schedule.due(st.epoch, batch_idx):
                         self._validate()  # after the batch's hooks, as Lightning
                     if st.global_step != step and (self.after_step() or self._max_steps_reached):
                         completed = st.batches_done >= n
                         break
                     waited = clock()
                 else:
-                    if self.val_schedule.at_exhaustion and st.batches_done and validating:
+                    if run.val_schedule.at_exhaustion and st.batches_done and validating:
                         self._validate()  # a loader without len(): validate when it is exhausted
                 if st.batches_done == 0 and n:
                     raise empty_train_loader(loader)  # a loader without len() that yielded nothing
                 self._end_epoch(completed=completed and (st.batches_done >= n or n == float("inf")))
             st.stage = "idle"
-            self.call_hooks("on_train_end")
-            self.call_hooks("on_fit_end")
+            run.call_hooks("on_train_end")
+            run.call_hooks("on_fit_end")
             self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
             return dict(st.metrics)
 
+    def _default_max_epochs(self) -> None:
+        """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning."""
+        if self.max_epochs is None and self.max_steps is None:
+            self.max_epochs = 1000
+            if self.strategy.rank == 0:
+                warnings.warn("Trainer: max_epochs was not set, so fit stops after 1000 epochs (Lightning's "
+                              "default). HINT: pass Trainer(max_epochs=N) or max_steps=N.", stacklevel=5)
+
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
         """One batch: the step (steps.py), backward, an optimizer step when its group is complete; outputs, detached."""
-        task, optimizer, precision, st = self.task, self.optimizer, self.precision, self.state
-        self.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
+        run, st = self.run, self.state
+        task, optimizer, precision = run.task, run.optimizer, run.precision
+        run.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
         k = self.accumulate_grad_batches
-        group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, self.num_train_batches)
+        group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, run.num_train_batches)
         if k > 1:  # ddp/fsdp reduce the gradients only on the micro-batch that steps (a flag: no context per batch)
-            self.strategy.gradient_sync(self.model, steps)
-        if batch_idx % k == 0 and not self.manual:  # a group's first batch: zero_grad before the forward, where a
-            self.zero_grad(set_to_none=True)  # hand-written loop puts it (manual: the task does); + on_before_zero_grad
-        out = self.training_step(batch, batch_idx)  # under autocast (forward and loss only: setup_fit)
-        loss = out if type(out) is torch.Tensor else step_loss(out, task, self.manual)
+            self.strategy.gradient_sync(run.model, steps)
+        if batch_idx % k == 0 and not run.manual:  # a group's first batch: zero_grad before the forward, where a
+            run.zero_grad(set_to_none=True)  # hand-written loop puts it (manual: the task does); + on_before_zero_grad
+        out = run.training_step(batch, batch_idx)  # under autocast (forward and loss only: lifecycle.setup_fit)
+        loss = out if type(out) is torch.Tensor else step_loss(out, task, run.manual)
         outputs = out.detach() if type(out) is torch.Tensor else detached(out)  # what on_train_batch_end gets
-        if not self.loss_checked and loss is not None:
-            check_loss(loss, task, not self.manual, "training_step" if defines(task, "training_step") else "loss")
-            self.loss_checked = True
+        if not run.loss_checked and loss is not None:
+            check_loss(loss, task, not run.manual, "training_step" if defines(task, "training_step") else "loss")
+            run.loss_checked = True
         if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
-            self.logs.add_loss(outputs if out is loss else loss.detach(), samples)
-        if self.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
+            run.logs.add_loss(outputs if out is loss else loss.detach(), samples)
+        if run.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
             return outputs
         if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
             st.skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
             return outputs
-        self.backward(loss if group == 1 else loss / group)  # precision.backward (+ the backward hooks, if any)
+        run.backward(loss if group == 1 else loss / group)  # precision.backward (+ the backward hooks, if any)
         if not steps:
             return outputs
-        if self.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
-            self.before_optimizer_step(optimizer)
-        if self.clip_gradients is not None:
-            self.clip_gradients()
+        if run.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
+            run.before_optimizer_step(optimizer)
+        if run.clip_gradients is not None:
+            run.clip_gradients()
         stepped = precision.step(optimizer)  # False: the GradScaler skipped a step whose gradients overflowed
         st.global_step += 1
-        if stepped and self.schedulers.per_step:
-            self.schedulers.after_step(st.global_step, st.metrics)
+        if stepped and run.schedulers.per_step:
+            run.schedulers.after_step(st.global_step, st.metrics)
         return outputs
-
-    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Before every optimizer step (also a manual ``opt.step()``): unscaled gradients, then the hooks."""
-        self.precision.unscale(optimizer)
-        for fn in self.hooks["on_before_optimizer_step"]:
-            fn(self, self.task, optimizer)
 
     def after_step(self) -> bool:
         """After a batch that stepped, its hooks and validation: step-interval ReduceLROnPlateau (it may monitor
         a value logged in this step), then whether to leave the epoch (a stop, once min_* are reached, or a signal)."""
-        if self.schedulers.plateau_per_step:
-            self.schedulers.after_step(self.state.global_step, self.logs.monitored(self.state.metrics), plateau=True)
-        return self.preemption.should_break(self.state) and self._can_stop
+        run = self.run
+        if run.schedulers.plateau_per_step:
+            run.schedulers.after_step(self.state.global_step, run.logs.monitored(self.state.metrics), plateau=True)
+        return run.preemption.should_break(self.state) and self._can_stop
 
     def _log_interval(self) -> None:
         """This step's training values as floats (one tolist(): the sync point), ranks agree on stops, hooks."""
-        self._publish(self.logs.interval(self.state))
-        self.preemption.agree(self.state)
-        self.call_hooks("on_log_interval")
+        self.run.publish(self.run.logs.interval(self.state))
+        self.run.preemption.agree(self.state)
+        self.run.call_hooks("on_log_interval")
 
     def _finished(self) -> bool:
         """max_epochs, max_steps or should_stop (ddp: agreed). After a preemption signal: save and exit, here."""
-        st = self.state
-        self.preemption.agree(st)
-        if self.preemption.requested:
-            preempt(self)
+        st, preemption = self.state, self.run.preemption
+        preemption.agree(st)
+        if preemption.requested:
+            preempt(self.run)
         return (st.should_stop and self._can_stop) or self._max_steps_reached or (
             self.max_epochs is not None and st.epoch >= self.max_epochs)
 
@@ -240,7 +261,7 @@ class Trainer:
         """should_stop ends training once min_epochs and min_steps are reached (Lightning's rule: min_steps alone
         implies min_epochs=1); a preemption signal at once."""
         st, min_epochs = self.state, self.min_epochs if self.min_epochs is not None else int(self.min_steps is not None)
-        if self.preemption.requested or min_epochs <= st.epoch and (self.min_steps or 0) <= st.global_step:
+        if self.run.preemption.requested or min_epochs <= st.epoch and (self.min_steps or 0) <= st.global_step:
             return True
         warnings.warn(f"should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are not "
                       "reached: training continues until they are (as Lightning).", UserWarning, stacklevel=2)
@@ -251,78 +272,74 @@ class Trainer:
         return self.max_steps is not None and self.state.global_step >= self.max_steps
 
     def _start_epoch(self) -> tuple[Any, float, bool]:  # the loader set to this epoch, its batches, validating?
-        st = self.state
-        set_epoch(self.train_dataloader, st.epoch, self.data_seed, st.batches_done)
+        st, run = self.state, self.run
+        set_epoch(run.train_dataloader, st.epoch, run.data_seed, st.batches_done)
         st.stage = "train"
         self._epoch_hooks("on_train_epoch_start")
-        self.model.train()  # once per epoch (and after each validation), not per step
-        return self.train_dataloader, self.num_train_batches, self.val_schedule.in_epoch(st.epoch)
+        run.model.train()  # once per epoch (and after each validation), not per step
+        return run.train_dataloader, run.num_train_batches, run.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
-        st = self.state
+        st, run, logs = self.state, self.run, self.run.logs
         st.epoch_done = completed
-        if not self.logs.logged_this_epoch and self.logs.step_logged:  # an epoch shorter than log_every_n_steps
+        if not logs.logged_this_epoch and logs.step_logged:  # an epoch shorter than log_every_n_steps
             self._log_interval()  # logs its last step here: a short run still has its curves
-        self.logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
-        self._publish(self.logs.epoch_values(self.logs.train))  # torchmetrics computed, reset after the hooks
+        logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
+        run.publish(logs.epoch_values(logs.train))  # torchmetrics computed, reset after the hooks
         if completed:
-            self.schedulers.after_epoch(st.epoch, st.metrics)
+            run.schedulers.after_epoch(st.epoch, st.metrics)
         self._epoch_hooks("on_train_epoch_end")  # hook_table publishes what the task logged there, before monitors
-        self.logs.train.reset_metrics()
+        logs.train.reset_metrics()
         if completed:
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
-            self.logs.new_epoch(st.global_step)
+            logs.new_epoch(st.global_step)
 
     def _epoch_hooks(self, hook: str) -> None:
         """An epoch-level hook: self.log there defaults to the epoch's value (on_epoch=True), as in Lightning."""
-        self.logs.train.epoch_level = True
+        self.run.logs.train.epoch_level = True
         try:
-            self.call_hooks(hook)
+            self.run.call_hooks(hook)
         finally:
-            self.logs.train.epoch_level = False
+            self.run.logs.train.epoch_level = False
 
     # ---- validation, test, predict (evaluation.py) --------------------------------------------------------------
     def _sanity_check(self) -> None:
         """A few validation batches before training, to fail fast; nothing is logged. The callbacks'
         on_validation_start/end do not fire for it (Lightning's epoch and batch hooks do: evaluation.sanity_pass)."""
+        run = self.run
         self.state.stage = "sanity"
-        self.call_hooks("on_sanity_check_start")
-        sanity_pass(self, min(self.num_sanity_val_steps, self.num_val_batches))
-        self.call_hooks("on_sanity_check_end")
+        run.call_hooks("on_sanity_check_start")
+        sanity_pass(run, min(self.num_sanity_val_steps, run.num_val_batches))
+        run.call_hooks("on_sanity_check_end")
         self.state.stage = "idle"
 
     def _validate(self) -> None:
+        run = self.run
         self.state.stage = "val"
-        self.call_hooks("on_validation_start")
-        self._publish(evaluation_pass(self, "val", self.val_loader, self.num_val_batches))
-        self.preemption.agree(self.state)
-        self.call_hooks("on_validation_end")
+        run.call_hooks("on_validation_start")
+        run.publish(evaluation_pass(run, "val", run.val_loader, run.num_val_batches))
+        run.preemption.agree(self.state)
+        run.call_hooks("on_validation_end")
         self.state.stage = "train"
-        self.model.train()
+        run.model.train()
 
     def _run_eval(self, fn: str, task: TaskModule, data: DataSource, ckpt_path: str | None,
                   keep: bool = True) -> list[Any] | None:
         """One pass of ``validate``/``test`` (returns ``[metrics]``) or ``predict`` (returns the predictions)."""
-        with running(self, task, fn, data, ckpt_path):
-            return run_entry(self, fn, keep)
+        self.callbacks = merge_task_callbacks(self.callbacks, task)
+        self.run = run = lifecycle.new_run(self, task, fn, data, self.callbacks, self.state, log_dir=self.log_dir)
+        with lifecycle.running(run, weights=ckpt_path):
+            return run_entry(run, fn, keep)
 
     # ---- hooks and published values -------------------------------------------------------------------------
     def call_hooks(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every callback (and task, data module) that defines it, in Lightning's order."""
-        for fn in self.hooks[hook]:
-            fn(self, self.task, *args)
-
-    def _publish(self, metrics: dict[str, float]) -> None:  # floats into state.metrics and every on_log
-        if metrics:
-            self.state.metrics.update(self.logs.callback_view(metrics))
-            logged = self.logs.logger_view(metrics)  # without self.log(..., logger=False) values
-            if logged:
-                self.call_hooks("on_log", logged)
+        """Call ``hook`` on every callback (and task, data module) of the current run that defines it."""
+        self.run.call_hooks(hook, *args)
 
     # ---- what callbacks read and call -------------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Publish values from a callback at the current global step: into ``state.metrics`` and every ``on_log``."""
-        self._publish(LogBuffer.to_floats(metrics))
+        self.run.publish(LogBuffer.to_floats(metrics))
 
     @property
     def is_main(self) -> bool:
@@ -355,6 +372,52 @@ class Trainer:
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+    # ---- the current (or last) run's parts, read-only: loop/run.py declares each ----------------------------------
+    @property
+    def task(self) -> TaskModule | None:
+        """The TaskModule of the current or last run (after a self-launched ddp fit: the fitted one, in the parent)."""
+        return self.run.task if self.run is not None else self._spawned_task
+
+    @property
+    def log_dir(self) -> str | None:
+        """The run directory of the current or last run: logs and checkpoints go there."""
+        return self.run.log_dir if self.run is not None else self._log_dir
+
+    data = _run_part("data", "Where the run's loaders come from (loop/run.py's DataSource).")
+    model = _run_part("model", "The module the loop calls: the task wrapped by the strategy (and torch.compile).")
+    optimizer = _run_part("optimizer", "The first optimizer of the fit.")
+    optimizers = _run_part("optimizers", "Every optimizer of the fit.", empty=[])
+    manual = _run_part("manual", "The task steps its own optimizers (automatic_optimization = False).", empty=False)
+    manual_optimizers = _run_part("manual_optimizers", "What self.optimizers() returns under manual optimization.",
+                                  empty=[])
+    schedulers = _run_part("schedulers", "The fit's learning-rate schedulers (optim.py's Schedulers).")
+    precision = _run_part("precision", "The run's autocast and GradScaler (loop/precision.py).")
+    logs = _run_part("logs", "The run's logging buffer (logs/buffer.py).")
+    hooks = _run_part("hooks", "Hook name -> what the run calls for it, in Lightning's order (loop/hooks.py).")
+    metrics = _run_part("metrics", "configure_metrics()' torchmetrics by stage.")
+    preemption = _run_part("preemption", "The run's preemption signals (loop/preemption.py).")
+    data_seed = _run_part("data_seed", "The seed of the run's data order.")
+    train_dataloader = _run_part("train_dataloader", "The fit's training loader.")
+    val_loader = _run_part("val_loader", "The fit's validation loader, or None.")
+    predict_dataloader = _run_part("predict_dataloader", "The loader of the current or last predict.")
+    num_train_batches = _run_part("num_train_batches", "Training batches per epoch.", empty=0)
+    num_val_batches = _run_part("num_val_batches", "Validation batches per pass.", empty=0)
+    val_schedule = _run_part("val_schedule", "When the fit validates (loop/cadence.py).")
+
+    # ---- a self-launched ddp fit (strategies/spawn.py): what the parent process sees of rank 0's run -----------
+    def worker_snapshot(self) -> dict[str, Any]:
+        """Rank 0's counters, run directory and callback states, to send to the parent process."""
+        return {"state": dataclasses.asdict(self.state), "log_dir": self.log_dir,
+                "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks}}
+
+    def load_worker_snapshot(self, snapshot: Mapping[str, Any], task: TaskModule | None) -> None:
+        """In the parent process: continue from :meth:`worker_snapshot` of rank 0, with the fitted ``task``."""
+        self.state = TrainerState(**snapshot["state"])
+        self.run, self._log_dir, self._spawned_task = None, snapshot["log_dir"], task
+        for cb in self.callbacks:
+            if cb.state_key in snapshot["callbacks"]:
+                cb.load_state_dict(snapshot["callbacks"][cb.state_key])
 
     # Lightning's names for what taskfit keeps in trainer.state and the logging buffer (docs/migrating-lightning.md)
     current_epoch = property(lambda self: self.state.epoch, doc="``state.epoch`` (Lightning's name).")
@@ -389,12 +452,12 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this fit exactly, each part asked for its own state (checkpoint.py's
         ``run_state``; docs/checkpointing.md). During fit only; every rank calls it (RNG states are gathered)."""
-        return run_state(self)
+        return run_state(self.run)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
-        load_run_state(self, state)
+        load_run_state(self.run, state)
 
     def save_checkpoint(self, path: str, *, background: bool = False) -> None:
         """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously with ``background``."""
-        save_checkpoint(self, path, background)
+        save_checkpoint(self.run, path, background)

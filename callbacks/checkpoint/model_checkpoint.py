@@ -21,6 +21,7 @@ from ...checkpoint.files import atomic_copy, remove_files, write_probe
 from ...checkpoint.sharded import checkpoint_exists
 from ...console import echo
 from ...errors import CheckpointError, MisconfigurationError
+from ...loop.checkpointing import save_checkpoint
 from .policy import Ranking, check_arguments, format_filename, seconds, versioned
 
 __all__ = ["ModelCheckpoint", "format_filename"]
@@ -66,6 +67,7 @@ class ModelCheckpoint(Callback):
     ``last_model_path``. Every rank runs this callback (a save gathers RNG states); only rank 0 touches files.
     """
 
+    monitors_epoch_values = True  # ranks by what the epoch logged (hooks.hook_table)
     order = 1000  # last of the defaults: a checkpoint must hold every other callback's state after this hook
 
     @arguments_checked(docs="docs/checkpointing.md")
@@ -282,10 +284,7 @@ class ModelCheckpoint(Callback):
 
     def _write(self, trainer: Any, path: str, background: bool) -> None:
         if self.save_weights_only:
-            from ...checkpoint.run_state import (
-                save_checkpoint,  # imported here: taskfit.checkpoint imports the callbacks
-            )
-            save_checkpoint(trainer, path, background, weights_only=True)
+            save_checkpoint(trainer.run, path, background, weights_only=True)
         else:
             trainer.save_checkpoint(path, background=background)
 

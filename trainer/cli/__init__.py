@@ -2,6 +2,6 @@
 (``schemas.py``, ``config.py``), its errors (``config_errors.py``), modes and sweeps. docs/configuration.md."""
 from __future__ import annotations
 
-from .app import SweepSummary, main
+from .app import SweepSummary, build_callbacks, build_trainer, compose_config, main
 
-__all__ = ["main", "SweepSummary"]
+__all__ = ["main", "SweepSummary", "build_callbacks", "build_trainer", "compose_config"]

@@ -29,7 +29,7 @@ from .. import callbacks as cbs
 from .. import console
 from ..callbacks import TensorBoardLogger
 from ..checkpoint.dirs import checkpoint_exists
-from ..checkpoint.run_state import last_checkpoint
+from ..checkpoint.lookup import last_checkpoint
 from ..cluster import global_rank
 from ..errors import CheckpointError, MisconfigurationError, TaskfitError
 from ..seed import seed_everything

@@ -228,7 +228,7 @@ class Logger(Callback):
                               f"{trainer.log_dir}.", RuntimeWarning, stacklevel=2)
             return
         if recorded.get("trainer_log_dir"):  # every logger recorded the same one
-            trainer.log_dir = recorded["trainer_log_dir"]
+            trainer.run.set_log_dir(recorded["trainer_log_dir"])
         self._recorded, self.resuming = dict(recorded), True
 
     # ---- runs ---------------------------------------------------------------------------------------------------
@@ -257,13 +257,13 @@ def _first_directory_logger(trainer: Any) -> Logger | None:
     return next((lg for lg in trainer.loggers if lg.has_directory), None)
 
 
-def run_directory(trainer: Any) -> str:
-    """``trainer.log_dir`` of a new run (rank 0): where the first logger with a directory puts its run
-    (``Logger.directory``), else ``<default_root_dir>/version_<N>`` (default root ``./taskfit_logs``)."""
-    first = _first_directory_logger(trainer)
+def run_directory(callbacks: Any, default_root_dir: str | None) -> str:
+    """``trainer.log_dir`` of a new run (rank 0): where the first logger among ``callbacks`` with a directory puts
+    its run (``Logger.directory``), else ``<default_root_dir>/version_<N>`` (default root ``./taskfit_logs``)."""
+    first = next((cb for cb in callbacks if isinstance(cb, Logger) and cb.has_directory), None)
     if first is not None:
-        return first.directory(trainer.default_root_dir)
-    return next_version_dir(trainer.default_root_dir)
+        return first.directory(default_root_dir)
+    return next_version_dir(default_root_dir)
 
 
 def next_version_dir(root: str | None) -> str:

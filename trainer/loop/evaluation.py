@@ -20,7 +20,7 @@ from .precision import warn_once
 from .steps import Step, ThroughWrapper, defines, own_step
 
 if TYPE_CHECKING:
-    from ..trainer import Trainer
+    from .run import Run
 
 STAGES = {"validate": "val", "test": "test", "predict": "predict"}
 HOOK = {"val": "validation", "test": "test", "predict": "predict"}  # Lightning's hook names by stage
@@ -45,55 +45,56 @@ def eval_step(task: TaskModule, module: torch.nn.Module, stage: str, metrics: di
     return forward_loss_metrics
 
 
-def run_entry(trainer: Trainer, fn: str, keep: bool = True) -> list[Any] | None:
+def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
     """``validate``/``test`` (returns ``[metrics]``) or ``predict`` (the predictions) inside the run: the loader,
     ``on_<stage>_start``, the pass, ``on_<stage>_end``."""
     stage = STAGES[fn]
-    loader = eval_loader(trainer.data, fn, trainer.data_seed, trainer.strategy)
-    limit, trainer.state.stage = limit_batches(length(loader), trainer.limits[stage]), stage
-    trainer.predict_dataloader = loader if fn == "predict" else None
-    trainer.call_hooks(f"on_{HOOK[stage]}_start")
+    loader = eval_loader(run.data, fn, run.data_seed, run.strategy)
+    limit = limit_batches(length(loader), run.trainer.limits[stage])
+    run.state.stage = stage
+    run.predict_dataloader = loader if fn == "predict" else None
+    run.call_hooks(f"on_{HOOK[stage]}_start")
     if fn == "predict":
-        result = predict_pass(trainer, loader, limit, keep)
+        result = predict_pass(run, loader, limit, keep)
     else:
-        values = evaluation_pass(trainer, stage, loader, limit)
-        trainer.log_metrics(values)
-        result = [{k: v for k, v in values.items() if k not in trainer.logs.eval_step_names}]  # as Lightning
-    trainer.call_hooks(f"on_{HOOK[stage]}_end")
-    trainer.state.stage = "idle"
+        values = evaluation_pass(run, stage, loader, limit)
+        run.publish(run.logs.to_floats(values))
+        result = [{k: v for k, v in values.items() if k not in run.logs.eval_step_names}]  # as Lightning
+    run.call_hooks(f"on_{HOOK[stage]}_end")
+    run.state.stage = "idle"
     return result
 
 
-def sanity_pass(trainer: Trainer, limit: float) -> None:
+def sanity_pass(run: Run, limit: float) -> None:
     """The sanity check's validation batches, with the hooks Lightning calls there (``trainer.sanity_checking``),
     except the callbacks' ``on_validation_start``/``on_validation_end``: those mean a real validation in taskfit
     (ModelCheckpoint, EarlyStopping and the loggers react to them). Nothing is published."""
-    task_only = {name: [fn for fn in trainer.hooks[name] if is_task_hook(fn)]
+    task_only = {name: [fn for fn in run.hooks[name] if is_task_hook(fn)]
                  for name in ("on_validation_start", "on_validation_end")}
     for fn in task_only["on_validation_start"]:
-        fn(trainer, trainer.task)
-    evaluation_pass(trainer, "val", trainer.val_loader, limit, sanity=True)
+        fn(run.trainer, run.task)
+    evaluation_pass(run, "val", run.val_loader, limit, sanity=True)
     for fn in task_only["on_validation_end"]:
-        fn(trainer, trainer.task)
+        fn(run.trainer, run.task)
 
 
-def evaluation_pass(trainer: Trainer, stage: str, loader: Any, limit: float, sanity: bool = False) -> dict[str, float]:
+def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: bool = False) -> dict[str, float]:
     """One validation/test pass with Lightning's hooks: ``on_<stage>_epoch_start``, per batch
     ``on_<stage>_batch_start/end``, the pass's values computed into ``state.metrics`` (callback_metrics; not in the
     sanity check), ``on_<stage>_epoch_end`` (its torchmetrics not yet reset; what it logs joins the values), then
     the metrics reset. Returns the values, as floats."""
-    name, logs, table = HOOK[stage], trainer.logs, trainer.hooks
-    trainer.call_hooks(f"on_{name}_epoch_start")
+    name, logs, table = HOOK[stage], run.logs, run.hooks
+    run.call_hooks(f"on_{name}_epoch_start")
     book = logs.enter(stage)
-    metrics, module = trainer.metrics.get(stage, {}), trainer.strategy.eval_module(trainer.model)
-    values = evaluate(trainer.task, module, loader, limit, prefix=stage,
-                      strategy=trainer.strategy, precision=trainer.precision, logs=logs, metrics=metrics,
-                      data_seed=trainer.data_seed, trainer=trainer, on_start=table[f"on_{name}_batch_start"],
+    metrics, module = run.metrics.get(stage, {}), run.strategy.eval_module(run.model)
+    values = evaluate(run.task, module, loader, limit, prefix=stage,
+                      strategy=run.strategy, precision=run.precision, logs=logs, metrics=metrics,
+                      data_seed=run.data_seed, trainer=run.trainer, on_start=table[f"on_{name}_batch_start"],
                       on_end=table[f"on_{name}_batch_end"])
     if not sanity:
-        trainer.state.metrics.update(logs.callback_view(values))
+        run.state.metrics.update(logs.callback_view(values))
     book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
-    trainer.call_hooks(f"on_{name}_epoch_end")
+    run.call_hooks(f"on_{name}_epoch_end")
     values.update(logs.late_values(book))
     book.reset_metrics()
     for metric in metrics.values():
@@ -156,15 +157,15 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     return logs.to_floats(values)
 
 
-def predict_pass(trainer: Trainer, loader: Any, limit: float, keep: bool = True) -> list[Any] | None:
+def predict_pass(run: Run, loader: Any, limit: float, keep: bool = True) -> list[Any] | None:
     """``on_predict_epoch_start``, :func:`predict` with the batch hooks, ``on_predict_epoch_end``."""
-    trainer.call_hooks("on_predict_epoch_start")
-    hooks, task = trainer.hooks, trainer.task
-    result = predict(task, trainer.strategy.eval_module(trainer.model), loader, limit, strategy=trainer.strategy,
-                     precision=trainer.precision, keep=keep,
-                     on_batch_start=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_start"]],
-                     on_batch_end=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_end"]])
-    trainer.call_hooks("on_predict_epoch_end")
+    run.call_hooks("on_predict_epoch_start")
+    hooks, task = run.hooks, run.task
+    result = predict(task, run.strategy.eval_module(run.model), loader, limit, strategy=run.strategy,
+                     precision=run.precision, keep=keep,
+                     on_batch_start=[lambda *a, fn=fn: fn(run.trainer, task, *a) for fn in hooks["on_predict_batch_start"]],
+                     on_batch_end=[lambda *a, fn=fn: fn(run.trainer, task, *a) for fn in hooks["on_predict_batch_end"]])
+    run.call_hooks("on_predict_epoch_end")
     return result
 
 

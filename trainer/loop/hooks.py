@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from torch import nn
 
 from ..callback import HOOKS as CORE_HOOKS
 from ..callback import Callback
 from ..logs.logger import Logger
-
-if TYPE_CHECKING:
-    from ..trainer import Trainer
 
 Hook = Callable[..., Any]
 
@@ -130,11 +127,11 @@ def is_task_hook(fn: Hook) -> bool:
     return getattr(fn, "task_hook", False)
 
 
-def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None, publish: Hook | None = None,
-               monitors: tuple[type, ...] = ()) -> dict[str, list[Hook]]:
+def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None,
+               publish: Hook | None = None) -> dict[str, list[Hook]]:
     """For each hook, what the Trainer calls, in Lightning's order: callbacks (sorted by ``order``) that define
-    it, and the task's/data module's own. ``monitors`` are the monitoring callbacks' classes (ModelCheckpoint,
-    EarlyStopping): the task's ``on_train_epoch_end`` runs before them, and ``publish(trainer, task)`` right after it
+    it, and the task's/data module's own. Monitoring callbacks (``Callback.monitors_epoch_values``: ModelCheckpoint,
+    EarlyStopping) come last among equals in ``on_train_epoch_end``; the task's runs before them, and ``publish(trainer, task)`` right after it
     and last (it publishes what was logged there)."""
     callbacks = list(callbacks)
     table: dict[str, list[Hook]] = {}
@@ -144,8 +141,8 @@ def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None,
         data = [_adapter(getattr(datamodule, name))] if (
             datamodule is not None and name in DATAMODULE_HOOKS and defines(datamodule, name)) else []
         if name == "on_train_epoch_end":  # in `order`, monitors last among equals; the task's just before them
-            owners.sort(key=lambda cb: (cb.order, isinstance(cb, monitors)))
-            first = next((i for i, cb in enumerate(owners) if isinstance(cb, monitors)), len(owners))
+            owners.sort(key=lambda cb: (cb.order, cb.monitors_epoch_values))
+            first = next((i for i, cb in enumerate(owners) if cb.monitors_epoch_values), len(owners))
             late = [publish] if publish is not None else []
             own = [getattr(cb, name) for cb in owners]
             table[name] = own[:first] + mine + late + own[first:] + late
@@ -160,7 +157,7 @@ def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None,
     return table
 
 
-def drop_idle_batch_hooks(hooks: dict[str, list[Hook]], trainer: Trainer) -> tuple[list[Hook], list[Hook]]:
+def drop_idle_batch_hooks(hooks: dict[str, list[Hook]], trainer: Any) -> tuple[list[Hook], list[Hook]]:
     """Remove from ``hooks`` the training batch hooks of callbacks whose ``needs_batch_hooks`` says False for this
     fit; return the ``on_train_batch_start`` and ``on_train_batch_end`` lists that remain."""
     for name in ("on_train_batch_start", "on_train_batch_end"):
@@ -193,7 +190,7 @@ def warn_uncalled(callbacks: Iterable[Callback], task: Any, datamodule: Any = No
                   "hooks taskfit calls and when.", UserWarning, stacklevel=4)
 
 
-def publish_late(trainer: Trainer, task: Any) -> None:
+def publish_late(trainer: Any, task: Any) -> None:
     """In ``on_train_epoch_end``'s list (hook_table): publish the epoch values logged in the hooks before it."""
     values = trainer.logs.late_values(trainer.logs.train)
     if values:

@@ -13,7 +13,6 @@ nothing of this.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -24,16 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..checkpoint.files import LAST
-from ..checkpoint.run_state import save_checkpoint
-from ..cluster import note_signal, requeue_job, slurm_job_id
+from ..cluster import note_signal, slurm_job_id
 from ..console import echo
 from ..errors import MisconfigurationError
 
 if TYPE_CHECKING:
     from ..state import TrainerState
     from ..strategies.base import Strategy
-    from ..trainer import Trainer
 
 
 def normalize_signals(names: Any) -> tuple[str, ...]:
@@ -171,26 +167,3 @@ class Preemption:
         stop, signalled, period = self.strategy.all_reduce(flags, op="max").tolist()
         self._absorb(state, stop, signalled)
         self.period, self._steps = int(-period), 0  # every rank, at the same step
-
-
-def preempt(trainer: Trainer) -> None:
-    """A preemption signal was seen at a step boundary: save to the ``last`` checkpoint, report it, exit."""
-    signum = trainer.preemption.signum
-    cb = trainer.checkpoint_callback
-    if cb is not None:
-        path = cb.prepare_last(trainer)  # its bookkeeping names the file it is about to be saved in
-    else:
-        path = os.path.join(trainer.log_dir, "checkpoints", LAST)
-    save_checkpoint(trainer, path)
-    code = trainer.preempt_exit_code if trainer.preempt_exit_code is not None else 128 + signum
-    job = slurm_job_id() if trainer.requeue and signum == signal.SIGUSR1 and trainer.is_main else None
-    requeued = f" Then {requeue_job(job)}." if job is not None else ""  # rank 0, once the checkpoint is in place
-    if trainer.is_main:
-        st, name = trainer.state, signal.Signals(signum).name
-        # A run of the `taskfit` command carries its config: say how to resume it there.
-        how = "the same `taskfit` command with ckpt_path=last" if trainer.config is not None else \
-            'trainer.fit(task, ckpt_path="last")'
-        echo(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
-             f"step {st.global_step} to {path}.{requeued} Exiting with status {code}. Resume with {how} (or "
-             f"ckpt_path=\"{path}\").", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
-    raise SystemExit(code)

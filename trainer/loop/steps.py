@@ -20,7 +20,7 @@ from ..errors import MisconfigurationError, TaskModuleError
 
 if TYPE_CHECKING:
     from ..module import TaskModule
-    from ..trainer import Trainer
+    from .run import Run
 
 STEPS = ("training_step", "validation_step", "test_step", "predict_step")
 Step = Callable[[Any, int], Any]
@@ -141,8 +141,8 @@ class ManualOptimizer:
     overflowed) and counts ``global_step`` as Lightning does: one per optimizer step. Everything else (``zero_grad``, ``param_groups``) is the optimizer's.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Trainer) -> None:
-        self.optimizer, self.trainer = optimizer, trainer
+    def __init__(self, optimizer: torch.optim.Optimizer, run: Run) -> None:
+        self.optimizer, self.run = optimizer, run
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.synced = True  # no backward since the gradients were last averaged (manual_backward resets it)
 
@@ -150,7 +150,7 @@ class ManualOptimizer:
         """Average this optimizer's gradients over ddp ranks, once after the last backward: before clipping and
         stepping (a no-op in one process). Accumulating over several backwards costs one all-reduce per step."""
         if not self.synced:
-            self.trainer.strategy.average_gradients(self.params)
+            self.run.strategy.average_gradients(self.params)
             self.synced = True
 
     def __getattr__(self, name: str) -> Any:
@@ -161,11 +161,11 @@ class ManualOptimizer:
         if closure is not None:
             raise MisconfigurationError("ManualOptimizer.step(closure) is not supported.",
                                         "compute the loss and call self.manual_backward(loss) before opt.step().")
-        trainer = self.trainer
+        run = self.run
         self.sync_gradients()
-        trainer.before_optimizer_step(self.optimizer)
-        stepped = trainer.precision.step(self.optimizer)
-        trainer.state.global_step += 1
+        run.before_optimizer_step(self.optimizer)
+        stepped = run.precision.step(self.optimizer)
+        run.state.global_step += 1
         return stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -21,15 +21,12 @@ import contextlib
 import importlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import MisconfigurationError, TaskModuleError
-
-if TYPE_CHECKING:
-    from ..trainer import Trainer
 
 Policy = Callable[[nn.Module], bool] | frozenset | None
 # On each module built inside init_module(empty_init=True): the CPU random state when that block began (an
@@ -116,13 +113,13 @@ def _describe(policy: Policy) -> str:
 
 # ---- meta-device initialisation ----------------------------------------------------------------------------
 @contextlib.contextmanager
-def init_module(trainer: Trainer, empty_init: bool | None = None) -> Iterator[None]:
+def init_module(strategy: Any, empty_init: bool | None = None) -> Iterator[None]:
     """``with trainer.init_module(empty_init=True): task = MyTask()``: the layers' parameters and buffers are made
     on the meta device (no memory, no initialisation) and materialised when the run sets the task up (fsdp: one
     unit at a time, each rank keeping its shard). ``empty_init=None`` decides as Lightning does: empty under fsdp,
     else a plain construction (the strategy moves the task to its device)."""
     if empty_init is None:
-        empty_init = bool(trainer.strategy.sharded_checkpoints)
+        empty_init = bool(strategy.sharded_checkpoints)
     if not empty_init:
         yield
         return
@@ -211,12 +208,12 @@ def _own_tensors(module: nn.Module, recurse: bool, named: bool = False) -> Itera
 
 
 # ---- before the strategy wraps the task ----------------------------------------------------------------------
-def prepare_module(task: nn.Module, trainer: Trainer) -> nn.Module:
+def prepare_module(task: nn.Module, strategy: Any, policy: Any, channels_last: bool) -> nn.Module:
     """The task as the strategy receives it: meta layers materialised (fsdp does that itself, unit by unit: its
     ``setup_module``), chosen layers checkpointed, ``channels_last`` applied. Returns ``task``."""
-    if not trainer.strategy.sharded_checkpoints and has_meta(task):
+    if not strategy.sharded_checkpoints and has_meta(task):
         materialize(task)
-    checkpoint_activations(task, trainer.activation_checkpointing)
-    if trainer.channels_last:
+    checkpoint_activations(task, policy)
+    if channels_last:
         task.to(memory_format=torch.channels_last)
     return task

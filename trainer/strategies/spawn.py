@@ -9,7 +9,6 @@ launcher holds, and a thread that reads it sees end-of-file the instant the laun
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import io
 import multiprocessing
@@ -185,15 +184,13 @@ def _final_weights(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[An
 
 
 def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...], weights: dict[str, Any] | None) -> dict[str, Any]:
-    """What the parent should see of rank 0's run: the Trainer's state and, after fit, the task's weights."""
+    """What the parent should see of rank 0's run: the Trainer's (``worker_snapshot``) and, after fit, the weights."""
     trainer = getattr(fn, "__self__", None)
     snapshot: dict[str, Any] = {}
     if weights is not None:
         snapshot["weights"] = weights
-    if trainer is not None and hasattr(trainer, "state") and hasattr(trainer, "callbacks"):
-        snapshot["state"] = dataclasses.asdict(trainer.state)  # every field, fn and resumed included
-        snapshot["log_dir"] = trainer.log_dir
-        snapshot["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
+    if hasattr(trainer, "worker_snapshot"):
+        snapshot["trainer"] = trainer.worker_snapshot()
     return snapshot
 
 
@@ -202,13 +199,8 @@ def _restore(fn: Callable[..., Any], args: tuple[Any, ...], snapshot: dict[str, 
     task = next((a for a in args if isinstance(a, nn.Module)), None)
     if task is not None and "weights" in snapshot:  # (a task built on the meta device takes the tensors as they are)
         task.load_state_dict(snapshot["weights"], assign=has_meta(task))
-    if trainer is not None and "state" in snapshot:
-        trainer.state = type(trainer.state)(**snapshot["state"])
-        trainer.log_dir = snapshot["log_dir"]
-        trainer.task = task
-        for cb in trainer.callbacks:
-            if cb.state_key in snapshot["callbacks"]:
-                cb.load_state_dict(snapshot["callbacks"][cb.state_key])
+    if "trainer" in snapshot:
+        trainer.load_worker_snapshot(snapshot["trainer"], task)
 
 
 def _write_error(out: str, rank: int, exc: BaseException) -> None:

@@ -24,9 +24,9 @@ import torch
 
 from ..callbacks import Callback
 from ..checkpoint.rng import rng_state, set_rng_state
-from ..checkpoint.run_state import next_version_dir
 from ..console import echo
 from ..errors import MisconfigurationError, NonFiniteLossError
+from ..logs.logger import next_version_dir
 
 _SEED_ENV = "TASKFIT_SEED"
 

@@ -1,0 +1,157 @@
+"""Building a run and tearing it down: :func:`running` (seed, hooks, the run directory, data preparation and
+``setup``, device and wrapper, precision, logging buffer; ``teardown`` and ``on_exception``), :func:`setup_fit` (what fit
+adds: optimizers, loaders, cadence, the step's callables, a checkpoint to resume) and :func:`fitted_task`."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import torch
+
+from ..callback import Callback
+from ..data.loaders import fit_loaders
+from ..datamodule import DataSource
+from ..errors import MisconfigurationError
+from ..logs.buffer import LogBuffer
+from ..logs.logger import run_directory
+from ..logs.metrics import build_metrics
+from ..module import TaskModule, rank_zero_only
+from ..optim import Schedulers, gradient_clipper, parse_optimizers
+from ..seed import deterministic_algorithms, run_seed, seed_everything
+from ..state import TrainerState
+from ..strategies.model_memory import prepare_module
+from .cadence import ValidationSchedule
+from .checkpointing import load_weights, open_checkpoint, restore
+from .hooks import Hook, hook_table, publish_late, warn_uncalled
+from .precision import Precision
+from .preemption import Preemption
+from .run import Run
+from .steps import ManualOptimizer, training_step
+
+
+def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
+            state: TrainerState, log_dir: str | None) -> Run:
+    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any hook fires."""
+    hooks = hook_table(callbacks, task, data.datamodule, publish=publish_late)
+    warn_uncalled(callbacks, task, data.datamodule)
+    return Run(trainer, fn, task, data, trainer.strategy, callbacks, state, trainer.checkpoint_writer, hooks, log_dir)
+
+
+@contextlib.contextmanager
+def running(run: Run, weights: str | None = None) -> Iterator[Run]:
+    """Inside a launched process: seed, attach the task (``prepare_data``, ``setup(stage)``, device, wrapper,
+    precision, logging buffer), load the ``weights`` checkpoint (validate/test/predict); ``teardown(stage)`` after a
+    normal end; on the way out restore what changed (``on_exception`` after an error). Yields the run."""
+    trainer, strategy, task, datamodule = run.trainer, run.strategy, run.task, run.data.datamodule
+    strategy.setup_environment()
+    if trainer.seed is not None:
+        seed_everything(trainer.seed)
+    with deterministic_algorithms(trainer.deterministic):  # the process's setting comes back after
+        try:
+            yield _attach(run, trainer, weights)
+            run.call_hooks("teardown", run.fn)
+        except BaseException as exc:
+            run.checkpoint_writer.close_quietly()  # finish the background files before reporting
+            run.call_hooks("on_exception", exc)
+            raise
+        finally:
+            if run.preemption is not None:
+                run.preemption.uninstall()
+            if run.fn == "fit" and trainer.accumulate_grad_batches > 1 and run.model is not None:
+                strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
+            task.trainer = None
+            if datamodule is not None:
+                datamodule.trainer = None
+
+
+def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
+    """The run's parts, in Lightning's order: the run directory, precision and logging buffer, the task attached,
+    ``prepare_data``, ``setup``, ``configure_model``, the wrapped module, metrics, data seed, preemption."""
+    strategy, task, datamodule = run.strategy, run.task, run.data.datamodule
+    run.state.fn = run.fn
+    if run.log_dir is None:  # chosen on rank 0
+        run.log_dir = strategy.broadcast(strategy.is_main and run_directory(run.callbacks, trainer.default_root_dir))
+    run.moves_batches = strategy.moves_batches
+    run.precision = Precision(trainer.precision_name, strategy.device)
+    run.logs = LogBuffer(strategy, trainer.nonfinite_loss, run.precision, trainer.accumulate_grad_batches)
+    task.trainer = trainer
+    if datamodule is not None:
+        datamodule.trainer = trainer
+    rank_zero_only.rank = strategy.rank
+    if run.hooks["prepare_data"]:  # downloads: once per machine, the other ranks wait
+        if strategy.local_rank == 0:
+            run.call_hooks("prepare_data")
+        strategy.barrier()
+    run.call_hooks("setup", run.fn)  # the module is still where the user built it (Lightning's order)
+    run.call_hooks("configure_model")
+    wrapped = strategy.setup_module(prepare_module(task, strategy, trainer.activation_checkpointing,
+                                                   trainer.channels_last))  # meta layers, checkpointing...
+    run.model = torch.compile(wrapped) if trainer.compile else wrapped
+    run.metrics = build_metrics(task, strategy.device)
+    run.data_seed = int(strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank
+    run.preemption = Preemption(trainer.preempt_signals, strategy, install=run.fn == "fit")
+    if weights is not None:
+        load_weights(run, weights)
+    return run
+
+
+def setup_fit(run: Run, ckpt_path: str | None) -> None:
+    """Optimizers, schedulers, the step, the loaders and their schedule, the per-fit choices of the step (hooks around
+    zero_grad and backward only where defined), then the checkpoint to resume from."""
+    trainer, task, strategy, hooks = run.trainer, run.task, run.strategy, run.hooks
+    run.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
+    run.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not run.manual)
+    run.optimizer, run.schedulers = run.optimizers[0], Schedulers(configs, automatic=not run.manual)
+    run.manual_optimizers = [ManualOptimizer(o, run) for o in run.optimizers] if run.manual else []
+    run.clip_gradients = gradient_clipper(run.optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+    run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
+        training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
+    checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
+    run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
+        run.data, trainer.limits, bool(trainer.overfit_batches), run.data_seed, strategy, trainer.preempt_signals)
+    run.val_schedule = ValidationSchedule(trainer.val_check_interval, trainer.check_val_every_n_epoch,
+                                          run.num_train_batches, run.val_loader is not None)
+    run.before_step_work = run.precision.scaler is not None or bool(hooks["on_before_optimizer_step"])
+    run.zero_grad = with_hooks(run, run.optimizer.zero_grad, hooks["on_before_zero_grad"], [], run.optimizer)
+    run.backward = with_hooks(run, run.precision.backward, hooks["on_before_backward"], hooks["on_after_backward"])
+    if checkpoint is not None:
+        restore(run, *checkpoint)
+        run.state.resumed = True
+
+
+def with_hooks(run: Run, call: Callable[..., Any], before: list[Hook], after: list[Hook],
+               argument: Any = None) -> Callable[..., Any]:
+    """``call`` itself when no hook is defined, else ``call`` between ``before(argument or call's first
+    argument)`` and ``after()`` hooks (on_before_zero_grad(optimizer); on_before_backward(loss), on_after_backward)."""
+    if not before and not after:
+        return call
+
+    @functools.wraps(call)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        for fn in before:
+            fn(run.trainer, run.task, argument if argument is not None else args[0])
+        result = call(*args, **kwargs)
+        for fn in after:
+            fn(run.trainer, run.task)
+        return result
+    return hooked
+
+
+def fitted_task(trainer: Any, fn: str, task: TaskModule | None, ckpt_path: Any) -> tuple[TaskModule, Any]:
+    """``validate``/``test``/``predict`` without a task: the one of the last fit, from its best checkpoint unless
+    ``ckpt_path`` says otherwise (Lightning's rule); before any fit, an error."""
+    if task is not None:
+        return task, ckpt_path
+    if trainer.task is None:
+        raise MisconfigurationError(
+            f"Trainer.{fn}() was called without a task, and this Trainer has not fitted one.",
+            f"pass the task: trainer.{fn}(task, ckpt_path=...), or call trainer.fit(task) first.")
+    if ckpt_path is None:
+        ckpt_path = "best"
+        warnings.warn(f"Trainer.{fn}() without a task uses the fitted one, with the weights of its best checkpoint "
+                      f"(ckpt_path='best'). HINT: pass ckpt_path='best' or 'last' to choose (and silence this), or "
+                      f"the task to use its weights as they are.", UserWarning, stacklevel=4)
+    return trainer.task, ckpt_path
