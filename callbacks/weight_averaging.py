@@ -324,7 +324,7 @@ class StochasticWeightAveraging(WeightAveraging):
                 echo(f"StochasticWeightAveraging: from epoch {self.swa_start} (0-based) the learning rate anneals to "
                      f"{self.swa_lrs} over {self.annealing_epochs} epoch(s){paused}; each epoch's final weights "
                      "enter the average.", name="taskfit.weight_averaging")
-        trainer.schedulers.per_step, trainer.schedulers.per_epoch = [], []  # SWALR alone sets the lr from here
+        trainer.schedulers.pause()  # SWALR alone sets the lr from here
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         super().on_train_epoch_end(trainer, task)  # the epoch's final weights enter the average...

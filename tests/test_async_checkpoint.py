@@ -16,7 +16,7 @@ import torch
 from taskfit import CheckpointError, Strategy, Trainer
 from taskfit.callbacks import Callback, ModelCheckpoint
 from taskfit.checkpoint.files import CheckpointWriter, load_file
-from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint import load_checkpoint
 from taskfit.checkpoint.sharded import load_skeleton, read_shards, save_sharded
 from taskfit.checkpoint.staging import StagingBuffers
 from tasks import RegressionTask, same_state, seeded_task

@@ -16,7 +16,7 @@ import torch
 from taskfit import CheckpointError, MisconfigurationError
 from taskfit.callbacks import Callback, ModelCheckpoint
 from taskfit.callbacks.checkpoint.model_checkpoint import format_filename
-from taskfit.checkpoint.run_state import FORMAT_VERSION, last_checkpoint, load_checkpoint
+from taskfit.checkpoint import FORMAT_VERSION, last_checkpoint, load_checkpoint
 from tasks import ClassifierTask, RegressionTask, same_state
 from tasks import checkpointing_trainer as _trainer
 from tasks import seeded_task as _task

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
+from typing import Any, List, Optional
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.utils import instantiate
 from taskfit import Trainer
 from taskfit import callbacks as cbs
-from taskfit.cli import _config_path, build_callbacks, build_trainer, compose_config, find_last_checkpoint
+from taskfit.cli.app import _config_path, build_callbacks, build_trainer, compose_config, find_last_checkpoint
 from taskfit.cli.config import SCHEMAS, check_targets, explain, locate
 from taskfit.errors import CheckpointError, MisconfigurationError
 from taskfit.loop.checks import check_task
@@ -84,8 +87,9 @@ def test_ddp_preset_builds_a_ddp_strategy_with_its_options(tmp_path):
 
 
 def test_schemas_match_the_real_signatures():
-    """Each schema has one field per argument of its target, with the same default (a new argument must be
-    added to trainer/config.py, or the command line could not reach it)."""
+    """Each schema has one field per argument of its target, with the same default (TrainerConf is built from the
+    signature, so this holds by construction; a new callback argument must be added to trainer/cli/schemas.py, or
+    the command line could not reach it)."""
     for name, schema in SCHEMAS.items():
         fields = {f.name: f for f in dataclasses.fields(schema)}
         target = locate(fields["_target_"].default, name)
@@ -99,6 +103,67 @@ def test_schemas_match_the_real_signatures():
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             expected = list(param.default) if isinstance(param.default, tuple) else param.default
             assert default == expected, f"{name}.{key}: schema default {default!r} != {expected!r}"
+
+
+def test_trainer_schema_is_built_from_the_signature():
+    """TrainerConf: `_target_` first, then the signature's arguments in its order (less callbacks/config), each
+    with the OmegaConf form of its annotation, except the few TRAINER_NARROWED names on purpose."""
+    from taskfit.cli.schemas import TRAINER_NARROWED, TrainerConf, config_type
+
+    params = [k for k in inspect.signature(Trainer.__init__).parameters if k not in ("self", "callbacks", "config")]
+    assert [f.name for f in dataclasses.fields(TrainerConf)] == ["_target_", *params]
+    assert SCHEMAS["trainer"] is TrainerConf and set(TRAINER_NARROWED) <= set(params)
+    hints, schema_types = typing.get_type_hints(Trainer.__init__), typing.get_type_hints(TrainerConf)
+    for key in params:
+        assert schema_types[key] == TRAINER_NARROWED.get(key, config_type(hints[key])), key
+    # the types the command has always had (a changed annotation that changes them shows up here)
+    assert schema_types["max_epochs"] == Optional[int] and schema_types["gradient_clip_val"] == Optional[float]
+    assert schema_types["preempt_signals"] == List[str] and schema_types["requeue"] == Optional[bool]
+    assert schema_types["devices"] is Any and schema_types["limit_train_batches"] is Any
+    assert (schema_types["precision"], schema_types["logger"], schema_types["profiler"]) == (str, bool, Optional[str])
+
+
+@pytest.mark.parametrize("annotation,expected", [
+    (int, int), (bool, bool), (int | None, Optional[int]), (Optional[str], Optional[str]), (int | float, Any),
+    (int | str | None, Any), (Any, Any), ("Sequence[str]", List[str]), (list[int], List[int]),
+    (tuple[str, ...], List[str]), (tuple[int, int], Any), ("Sequence[Callback]", Any), (torch.nn.Module, Any)])
+def test_config_type_is_what_omegaconf_can_hold(annotation, expected):
+    from collections.abc import Sequence
+
+    from taskfit.callbacks import Callback
+    from taskfit.cli.schemas import config_type
+
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"Sequence": Sequence, "Callback": Callback})
+    assert config_type(annotation) == expected
+
+
+def test_the_cli_package_is_not_imported_by_the_trainer():
+    """schemas.py imports taskfit.Trainer: the Trainer's own imports must not reach taskfit.cli (an import cycle)."""
+    code = "import sys, taskfit; assert not [m for m in sys.modules if m.startswith('taskfit.cli')], sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+
+
+# conf/trainer/default.yaml sets these differently from Trainer(...)'s defaults, for the command; every other value
+# it writes (with a comment, for the reader of the yaml) must be the signature's default.
+COMMAND_DEFAULTS = {"max_epochs": 10, "seed": 0, "default_root_dir": "${paths.output_dir}"}
+
+
+def test_default_yaml_repeats_the_signature_defaults():
+    from omegaconf import OmegaConf
+
+    written = OmegaConf.to_container(OmegaConf.load(CONF / "trainer" / "default.yaml"), resolve=False)
+    written.pop("defaults")
+    assert written.pop("_target_") == "taskfit.Trainer"
+    params = {k: p.default for k, p in inspect.signature(Trainer.__init__).parameters.items()
+              if k not in ("self", "callbacks", "config")}
+    assert set(written) == set(params)
+    for key, default in params.items():
+        expected = COMMAND_DEFAULTS.get(key, list(default) if isinstance(default, tuple) else default)
+        assert written[key] == expected and type(written[key]) is type(expected), \
+            f"conf/trainer/default.yaml: {key}: {written[key]!r}, the signature's default is {default!r}"
 
 
 def test_every_callback_and_trainer_argument_is_in_the_yaml():

@@ -325,12 +325,19 @@ def test_troubleshooting_documents_every_error():
 
 # ---- reference pages name everything they describe -----------------------------------------------------------
 def test_trainer_page_documents_every_argument():
+    """Every argument of ``Trainer.__init__`` has a row ``| `name` | `default` | meaning |`` in docs/trainer.md's
+    tables, in which the default is the signature's (a Python literal), and no row names an argument it lacks."""
     from taskfit import Trainer
 
-    params = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    params = {k: p.default for k, p in inspect.signature(Trainer.__init__).parameters.items() if k != "self"}
     page = (DOCS / "trainer.md").read_text(encoding="utf-8")
-    missing = [p for p in params if f"`{p}`" not in page]
+    tables = page[: page.index("| method | returns |")] if "| method | returns |" in page else page
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`|]*)` \|", tables, re.M))
+    missing = [p for p in params if p not in rows]
     assert params and not missing, f"docs/trainer.md does not document Trainer arguments: {missing}"
+    assert not set(rows) - set(params), f"docs/trainer.md documents arguments Trainer lacks: {set(rows) - set(params)}"
+    wrong = {k: (rows[k], v) for k, v in params.items() if ast.literal_eval(rows[k]) != v}
+    assert not wrong, f"docs/trainer.md defaults differ from the signature (page, signature): {wrong}"
 
 
 def test_callbacks_page_documents_every_hook():

@@ -15,7 +15,7 @@ import torch
 from taskfit import CheckpointError, MisconfigurationError, NonFiniteLossError, Trainer
 from taskfit.callbacks import Callback, ModelCheckpoint
 from taskfit.checkpoint.files import FORMAT_VERSION, CheckpointWriter
-from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint import load_checkpoint
 from tasks import ClassifierTask, RegressionTask
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)

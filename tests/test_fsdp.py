@@ -38,7 +38,7 @@ from taskfit import (
 )
 from taskfit.callbacks import ModelCheckpoint
 from taskfit.checkpoint.files import CheckpointWriter
-from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint import load_checkpoint
 from taskfit.checkpoint.sharded import MARKER, STATE_FILE, consolidate, load_skeleton, read_shards, save_sharded
 from taskfit.consolidate import main as consolidate_main
 from taskfit.strategies.fsdp import FSDPStrategy

@@ -18,7 +18,7 @@ from taskfit import CheckpointError, MisconfigurationError, TaskModule, Trainer
 from taskfit.callbacks import BasePredictionWriter, Callback, EarlyStopping, ModelCheckpoint, ModelSummary
 from taskfit.callbacks.checkpoint.policy import format_filename
 from taskfit.callbacks.early_stopping import EarlyStoppingReason
-from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint import load_checkpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 

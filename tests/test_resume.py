@@ -18,7 +18,7 @@ import pytest
 import torch
 from taskfit import Trainer
 from taskfit.callbacks import Callback
-from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint import load_checkpoint
 from tasks import RegressionTask, same_state
 from torch.utils.data import DataLoader, Dataset
 

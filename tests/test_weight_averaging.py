@@ -13,7 +13,7 @@ import torch
 from fsdp_tasks import MLPTask
 from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
-from taskfit.checkpoint.run_state import load_checkpoint
+from taskfit.checkpoint import load_checkpoint
 from tasks import ClassifierTask, checkpointing_trainer, same_state
 from torch import nn
 from torch.optim.swa_utils import SWALR, AveragedModel, get_ema_multi_avg_fn

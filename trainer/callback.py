@@ -25,7 +25,7 @@ meaning and arguments, when a callback defines them: callbacks/lightning_hooks.p
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +38,12 @@ HOOKS = ("on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check
          "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
          "on_log_interval", "on_validation_start", "on_validation_end", "on_test_start", "on_test_end",
          "on_predict_start", "on_predict_batch_end", "on_predict_end", "on_log", "on_exception")
+
+
+def default_hook(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a base class's no-op hook (``DataModule.setup``): a subclass that keeps it does not define the hook."""
+    fn.default_hook = True  # type: ignore[attr-defined]
+    return fn
 
 
 class Callback:

@@ -9,9 +9,9 @@ import os
 import warnings
 from typing import Any
 
+from .callback import default_hook
 from .errors import MisconfigurationError
 from .init_args import AttributeDict, recorded_init_args, select_hparams
-from .loop.hooks import default_hook
 from .module import TaskModule
 
 LOADERS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",

@@ -124,6 +124,10 @@ class Schedulers:
             if global_step % config.frequency == 0:
                 step_scheduler(config, metrics)
 
+    def pause(self) -> None:
+        """Step none of them from here on (a callback that sets the learning rate itself: SWA, the lr finder)."""
+        self.per_step, self.per_epoch = [], []
+
     def after_epoch(self, epoch: int, metrics: Mapping[str, float]) -> None:
         """``epoch`` (from 0) has just completed."""
         for config in self.per_epoch:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["load_checkpoint", "last_checkpoint", "save_checkpoint"]
+_PUBLIC = {"load_checkpoint": ".files", "FORMAT_VERSION": ".files", "last_checkpoint": ".lookup"}
+__all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:  # the old module taskfit.checkpoint's public functions, loaded on first use
-    if name in __all__:
-        return getattr(importlib.import_module(".run_state", __name__), name)
+def __getattr__(name: str) -> Any:  # what the flat module taskfit.checkpoint offered, loaded on first use
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name], __name__), name)
     raise AttributeError(f"module 'taskfit.checkpoint' has no attribute {name!r}")

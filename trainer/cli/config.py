@@ -2,7 +2,7 @@
 
 Two layers, both before the first batch:
 
-1. **Schemas** (the dataclasses of ``config_schemas.py``, registered in Hydra's ConfigStore as ``taskfit_<name>``).
+1. **Schemas** (the dataclasses of ``schemas.py``, registered in Hydra's ConfigStore as ``taskfit_<name>``).
    The yaml files of ``conf/trainer`` and ``conf/callbacks`` start from them
    (``defaults: [/taskfit_trainer@_here_]``), so Hydra rejects ``trainer.max_epoch=3`` or
    ``trainer.max_epochs=abc`` while composing the config.
@@ -31,7 +31,8 @@ from .schemas import SCHEMAS
 DIRECTIVES = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_convert_"})
 
 
-# The schemas (dataclasses registered in Hydra's ConfigStore) live in config_schemas.py.
+# The schemas (dataclasses registered in Hydra's ConfigStore) live in schemas.py; TrainerConf is built there from
+# Trainer.__init__'s signature.
 
 
 def choice(group: str, *, _root_: Any) -> str:

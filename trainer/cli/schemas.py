@@ -1,62 +1,98 @@
 """The structured configs of the ``taskfit`` command: one dataclass per configurable class (the Trainer and the
-built-in callbacks and loggers), registered in Hydra's ConfigStore as ``taskfit_<name>`` by :func:`trainer.config.
-register`. The yaml files of ``conf/trainer`` and ``conf/callbacks`` start from them (``defaults:
+built-in callbacks and loggers), registered in Hydra's ConfigStore as ``taskfit_<name>`` by ``register`` in
+config.py. The yaml files of ``conf/trainer`` and ``conf/callbacks`` start from them (``defaults:
 [/taskfit_trainer@_here_]``), so Hydra rejects ``trainer.max_epoch=3`` or ``trainer.max_epochs=abc`` while composing
-the config."""
+the config.
+
+``TrainerConf`` is not written here: :func:`schema_of` builds it from ``Trainer.__init__``'s signature (names,
+defaults, annotations), the one place the Trainer's arguments are written (docs/configuration.md says why)."""
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
+import inspect
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..trainer import Trainer
+
+_SCALARS = (int, float, str, bool)
+
+
+def config_type(annotation: Any) -> Any:
+    """The type OmegaConf can hold for an annotation: ``int``/``float``/``str``/``bool`` as they are, ``X | None`` ->
+    ``Optional[X]``, a sequence of one of them (``Sequence[str]``, ``list[int]``, ``tuple[str, ...]``) -> ``List[X]``;
+    anything else (``int | float``, ``Any``, a class) -> ``Any``, which check_targets (config.py) then checks against
+    the real annotation."""
+    if annotation in _SCALARS:
+        return annotation
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return Optional[rest[0]] if len(args) == 2 and len(rest) == 1 and rest[0] in _SCALARS else Any
+    if origin in (list, collections.abc.Sequence) and len(args) == 1 and args[0] in _SCALARS:
+        return List[args[0]]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in _SCALARS:
+        return List[args[0]]
+    return Any
+
+
+def _field(default: Any) -> Any:
+    if default is inspect.Parameter.empty:
+        return field(default="???")  # OmegaConf's MISSING: the key must be given
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda value=list(default): list(value))
+    if isinstance(default, dict):
+        return field(default_factory=lambda value=dict(default): dict(value))
+    return field(default=default)
+
+
+def schema_of(cls: type, target: str, *, exclude: tuple[str, ...] = (), narrowed: dict[str, Any] | None = None,
+              name: str | None = None) -> type:
+    """A dataclass with ``_target_: str = target`` and then one field per named argument of ``cls.__init__`` (in
+    the signature's order, minus ``exclude``): the same default (a list for a tuple or list default) and the
+    :func:`config_type` of its annotation, or the type given in ``narrowed``."""
+    init = cls.__init__
+    hints = typing.get_type_hints(init)  # the annotations are strings (`from __future__ import annotations`)
+    narrowed = dict(narrowed or {})
+    fields: list[tuple[str, Any, Any]] = [("_target_", str, field(default=target))]
+    for key, param in inspect.signature(init).parameters.items():
+        if key == "self" or key in exclude or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        kind = narrowed.pop(key) if key in narrowed else config_type(hints.get(key, Any))
+        fields.append((key, kind, _field(param.default)))
+    if narrowed:
+        raise TypeError(f"schema_of({cls.__name__}): narrowed names no argument: {sorted(narrowed)}")
+    schema = dataclasses.make_dataclass(name or f"{cls.__name__}Conf", fields)
+    schema.__module__ = __name__  # make_dataclass's `module=` is Python 3.12+
+    schema.__doc__ = (f"The keyword arguments of :class:`{target}`, built from its signature by "
+                      f":func:`schema_of`" + (f" (except {', '.join(exclude)})" if exclude else "") + ".")
+    return schema
+
 
 # ---- schemas ------------------------------------------------------------------------------------------
-# One field per argument of the class named in _target_, with the same default. Arguments that accept a union
-# OmegaConf cannot express (``int | float``, ``int | str | list``) are ``Any`` here; check_targets checks them
-# against the real annotation. tests/test_config.py keeps these in step with the signatures.
-@dataclass
-class TrainerConf:
-    """``trainer.*``: the keyword arguments of :class:`taskfit.Trainer` (except ``callbacks`` and ``config``,
-    which the command builds)."""
+# ``trainer.*``: built from Trainer.__init__. ``callbacks`` and ``config`` are left out: the command builds them
+# (the callbacks/ and logger/ groups, and the resolved config itself). TRAINER_NARROWED lists the arguments whose
+# schema type is narrower than the signature's, on purpose (each says why); every other type is config_type's.
+TRAINER_NARROWED: dict[str, Any] = {
+    # str | int: 16 and "16" name one precision; the command keeps it a string, as conf/trainer/default.yaml
+    # writes it ("32"), so `trainer.precision=16` composes to "16".
+    "precision": str,
+    # bool | Logger | Sequence[Logger]: from the command the loggers come from the logger/ group;
+    # trainer.logger only switches them (and the default TensorBoard one) on or off.
+    "logger": bool,
+    # Any (a name or a Profiler instance): a Profiler instance has no yaml form; "simple", "torch" or null.
+    "profiler": Optional[str],
+}
+TrainerConf = schema_of(Trainer, "taskfit.Trainer", exclude=("callbacks", "config"), narrowed=TRAINER_NARROWED,
+                        name="TrainerConf")
 
-    _target_: str = "taskfit.Trainer"
-    max_epochs: Optional[int] = None
-    min_epochs: Optional[int] = None
-    max_steps: Optional[int] = None
-    min_steps: Optional[int] = None
-    accelerator: str = "auto"
-    devices: Any = "auto"
-    strategy: Any = "auto"
-    precision: str = "32"
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: Optional[float] = None
-    gradient_clip_algorithm: str = "norm"
-    limit_train_batches: Any = 1.0
-    limit_val_batches: Any = 1.0
-    limit_test_batches: Any = 1.0
-    limit_predict_batches: Any = 1.0
-    val_check_interval: Any = 1.0
-    check_val_every_n_epoch: Optional[int] = 1
-    num_sanity_val_steps: int = 2
-    log_every_n_steps: int = 50
-    fast_dev_run: Any = False
-    overfit_batches: Any = 0
-    deterministic: bool = False
-    default_root_dir: Optional[str] = None
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = True
-    enable_checkpointing: bool = True
-    logger: bool = True
-    nonfinite_loss: str = "raise"
-    seed: Optional[int] = None
-    compile: bool = False
-    channels_last: bool = False
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
-    preempt_exit_code: Optional[int] = None
-    requeue: Optional[bool] = None
-    profiler: Optional[str] = None
-    activation_checkpointing: Any = None
-
-
+# The callbacks' and loggers' schemas: one field per argument of the class named in _target_, with the same
+# default. Arguments that accept a union OmegaConf cannot express (``int | float``, ``int | str | list``) are
+# ``Any`` here; check_targets checks them against the real annotation. tests/test_config.py keeps these in step
+# with the signatures.
 @dataclass
 class ModelCheckpointConf:
     _target_: str = "taskfit.callbacks.ModelCheckpoint"

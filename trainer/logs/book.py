@@ -5,15 +5,12 @@ at the logging interval and at epoch end; logbuffer.py converts them."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import MisconfigurationError
 from .options import LogOptions, check_same, log_options
-
-if TYPE_CHECKING:
-    from .buffer import LogBuffer
 
 LOSS = " loss"  # the key of the loop's own loss series (no name given to self.log can become it)
 LEGACY = LogOptions(on_step=True, on_epoch=True)  # a book saved before self.log had options: name and name_epoch
@@ -139,7 +136,7 @@ class LogBook:
     """One pass's logged values (the training epoch, or one validation/test pass): per key its step value and its
     epoch reduction, with the options of its first ``self.log`` (log_options.py)."""
 
-    def __init__(self, stage: str, buffer: LogBuffer | None = None) -> None:
+    def __init__(self, stage: str, buffer: Any = None) -> None:
         self.stage, self.buffer = stage, buffer
         self.weight = 1.0  # the Trainer sets each batch's size here: epoch means are sample-weighted
         self.series: dict[str, Any] = {}  # key -> Series / StepSeries

@@ -18,7 +18,6 @@ from .book import LogBook, Series, stack_scalars
 from .options import LogOptions
 
 if TYPE_CHECKING:
-    from ..loop.precision import Precision
     from ..state import TrainerState
     from ..strategies.base import Strategy
 
@@ -31,7 +30,7 @@ class LogBuffer:
     NaN/Inf loss found at the next check. Everything a resume needs is in :meth:`state_dict`.
     """
 
-    def __init__(self, strategy: Strategy, nonfinite_loss: str, precision: Precision,
+    def __init__(self, strategy: Strategy, nonfinite_loss: str, precision: Any,
                  accumulate_grad_batches: int) -> None:
         self.strategy, self.accumulate = strategy, accumulate_grad_batches
         # With 16-mixed the GradScaler already skips steps whose gradients overflow: that is not an error.

@@ -8,16 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..callbacks import is_task_hook
 from ..data.loaders import batch_size_of, eval_loader, length, limit_batches, sample_order, set_epoch
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
 from ..logs.metrics import metric_values
 from ..module import TaskModule, predict_inputs
 from ..strategies.base import Strategy
+from ..strategies.wrapped_step import Step, ThroughWrapper, own_step
 from .checks import check_loss
+from .hooks import is_task_hook
 from .precision import warn_once
-from .steps import Step, ThroughWrapper, defines, own_step
+from .steps import defines
 
 if TYPE_CHECKING:
     from .run import Run

@@ -96,12 +96,6 @@ NOT_CALLED: dict[str, str] = {
 }
 
 
-def default_hook(fn: Hook) -> Hook:
-    """Mark a base class's no-op hook (``DataModule.setup``): a subclass that keeps it does not define the hook."""
-    fn.default_hook = True  # type: ignore[attr-defined]
-    return fn
-
-
 def defines(obj: Any, name: str) -> bool:
     """``obj``'s class has a callable ``name`` of its own: not ``Callback``'s no-op, not a base class's
     :func:`default_hook`, not torch.nn.Module's."""

@@ -9,7 +9,6 @@ docs/steps.md shows each.
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -17,68 +16,18 @@ import torch
 from torch import nn
 
 from ..errors import MisconfigurationError, TaskModuleError
+from ..strategies.wrapped_step import Step, ThroughWrapper, own_step
 
 if TYPE_CHECKING:
     from ..module import TaskModule
     from .run import Run
 
 STEPS = ("training_step", "validation_step", "test_step", "predict_step")
-Step = Callable[[Any, int], Any]
 
 
 def defines(task: TaskModule, step: str) -> bool:
     """The task writes ``step`` itself (TaskModule has no such method: the default is the Trainer's)."""
     return callable(getattr(type(task), step, None))
-
-
-def own_step(task: TaskModule, step: str) -> Step:
-    """``task.<step>`` called as ``(batch, batch_idx)``: a step written without ``batch_idx`` (Lightning allows
-    ``training_step(self, batch)``) gets only the batch. Decided once per run."""
-    method = getattr(task, step)
-    try:
-        params = [p for p in inspect.signature(method).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    except (TypeError, ValueError):
-        return method
-    if len(params) == 1 and params[0].kind is not params[0].VAR_POSITIONAL:
-        return lambda batch, batch_idx: method(batch)
-    return method
-
-
-class ThroughWrapper:
-    """Calls ``task.<step>(batch, batch_idx)`` inside ``wrapper``'s forward: ``task.forward`` is swapped for the
-    step for the length of one call (and restored before the step runs, so ``self(x)`` in it is the real forward).
-
-    Built once per run: the swap is two dict writes per step, no object is created per batch.
-    """
-
-    def __init__(self, wrapper: nn.Module, task: TaskModule, step: str) -> None:
-        if isinstance(wrapper, nn.DataParallel) and len(wrapper.device_ids) > 1:
-            raise MisconfigurationError(
-                f"{type(task).__name__}.{step} cannot run under strategy='dp' on {len(wrapper.device_ids)} GPUs: "
-                "DataParallel splits forward(inputs) over copies of the module, and a whole step cannot be split "
-                "that way.", "use strategy='ddp' (one process per GPU), or remove the step to use "
-                "forward + loss.")
-        self.wrapper, self.task, self.step = wrapper, task, own_step(task, step)
-        self.own_forward = task.__dict__.get("forward")  # an instance attribute to put back, if the task had one
-        self.redirect = self.run_step  # one bound method for the run
-
-    def run_step(self, *args: Any) -> Any:
-        self.restore()
-        return self.step(*args)
-
-    def restore(self) -> None:
-        if self.own_forward is None:
-            self.task.__dict__.pop("forward", None)
-        else:
-            self.task.__dict__["forward"] = self.own_forward
-
-    def __call__(self, batch: Any, batch_idx: int) -> Any:
-        self.task.__dict__["forward"] = self.redirect
-        try:
-            return self.wrapper(batch, batch_idx)
-        finally:
-            self.restore()  # also when the wrapper raised before it reached the step
 
 
 def training_step(task: TaskModule, model: nn.Module, manual: bool, unsynced: nn.Module) -> Step:

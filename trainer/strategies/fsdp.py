@@ -25,10 +25,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..errors import MisconfigurationError, TaskModuleError
-from ..loop.steps import ThroughWrapper
 from .base import resolve_accelerator, unwrap
 from .ddp import DDPStrategy
 from .model_memory import has_meta, materialize
+from .wrapped_step import ThroughWrapper
 
 DEFAULT_WRAP = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 WrapPolicy = Iterable[type] | int | Callable[[nn.Module], bool] | None

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.multiprocessing as mp
@@ -35,15 +35,12 @@ from ..errors import MisconfigurationError
 from ..seed import current_seed, seed_everything
 from .model_memory import has_meta
 
-if TYPE_CHECKING:
-    from .ddp import DDPStrategy
-
 _RESULT = "rank0.pt"
 # What the forkserver imports once, so that workers start without importing torch (DDP also imports torch._dynamo).
 _PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torchmetrics", "taskfit")
 
 
-def spawn(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...], port: int) -> Any:
+def spawn(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...], port: int) -> Any:
     """Run ``fn(*args)`` in ``strategy.world_size`` new processes; return rank 0's result, re-raise the first error."""
     # Serialise by value, once: torch.multiprocessing would otherwise put the task's tensors in shared
     # memory, and every rank's optimizer would then step the same weights (the parent's included).
@@ -174,7 +171,7 @@ def _no_fd() -> None:
     return None
 
 
-def _final_weights(strategy: DDPStrategy, fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any] | None:
+def _final_weights(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any] | None:
     """After fit, the task's full weights on rank 0 (``strategy.full_state_dict``: every rank calls it)."""
     trainer = getattr(fn, "__self__", None)
     task = next((a for a in args if isinstance(a, nn.Module)), None)

@@ -137,7 +137,7 @@ class RangeTest(Callback):
                 "same way), e.g. a copy of the task whose configure_optimizers returns the one you are tuning.")
         self._saved = [(o, copy.deepcopy(o.state_dict())) for o in trainer.optimizers] + \
             [(c.scheduler, copy.deepcopy(c.scheduler.state_dict())) for c in trainer.schedulers.configs]
-        trainer.schedulers.per_step, trainer.schedulers.per_epoch = [], []  # the finder alone sets the lr
+        trainer.schedulers.pause()  # the finder alone sets the lr
         self._pending: list[torch.Tensor] = []
         self._step, self._avg, self._best = trainer.state.global_step, 0.0, math.inf
         self._set_lr(trainer, self.lr_at(0))
