@@ -17,7 +17,7 @@ import torch
 
 from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
 from .checkpoint.files import CheckpointWriter
-from .compat.lightning.trainer_arguments import lightning_trainer
+from .compat.lightning.trainer import LightningArguments, LightningNames, entry_keywords
 from .data.loaders import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
 from .datamodule import DataModule, DataSource
 from .init_args import flatten, plain_hparams
@@ -45,8 +45,8 @@ def _run_part(name: str, doc: str, empty: Any = None) -> property:
     return property(lambda self: getattr(self.run, name) if self.run is not None else empty, doc=doc)
 
 
-@lightning_trainer  # Trainer(max_epoch=3), Trainer(num_nodes=2): one catalogued error; Lightning's -1/None, model=
-class Trainer:
+class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning/trainer.py: Lightning's names,
+    # Trainer(num_nodes=2) and Trainer(max_epoch=3) as one catalogued error, precision=None and max_steps=-1
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
     def __init__(
         self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
@@ -103,27 +103,33 @@ class Trainer:
         return model_memory.init_module(self.strategy, empty_init)
 
     # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
-    def fit(self, task: TaskModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: DataModule | None = None, ckpt_path: str | None = None) -> dict[str, float]:
-        """Train ``task`` (its loaders, those passed or ``datamodule``'s), resuming ``ckpt_path``; the final metrics."""
+    def fit(self, task: TaskModule | None = None, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: DataModule | None = None, ckpt_path: str | None = None, **lightning: Any) -> dict[str, float]:
+        """Train ``task`` (its loaders, those passed or ``datamodule``'s), resuming ``ckpt_path``; the final metrics.
+        ``lightning``: Lightning's keywords (``model=``, ``weights_only=``; compat/lightning/trainer.py)."""
+        task = entry_keywords(self.fit, task, lightning, required=True)
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
         return self.strategy.launch(self._fit, task, data, ckpt_path)
 
     def validate(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: DataModule | None = None) -> list[dict[str, float]]:
+                 verbose: bool = True, datamodule: DataModule | None = None, **lightning: Any) -> list[dict[str, float]]:
         """One validation pass; returns ``[metrics]``. Without ``task``: the fitted one, from ``ckpt_path``."""
+        task = entry_keywords(self.validate, task, lightning) if lightning else task
         return self._entry("validate", task, dataloaders, datamodule, ckpt_path)
 
     def test(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: DataModule | None = None) -> list[dict[str, float]]:
+             verbose: bool = True, datamodule: DataModule | None = None, **lightning: Any) -> list[dict[str, float]]:
         """One pass over the test loader; returns ``[metrics]``. Without ``task``: the fitted one."""
+        task = entry_keywords(self.test, task, lightning) if lightning else task
         return self._entry("test", task, dataloaders, datamodule, ckpt_path)
 
     def predict(self, task: TaskModule | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
-                return_predictions: bool | None = None, ckpt_path: str | None = None) -> list[Any] | None:
+                return_predictions: bool | None = None, ckpt_path: str | None = None,
+                **lightning: Any) -> list[Any] | None:
         """``predict_step`` (default ``task(inputs)``) per batch; ddp: all ranks', in order."""
+        task = entry_keywords(self.predict, task, lightning) if lightning else task
         return self._entry("predict", task, dataloaders, datamodule, ckpt_path, return_predictions is not False)
 
     def _entry(self, fn: str, task: TaskModule | None, loaders: Any, datamodule: Any, ckpt_path: str | None,
@@ -419,27 +425,6 @@ class Trainer:
             if cb.state_key in snapshot["callbacks"]:
                 cb.load_state_dict(snapshot["callbacks"][cb.state_key])
 
-    # Lightning's names for what taskfit keeps in trainer.state and the logging buffer (docs/migrating-lightning.md)
-    current_epoch = property(lambda self: self.state.epoch, doc="``state.epoch`` (Lightning's name).")
-    global_step = property(lambda self: self.state.global_step, doc="``state.global_step`` (Lightning's name).")
-    sanity_checking = property(lambda self: self.state.stage == "sanity", doc="The sanity check is running.")
-    training = property(lambda self: self.state.stage == "train", doc="A training epoch is running.")
-    lightning_module = property(lambda self: self.task, doc="The TaskModule of the current or last run.")
-    datamodule = property(lambda self: getattr(self.data, "datamodule", None), doc="The run's DataModule, or None.")
-    world_size = property(lambda self: self.strategy.world_size, doc="The number of processes.")
-    global_rank = property(lambda self: self.strategy.rank, doc="This process's rank.")
-    local_rank = property(lambda self: self.strategy.local_rank, doc="This process's rank on its machine.")
-    is_global_zero = property(lambda self: self.strategy.is_main, doc="Rank 0 (``is_main``).")
-    num_training_batches = property(lambda self: self.num_train_batches, doc="Training batches per epoch.")
-    callback_metrics = property(lambda self: {k: torch.tensor(v) for k, v in self.state.metrics.items()},
-                                doc="Every published value, as tensors (``state.metrics`` holds them as floats).")
-    logged_metrics = property(lambda self: {k: torch.tensor(v) for k, v in (
-        self.state.metrics if self.logs is None else self.logs.logger_view(self.state.metrics)).items()},
-        doc="The published values loggers received, as tensors.")
-    progress_bar_metrics = property(lambda self: {} if self.logs is None else {
-        k: v for k, v in self.state.metrics.items() if k in self.logs.prog_bar},
-        doc="The latest value of every key logged with ``prog_bar=True`` (floats).")
-
     @property
     def estimated_stepping_batches(self) -> float:
         """Optimizer steps this fit will take (``max_steps``, or ``max_epochs`` of the training loader)."""
@@ -458,6 +443,7 @@ class Trainer:
         """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
         load_run_state(self.run, state)
 
-    def save_checkpoint(self, path: str, *, background: bool = False) -> None:
+    def save_checkpoint(self, path: str | None = None, *, background: bool = False, **lightning: Any) -> None:
         """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously with ``background``."""
+        path = entry_keywords(self.save_checkpoint, path, lightning, required=True)
         save_checkpoint(self.run, path, background)

@@ -162,10 +162,11 @@ def predict_pass(run: Run, loader: Any, limit: float, keep: bool = True) -> list
     """``on_predict_epoch_start``, :func:`predict` with the batch hooks, ``on_predict_epoch_end``."""
     run.call_hooks("on_predict_epoch_start")
     hooks, task = run.hooks, run.task
+    trainer = run.trainer
     result = predict(task, run.strategy.eval_module(run.model), loader, limit, strategy=run.strategy,
                      precision=run.precision, keep=keep,
-                     on_batch_start=[lambda *a, fn=fn: fn(run.trainer, task, *a) for fn in hooks["on_predict_batch_start"]],
-                     on_batch_end=[lambda *a, fn=fn: fn(run.trainer, task, *a) for fn in hooks["on_predict_batch_end"]])
+                     on_batch_start=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_start"]],
+                     on_batch_end=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_end"]])
     run.call_hooks("on_predict_epoch_end")
     return result
 

@@ -1,7 +1,7 @@
 """Lightning's Trainer arguments that taskfit's Trainer does not take, each with what to use instead, and Lightning's
 spellings of default values read as taskfit's.
 
-``TRAINER_ARGUMENTS`` is the ``lightning=`` table of the Trainer's :func:`~taskfit.arguments.arguments_checked`:
+``TRAINER_ARGUMENTS`` is the table of Lightning-only arguments the Trainer's metaclass answers (trainer.py here):
 ``Trainer(num_nodes=2)`` is one catalogued error whose HINT says what to do. It holds every argument of Lightning
 2.6's ``Trainer`` that taskfit's lacks, and the 1.x arguments that ported code still passes (``gpus``,
 ``resume_from_checkpoint``...). tests/test_lightning_ports.py holds Lightning 2.6.6's argument list and checks that
@@ -9,18 +9,15 @@ each is taken or in this table.
 
 :func:`lightning_values` lets the Trainer take the values Lightning documents as "the default" or "no limit":
 ``None`` for the arguments that have a default here, ``max_steps=-1``, ``max_epochs=-1`` with ``max_steps``,
-``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``. :func:`lightning_trainer`, the
-Trainer's class decorator, applies both and lets ``fit``/``validate``/``test``/``predict`` take Lightning's keyword
-names (``model=``, ``weights_only=``) and ``save_checkpoint`` its ``filepath=``.
+``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``. trainer.py in this folder applies
+both (the Trainer's metaclass) and the entry points' Lightning keywords.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 from typing import Any, Callable
 
-from ...arguments import argument_error, arguments_checked
 from ...errors import MisconfigurationError
 
 _TORCHRUN = "torchrun --nnodes=N --nproc-per-node=G"
@@ -95,31 +92,27 @@ _NONE_MEANS_DEFAULT = ("precision", "limit_train_batches", "limit_val_batches", 
                        "gradient_clip_algorithm", "deterministic")
 
 
-def lightning_values(init: Callable[..., None]) -> Callable[..., None]:
-    """Wrap the Trainer's ``__init__``: Lightning's spellings of a default become taskfit's before anything else."""
+def lightning_values(init: Callable[..., None], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` of ``Trainer(...)`` with Lightning's spellings of a default read as taskfit's."""
     defaults = {k: p.default for k, p in inspect.signature(init).parameters.items() if k in _NONE_MEANS_DEFAULT}
-
-    @functools.wraps(init)
-    def read(self: Any, *args: Any, **kwargs: Any) -> None:
-        for name in _NONE_MEANS_DEFAULT:
-            if name in kwargs and kwargs[name] is None:
-                kwargs[name] = defaults[name]
-        if kwargs.get("max_steps") == -1:  # Lightning's default: no step limit
-            kwargs["max_steps"] = None
-        if kwargs.get("max_epochs") == -1:  # Lightning: no epoch limit, i.e. endless without max_steps
-            if kwargs.get("max_steps") is None:
-                raise MisconfigurationError(
-                    "Trainer(max_epochs=-1) without max_steps asks for a fit that never ends; taskfit does not "
-                    "train without a limit.", "pass max_steps=N, or a number of epochs; a run stopped by SIGTERM "
-                    "saves a checkpoint that fit(task, ckpt_path='last') continues.")
-            kwargs["max_epochs"] = None
-        if kwargs.get("num_sanity_val_steps") == -1:  # Lightning: every validation batch
-            kwargs["num_sanity_val_steps"] = sys.maxsize
-        if kwargs.get("accelerator") == "gpu":  # Lightning: CUDA, or Apple's MPS
-            kwargs["accelerator"] = _gpu()
-        init(self, *args, **kwargs)
-
-    return read
+    kwargs = dict(kwargs)
+    for name in _NONE_MEANS_DEFAULT:
+        if name in kwargs and kwargs[name] is None:
+            kwargs[name] = defaults[name]
+    if kwargs.get("max_steps") == -1:  # Lightning's default: no step limit
+        kwargs["max_steps"] = None
+    if kwargs.get("max_epochs") == -1:  # Lightning: no epoch limit, i.e. endless without max_steps
+        if kwargs.get("max_steps") is None:
+            raise MisconfigurationError(
+                "Trainer(max_epochs=-1) without max_steps asks for a fit that never ends; taskfit does not "
+                "train without a limit.", "pass max_steps=N, or a number of epochs; a run stopped by SIGTERM "
+                "saves a checkpoint that fit(task, ckpt_path='last') continues.")
+        kwargs["max_epochs"] = None
+    if kwargs.get("num_sanity_val_steps") == -1:  # Lightning: every validation batch
+        kwargs["num_sanity_val_steps"] = sys.maxsize
+    if kwargs.get("accelerator") == "gpu":  # Lightning: CUDA, or Apple's MPS
+        kwargs["accelerator"] = _gpu()
+    return kwargs
 
 
 def _gpu() -> str:
@@ -133,47 +126,6 @@ def _gpu() -> str:
         return "mps"
     raise MisconfigurationError('Trainer(accelerator="gpu") asks for a GPU, but neither CUDA nor MPS is available '
                                 "on this machine.", 'use accelerator="cpu" or "auto" (a GPU where there is one).')
-
-
-ENTRY_POINTS = ("fit", "validate", "test", "predict")
-
-
-def lightning_trainer(cls: type) -> type:
-    """The Trainer's class decorator. ``__init__``: Lightning's values read as taskfit's (:func:`lightning_values`),
-    then one catalogued error for any call its signature does not bind (unknown, Lightning-only or positional
-    arguments). The entry points take Lightning's keywords: ``trainer.fit(model=m, datamodule=dm)`` (the template's
-    call; taskfit's name is ``task``), ``weights_only=True``/``None`` (taskfit always loads with
-    ``torch.load(weights_only=True)``), ``save_checkpoint(filepath=...)``; any other keyword they do not take is one
-    catalogued error with a did-you-mean, not a bare TypeError."""
-    checked = arguments_checked(lightning=TRAINER_ARGUMENTS, docs="docs/trainer.md")
-    cls.__init__ = checked(lightning_values(cls.__init__))
-    for name in ENTRY_POINTS:
-        setattr(cls, name, _entry_point(getattr(cls, name)))
-    cls.save_checkpoint = _entry_point(cls.save_checkpoint, renamed={"filepath": "path"})
-    return cls
-
-
-def _entry_point(method: Callable[..., Any], renamed: dict[str, str] | None = None) -> Callable[..., Any]:
-    signature, name = inspect.signature(method), f"Trainer.{method.__name__}"
-    renamed = renamed or {"model": "task"}
-
-    @functools.wraps(method)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for lightning, ours in renamed.items():
-            if lightning in kwargs:
-                if ours in kwargs or args:
-                    raise MisconfigurationError(f"{name}() got both {ours} and {lightning}= (Lightning's name for it).",
-                                                f"pass one of them: {name}({ours}=...) or {name}({lightning}=...).")
-                kwargs[ours] = kwargs.pop(lightning)
-        if "weights_only" in kwargs and method.__name__ in ENTRY_POINTS and kwargs["weights_only"] in (None, True):
-            del kwargs["weights_only"]  # what taskfit always does
-        try:
-            signature.bind(self, *args, **kwargs)
-        except TypeError:
-            raise argument_error(name, signature, args, kwargs, ENTRY_POINT_ARGUMENTS, "docs/trainer.md") from None
-        return method(self, *args, **kwargs)
-
-    return call
 
 
 ENTRY_POINT_ARGUMENTS = {  # Lightning's keywords of fit/validate/test/predict/save_checkpoint taskfit does not take
