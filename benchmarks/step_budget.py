@@ -44,7 +44,7 @@ def reduced_step(batch_size: bool = False, step_function: bool = False, keep_los
         if batch_size:
             trainer.logs.train.weight = samples = batch_size_of(batch)
         if step_function:
-            loss = trainer.training_step(batch, batch_idx)
+            loss = trainer.run.training_step(batch, batch_idx)
         else:
             inputs, targets = batch
             loss = trainer.task.loss(trainer.model(inputs), targets)

@@ -356,22 +356,38 @@ def test_api_page_covers_every_callback_and_strategy():
 
     page = (DOCS / "api.md").read_text(encoding="utf-8")
     # mkdocstrings reads the source folders: taskfit.<m> is trainer/<m>.py, taskfit.callbacks.<m> is callbacks/<m>.py
-    strategies = [f"::: trainer.{module}.{name}" for module in ("strategies", "ddp")
+    # (subpackages included: taskfit.strategies.ddp is trainer/strategies/ddp.py)
+    strategies = [f"::: trainer.{module}.{name}" for module in ("strategies.base", "strategies.ddp", "strategies.fsdp")
                   for name, obj in vars(importlib.import_module(f"taskfit.{module}")).items()
                   if isinstance(obj, type) and issubclass(obj, Strategy) and obj.__module__ == f"taskfit.{module}"
                   and not name.startswith("_")]
     wanted = [f"::: callbacks{callbacks.LAZY[name]}.{name}" for name in callbacks.LAZY] + strategies + [
-        "::: trainer.Trainer", "::: trainer.TaskModule", "::: callbacks.Callback"]
+        "::: trainer.Trainer", "::: trainer.TaskModule", "::: trainer.callback.Callback"]
     assert len(strategies) >= 3, strategies
     missing = [w for w in wanted if w not in page]
     assert not missing, f"docs/api.md lacks: {missing}"
 
 
 def test_concepts_maps_every_module_of_the_package():
-    """docs/concepts.md's "The modules, one line each" names every module of taskfit (trainer/ and callbacks/)."""
+    """docs/concepts.md's "The modules, one line each" names every module of taskfit by its path in the package
+    (`loop/run.py` for trainer/loop/run.py, `callbacks/loggers/csv_logger.py` for callbacks/loggers/csv_logger.py),
+    names no module that does not exist, and "The layout" names every subpackage as a folder (`loop/`)."""
     page = (DOCS / "concepts.md").read_text(encoding="utf-8")
     table = page[page.index("## The modules, one line each"):page.index("## One batch, call by call")]
-    missing = [name for name in sorted(os.listdir(ROOT / "trainer")) if name.endswith(".py")
-               and name not in ("__init__.py", "__main__.py") and f"`{name}`" not in table]
-    assert not missing, f"docs/concepts.md's module map lacks: {missing}"
-    assert "`callbacks/base.py`" in table and "`callbacks/*.py`" in table
+    layout = page[page.index("## The layout"):page.index("## The layers")]
+    modules, folders = set(), set()
+    for folder, prefix in (("trainer", ""), ("callbacks", "callbacks/")):
+        for dirpath, dirnames, files in os.walk(ROOT / folder):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            rel = Path(dirpath).relative_to(ROOT / folder).as_posix()
+            here = prefix + ("" if rel == "." else rel + "/")
+            if here:
+                folders.add(here.rstrip("/").rsplit("/", 1)[-1] + "/")
+            modules.update(here + name for name in files if name.endswith(".py") and name != "__init__.py")
+    assert {"trainer.py", "loop/run.py", "callbacks/progress.py", "callbacks/loggers/csv_logger.py"} <= modules
+    missing = sorted(m for m in modules if f"| `{m}` |" not in table)
+    assert not missing, f"docs/concepts.md's module table lacks: {missing}"
+    named = set(re.findall(r"^\| `([^`]+\.py)` \|", table, re.M))
+    assert not named - modules, f"docs/concepts.md's module table names modules that do not exist: {named - modules}"
+    missing_folders = sorted(f for f in folders if not re.search(rf"[\s─]{re.escape(f)}\s", layout))
+    assert not missing_folders, f"docs/concepts.md's layout lacks the folders: {missing_folders}"

@@ -298,7 +298,7 @@ class TaskModule(nn.Module):
         """``loss.backward(*args, **kwargs)`` with the precision's loss scaling (16-mixed) and the backward hooks;
         use it instead of ``loss.backward()`` (``retain_graph=True`` passes through, as in Lightning)."""
         trainer = self._running_trainer("self.manual_backward(loss)")
-        trainer.backward(loss, *args, **kwargs)  # with on_before_backward/on_after_backward when defined
+        trainer.run.backward(loss, *args, **kwargs)  # with on_before_backward/on_after_backward when defined
         for optimizer in trainer.manual_optimizers:  # ddp: their gradients are averaged before clipping/stepping
             optimizer.synced = False
 

@@ -1,9 +1,12 @@
-"""Trainer: the loop, top to bottom, in this one file. docs/concepts.md maps the modules it delegates to.
+"""Trainer: the loop, top to bottom, in this one file; its configuration, and the current run (loop/run.py).
 
 One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``precision.step`` -> ``optimizer.step``.
 The step is the one written by hand: batch to the device (not on the CPU), zero_grad at a group's start, forward
 and loss under autocast, backward, every ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step. No
 device value is read per step: the loss is converted once per ``log_every_n_steps`` (the one CPU-GPU sync).
+The step's callables (``run.zero_grad``, ``run.training_step``, ``run.backward``, ``run.clip_gradients``) are
+fields of loop/run.py's Run, chosen once per fit in loop/lifecycle.py's ``setup_fit``. docs/concepts.md maps the
+folders; Lightning's names and argument checks come from compat/lightning/trainer.py.
 """
 from __future__ import annotations
 
@@ -49,43 +52,87 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     # Trainer(num_nodes=2) and Trainer(max_epoch=3) as one catalogued error, precision=None and max_steps=-1
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
     def __init__(
-        self, *, max_epochs: int | None = None, min_epochs: int | None = None, max_steps: int | None = None,
-        min_steps: int | None = None, accelerator: str = "auto", devices: int | str | Sequence[int] = "auto",
-        strategy: Any = "auto", precision: str | int = "32", accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
-        limit_train_batches: int | float = 1.0, limit_val_batches: int | float = 1.0,
-        limit_test_batches: int | float = 1.0, limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int = 2,
-        log_every_n_steps: int = 50, fast_dev_run: bool | int = False, overfit_batches: int | float = 0,
-        deterministic: bool = False, callbacks: Sequence[Callback] | None = None, default_root_dir: str | None = None,
-        profiler: Any = None, enable_progress_bar: bool = True, enable_model_summary: bool = True,
-        enable_checkpointing: bool = True, logger: bool | Logger | Sequence[Logger] = True,
-        nonfinite_loss: str = "raise", seed: int | None = None, compile: bool = False, channels_last: bool = False,
-        preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"), preempt_exit_code: int | None = None,
-        requeue: bool | None = None, config: Mapping[str, Any] | None = None, activation_checkpointing: Any = None,
+        self,
+        *,
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int | None = None,
+        min_steps: int | None = None,
+        accelerator: str = "auto",
+        devices: int | str | Sequence[int] = "auto",
+        strategy: Any = "auto",
+        precision: str | int = "32",
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0,
+        val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int = 2,
+        log_every_n_steps: int = 50,
+        fast_dev_run: bool | int = False,
+        overfit_batches: int | float = 0,
+        deterministic: bool = False,
+        callbacks: Sequence[Callback] | None = None,
+        default_root_dir: str | None = None,
+        profiler: Any = None,
+        enable_progress_bar: bool = True,
+        enable_model_summary: bool = True,
+        enable_checkpointing: bool = True,
+        logger: bool | Logger | Sequence[Logger] = True,
+        nonfinite_loss: str = "raise",
+        seed: int | None = None,
+        compile: bool = False,
+        channels_last: bool = False,
+        preempt_signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
+        preempt_exit_code: int | None = None,
+        requeue: bool | None = None,
+        config: Mapping[str, Any] | None = None,
+        activation_checkpointing: Any = None,
     ) -> None:
         check_arguments(locals())
+        # what to run on
         self.precision_name = normalize_precision(precision)
         self.strategy = select_strategy(strategy, accelerator, devices)
-        self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = max_epochs, max_steps, min_epochs, min_steps
+        self.compile = compile
+        self.channels_last = channels_last
+        self.activation_checkpointing = checkpoint_policy(activation_checkpointing)  # strategies/model_memory.py
+        # how long, and how each step is taken
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.min_epochs = min_epochs
+        self.min_steps = min_steps
         self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = gradient_clip_algorithm
+        self.nonfinite_loss = nonfinite_loss
+        self.seed = seed
+        self.deterministic = deterministic
+        # how much data, and when to validate and log
         self.limits = {"train": limit_train_batches, "val": limit_val_batches, "test": limit_test_batches,
                        "predict": limit_predict_batches}  # limit_*_batches by stage
-        self.val_check_interval, self.check_val_every_n_epoch = val_check_interval, check_val_every_n_epoch
-        self.num_sanity_val_steps, self.log_every_n_steps = num_sanity_val_steps, log_every_n_steps
-        self.overfit_batches, self.deterministic, self.seed = overfit_batches, deterministic, seed
-        self.default_root_dir, self.nonfinite_loss = default_root_dir, nonfinite_loss
-        self.compile, self.channels_last = compile, channels_last
-        self.activation_checkpointing = checkpoint_policy(activation_checkpointing)  # model_memory.py
-        self.preempt_signals, self.preempt_exit_code = normalize_signals(preempt_signals), preempt_exit_code
+        self.overfit_batches = overfit_batches
+        self.val_check_interval = val_check_interval
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.num_sanity_val_steps = num_sanity_val_steps
+        self.log_every_n_steps = log_every_n_steps
+        # where runs write, and what a preemption signal does
+        self.default_root_dir = default_root_dir
+        self.preempt_signals = normalize_signals(preempt_signals)
+        self.preempt_exit_code = preempt_exit_code
         self.requeue = requeue_setting(requeue, self.preempt_signals)  # SIGUSR1 under SLURM: save, requeue, exit
-        self.config = dict(config) if config is not None else None
+        self.config = dict(config) if config is not None else None  # the taskfit command's resolved config
         self.fast_dev_run = int(fast_dev_run)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
             self.limits = dict.fromkeys(self.limits, self.fast_dev_run)
-            self.max_epochs, self.max_steps, self.num_sanity_val_steps = 1, None, 0
-            self.val_check_interval, self.log_every_n_steps = 1.0, 1
+            self.max_epochs = 1
+            self.max_steps = None
+            self.num_sanity_val_steps = 0
+            self.val_check_interval = 1.0
+            self.log_every_n_steps = 1
             enable_checkpointing = logger = False
         if overfit_batches:
             self.limits["train"] = self.limits["val"] = overfit_batches

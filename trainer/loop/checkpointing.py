@@ -86,7 +86,7 @@ def save_checkpoint(run: Run, path: str | os.PathLike, background: bool = False,
     checkpoint = _contents(run, state)
     for fn in run.hooks["on_save_checkpoint"]:  # Lightning's hook: callbacks (not for weights only), the task
         if not weights_only or is_task_hook(fn):
-            fn(run, run.task, checkpoint)
+            fn(run.trainer, run.task, checkpoint)
     if run.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
         save_sharded(run.strategy, checkpoint, path, writer if background else None)
     elif run.strategy.is_main:
@@ -192,7 +192,7 @@ def _task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
     ``load_state_dict``."""
     for fn in run.hooks["on_load_checkpoint"]:
         if is_task_hook(fn):
-            fn(run, run.task, ckpt)
+            fn(run.trainer, run.task, ckpt)
     if run.data.datamodule is not None and ckpt.get("datamodule"):
         run.data.datamodule.load_state_dict(ckpt["datamodule"])
 
@@ -218,7 +218,7 @@ def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
         ckpt = read_shards(path, ckpt, templates)
     for fn in run.hooks["on_load_checkpoint"]:  # the callbacks' (the task's came first: open_checkpoint)
         if not is_task_hook(fn):
-            fn(run, run.task, ckpt)
+            fn(run.trainer, run.task, ckpt)
     load_run_state(run, ckpt)
     _warn_schedule(run, ckpt["data"], path)
     if run.strategy.is_main:
