@@ -204,7 +204,7 @@ def test_a_hook_nobody_defines_is_not_in_the_table_and_costs_no_call():
                  "on_train_batch_start", "setup"):
         assert trainer.hooks[hook] == [], hook
     # the step calls the optimizer's and the precision's own methods: no wrapper in between
-    assert trainer.zero_grad == trainer.optimizer.zero_grad and trainer.backward == trainer.precision.backward
+    assert trainer.run.zero_grad == trainer.optimizer.zero_grad and trainer.run.backward == trainer.precision.backward
 
 
 def test_lightning_hooks_taskfit_does_not_call_are_named_in_one_warning():
