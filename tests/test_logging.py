@@ -316,7 +316,6 @@ def test_importing_and_building_a_trainer_does_not_load_tensorboard():
 
 # ---- ddp: only rank 0 writes ----------------------------------------------------------------------------
 def test_only_rank_zero_writes_event_files_under_ddp(tmp_path):
-    pytest.importorskip("trainer.ddp", reason="the ddp strategy (trainer/ddp.py) is not there yet")
     trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, log_every_n_steps=2,
                       default_root_dir=str(tmp_path), **QUIET)
     metrics = trainer.fit(RegressionTask(n=64, batch_size=8, val_n=16))
