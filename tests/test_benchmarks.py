@@ -3,6 +3,7 @@ Each is kept small (seconds on an idle 2-core machine): on a busy one they must 
 300 s timeout."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIGHTNING = importlib.util.find_spec("lightning") is not None
 
 
 def _run(*args: str) -> str:
@@ -19,6 +21,17 @@ def _run(*args: str) -> str:
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def _main(name: str, *args: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
+    """benchmarks/<name>.py's main() in this process, with ``args`` as its command line: what it prints."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *args])
+    assert module.main() == 0
+    return capsys.readouterr().out
 
 
 def test_overhead_benchmark_trains_exactly_what_the_hand_written_loop_trains():
@@ -57,31 +70,40 @@ def test_gpu_benchmark_quick_runs_on_the_cpu():
     assert "dp skipped" in out  # says why a row is missing instead of leaving it out silently
 
 
-def test_lightning_parity_runs_or_says_how_to_install_lightning(tmp_path):
+@pytest.mark.skipif(LIGHTNING, reason="Lightning is installed: the comparison below runs instead")
+def test_lightning_parity_says_how_to_install_lightning(monkeypatch, capsys):
+    out = _main("lightning_parity", "--only", "val_check_interval", monkeypatch=monkeypatch, capsys=capsys)
+    assert "not installed" in out and "pip install lightning" in out  # CI: no Lightning
+
+
+def test_lightning_parity_rows_agree_where_lightning_is_installed(tmp_path):
+    pytest.importorskip("lightning")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "lightning_parity.py"), "--only",
                            "val_check_interval"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    if "not installed" in proc.stdout:  # CI: no Lightning
-        assert "pip install lightning" in proc.stdout
-    else:  # where Lightning is installed: the rows of this setting agree
-        rows = [line for line in proc.stdout.splitlines() if line.startswith("| val_check_interval |")]
-        assert len(rows) == 5 and all(row.rstrip(" |").endswith("yes") for row in rows), proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| val_check_interval |")]
+    assert len(rows) == 5 and all(row.rstrip(" |").endswith("yes") for row in rows), proc.stdout
 
 
-def test_lightning_ports_run_or_say_how_to_install_lightning(tmp_path):
+@pytest.mark.skipif(LIGHTNING, reason="Lightning is installed: the comparison below runs instead")
+def test_lightning_ports_say_how_to_install_lightning(monkeypatch, capsys):
+    out = _main("lightning_ports", "--only", "autoencoder", "--quick", monkeypatch=monkeypatch, capsys=capsys)
+    assert "not installed" in out and "pip install lightning" in out  # CI: no Lightning
+
+
+def test_lightning_ports_run_the_same_numbers_where_lightning_is_installed(tmp_path):
+    pytest.importorskip("lightning")
+    pytest.importorskip("jsonargparse", reason="the autoencoder's LightningCLI needs jsonargparse")
     pytest.importorskip("sklearn", reason="the ported examples use scikit-learn's bundled digits")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "lightning_ports.py"), "--only",
                            "autoencoder", "--quick"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    if "not installed" in proc.stdout:  # CI: no Lightning
-        assert "pip install lightning" in proc.stdout
-    elif "skipped" not in proc.stdout:  # where Lightning (and jsonargparse) is installed: the same numbers
-        [row] = [line for line in proc.stdout.splitlines() if line.startswith("| autoencoder")]
-        assert "(0.0e+00 relative)" in row and "max difference 0.0e+00" in row and "the same" in row, row
-        assert "image grids: 4 of 4 byte-identical" in row, row
+    [row] = [line for line in proc.stdout.splitlines() if line.startswith("| autoencoder")]
+    assert "(0.0e+00 relative)" in row and "max difference 0.0e+00" in row and "the same" in row, row
+    assert "image grids: 4 of 4 byte-identical" in row, row
 
 
 def test_step_budget_prices_each_piece_of_the_step_on_the_same_work():
