@@ -288,6 +288,7 @@ def test_bad_fsdp_options_fail_before_work(kwargs, message):
     assert "HINT:" in str(info.value)
 
 
+@pytest.mark.integration  # refused before any process starts (the tier rule reads devices=2 as several)
 def test_16_mixed_is_refused_before_any_process_starts(tmp_path):
     trainer = Trainer(strategy="fsdp", accelerator="cpu", devices=2, precision="16-mixed", max_epochs=1,
                       default_root_dir=str(tmp_path), **QUIET)

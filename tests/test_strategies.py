@@ -198,6 +198,7 @@ def test_ddp_with_one_device_runs_here_and_leaves_no_process_group(quiet):
         assert torch.allclose(task.state_dict()[key], value, atol=1e-6), key
 
 
+@pytest.mark.integration  # refused before any process starts (the tier rule reads devices=2 as several)
 def test_ddp_with_a_task_that_cannot_be_pickled_says_how_to_fix_it(quiet):
     class LocalTask(RegressionTask):  # defined in a function: spawn cannot send it to the workers
         pass
