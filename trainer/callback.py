@@ -115,6 +115,73 @@ class Callback:
         """An entry point (``trainer.state.fn``) ended by an exception (including KeyboardInterrupt and a
         preemption exit)."""
 
+    # ---- Lightning's callback hooks beyond the ones above (LIGHTNING_HOOKS says when each is called) -----------
+    def setup(self, trainer: Trainer, task: TaskModule, stage: str) -> None:
+        """At the start of fit/validate/test/predict, before the module moves to its device."""
+
+    def teardown(self, trainer: Trainer, task: TaskModule, stage: str) -> None:
+        """At the end of fit/validate/test/predict (not after an exception)."""
+
+    def on_train_start(self, trainer: Trainer, task: TaskModule) -> None:
+        """After the sanity check, before the first training epoch."""
+
+    def on_train_end(self, trainer: Trainer, task: TaskModule) -> None:
+        """After the last training epoch, before on_fit_end."""
+
+    def on_validation_epoch_start(self, trainer: Trainer, task: TaskModule) -> None:
+        """After on_validation_start, before the first validation batch."""
+
+    def on_validation_epoch_end(self, trainer: Trainer, task: TaskModule) -> None:
+        """After the validation batches; the pass's values are in callback_metrics."""
+
+    def on_test_epoch_start(self, trainer: Trainer, task: TaskModule) -> None:
+        """After on_test_start."""
+
+    def on_test_epoch_end(self, trainer: Trainer, task: TaskModule) -> None:
+        """As on_validation_epoch_end, for test."""
+
+    def on_predict_epoch_start(self, trainer: Trainer, task: TaskModule) -> None:
+        """After on_predict_start."""
+
+    def on_predict_epoch_end(self, trainer: Trainer, task: TaskModule) -> None:
+        """Before on_predict_end."""
+
+    def on_validation_batch_start(self, trainer: Trainer, task: TaskModule, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        """Before each validation batch (on its device)."""
+
+    def on_validation_batch_end(self, trainer: Trainer, task: TaskModule, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        """After each validation batch: what the step returned (default step: the loss)."""
+
+    def on_test_batch_start(self, trainer: Trainer, task: TaskModule, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        """Before each test batch."""
+
+    def on_test_batch_end(self, trainer: Trainer, task: TaskModule, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
+        """After each test batch."""
+
+    def on_predict_batch_start(self, trainer: Trainer, task: TaskModule, batch: Any, batch_idx: int,
+                               dataloader_idx: int = 0) -> None:
+        """Before each predict batch."""
+
+    def on_before_zero_grad(self, trainer: Trainer, task: TaskModule, optimizer: torch.optim.Optimizer) -> None:
+        """Before zero_grad, at each accumulation group's first batch."""
+
+    def on_before_backward(self, trainer: Trainer, task: TaskModule, loss: torch.Tensor) -> None:
+        """The loss backward is called on (divided by the group's size under accumulation)."""
+
+    def on_after_backward(self, trainer: Trainer, task: TaskModule) -> None:
+        """After backward: the gradients are there (scaled under 16-mixed)."""
+
+    def on_save_checkpoint(self, trainer: Trainer, task: TaskModule, checkpoint: dict[str, Any]) -> None:
+        """The checkpoint dict about to be written: add your own keys."""
+
+    def on_load_checkpoint(self, trainer: Trainer, task: TaskModule, checkpoint: dict[str, Any]) -> None:
+        """The checkpoint dict read, before its state is restored."""
+
+    # ---- taskfit's ----------------------------------------------------------------------------------------------
     def needs_batch_hooks(self, trainer: Trainer) -> bool:
         """Asked once per fit, after ``on_fit_start``: False and the Trainer does not call this callback's
         ``on_train_batch_start``/``on_train_batch_end`` in this fit (a per-step call saved when, as configured,

@@ -51,6 +51,10 @@ class DataModule:
     test_dataloader = TaskModule.test_dataloader
     predict_dataloader = TaskModule.predict_dataloader
 
+    @default_hook
+    def on_exception(self, exception: BaseException) -> None:
+        """An entry point ended by ``exception``."""
+
     def state_dict(self) -> dict[str, Any]:
         """What this data module needs to continue after a resume (plain containers, numbers, tensors)."""
         return {}

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .callback import default_hook
 from .checkpoint.lookup import load_module
 from .cluster import global_rank
 from .errors import MisconfigurationError, TaskModuleError
@@ -44,7 +45,8 @@ class TaskModule(nn.Module):
         object.__setattr__(self, "_hparams", AttributeDict(recorded_init_args(cls, args, kwargs)))
         return self
 
-    trainer: Any = None  # the taskfit.Trainer running this module (not imported: module.py sits below trainer.py) (set for the length of fit/validate/...)
+    trainer: Any = None  # the taskfit.Trainer running this module, for the length of fit/validate/... (not imported:
+    # module.py sits below trainer.py)
     automatic_optimization: bool = True  # False: training_step calls manual_backward and steps self.optimizers()
 
     def __init__(self, optimizer: Callable[..., torch.optim.Optimizer] | None = None,
@@ -302,9 +304,13 @@ class TaskModule(nn.Module):
         for optimizer in trainer.manual_optimizers:  # ddp: their gradients are averaged before clipping/stepping
             optimizer.synced = False
 
-    def clip_gradients(self, optimizer: Any, gradient_clip_val: float,
-                       gradient_clip_algorithm: str = "norm") -> None:
-        """Clip the gradients of ``optimizer``'s parameters (unscaled first under 16-mixed), before its step."""
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = "norm") -> None:
+        """Clip the gradients of ``optimizer``'s parameters (unscaled first under 16-mixed), before its step; with no
+        ``gradient_clip_val``, nothing (Lightning's meaning)."""
+        if gradient_clip_val is None:
+            return
+        gradient_clip_algorithm = gradient_clip_algorithm or "norm"
         if hasattr(optimizer, "sync_gradients"):  # a ManualOptimizer: clip the gradients averaged over ranks
             optimizer.sync_gradients()
         optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -317,6 +323,186 @@ class TaskModule(nn.Module):
         call ``self.stage_metrics["acc"].update(preds, targets)``; the Trainer computes, logs and resets them."""
         trainer = self._running_trainer("self.stage_metrics")
         return trainer.metrics.get({"sanity": "val"}.get(trainer.state.stage, trainer.state.stage), {})
+
+    # ---- Lightning's LightningModule hooks: no-ops, so that ``super().on_train_start()`` works ------------------
+    # @default_hook: a subclass that keeps one does not "define" it, so the hook table (loop/hooks.py) leaves it out
+    # and it costs nothing per step. docs/taskmodule.md says when each is called.
+    @default_hook
+    def prepare_data(self) -> None:
+        """Download or write data, once per machine (local rank 0), before ``setup``."""
+
+    @default_hook
+    def setup(self, stage: str) -> None:
+        """At the start of fit/validate/test/predict (``stage``), before the module moves to its device."""
+
+    @default_hook
+    def teardown(self, stage: str) -> None:
+        """At the end of fit/validate/test/predict (not after an exception)."""
+
+    @default_hook
+    def configure_model(self) -> None:
+        """Build layers here to have them made on the strategy's device (or the meta device)."""
+
+    @default_hook
+    def on_fit_start(self) -> None:
+        """Before the first epoch."""
+
+    @default_hook
+    def on_fit_end(self) -> None:
+        """After training ended normally."""
+
+    @default_hook
+    def on_train_start(self) -> None:
+        """After the sanity check, before the first training epoch."""
+
+    @default_hook
+    def on_train_end(self) -> None:
+        """After the last training epoch."""
+
+    @default_hook
+    def on_train_epoch_start(self) -> None:
+        """At the start of each training epoch."""
+
+    @default_hook
+    def on_train_epoch_end(self) -> None:
+        """At the end of each training epoch (``self.log`` here logs an epoch value)."""
+
+    @default_hook
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> Any:
+        """Before each training batch (on its device)."""
+
+    @default_hook
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """After each training batch: ``outputs`` is ``{"loss": loss}`` or the step's dict, detached."""
+
+    @default_hook
+    def on_validation_start(self) -> None:
+        """Before a validation pass."""
+
+    @default_hook
+    def on_validation_end(self) -> None:
+        """After a validation pass."""
+
+    @default_hook
+    def on_validation_epoch_start(self) -> None:
+        """After on_validation_start, before the first validation batch."""
+
+    @default_hook
+    def on_validation_epoch_end(self) -> None:
+        """After the validation batches (their values are in ``trainer.callback_metrics``)."""
+
+    @default_hook
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Before each validation batch."""
+
+    @default_hook
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """After each validation batch: ``outputs`` is what the step returned."""
+
+    @default_hook
+    def on_test_start(self) -> None:
+        """Before the test pass."""
+
+    @default_hook
+    def on_test_end(self) -> None:
+        """After the test pass."""
+
+    @default_hook
+    def on_test_epoch_start(self) -> None:
+        """After on_test_start."""
+
+    @default_hook
+    def on_test_epoch_end(self) -> None:
+        """After the test batches."""
+
+    @default_hook
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Before each test batch."""
+
+    @default_hook
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """After each test batch."""
+
+    @default_hook
+    def on_predict_start(self) -> None:
+        """Before the predict pass."""
+
+    @default_hook
+    def on_predict_end(self) -> None:
+        """After the predict pass."""
+
+    @default_hook
+    def on_predict_epoch_start(self) -> None:
+        """After on_predict_start."""
+
+    @default_hook
+    def on_predict_epoch_end(self) -> None:
+        """Before on_predict_end."""
+
+    @default_hook
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Before each predict batch."""
+
+    @default_hook
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """After each predict batch: ``outputs`` is the prediction."""
+
+    @default_hook
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before the gradients are zeroed (a group's first batch)."""
+
+    @default_hook
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Before backward, with the loss it runs on."""
+
+    @default_hook
+    def on_after_backward(self) -> None:
+        """After backward: the gradients are there (scaled under 16-mixed)."""
+
+    @default_hook
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before each optimizer step, the gradients unscaled."""
+
+    @default_hook
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The checkpoint about to be written: add your own keys."""
+
+    @default_hook
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The checkpoint read, before its state is restored."""
+
+    # ---- Lightning's overrides of the automatic step: called when a subclass defines them (loop/overrides.py) -----
+    @default_hook
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
+                       optimizer_closure: Callable[[], Any] | None = None) -> None:
+        """Step ``optimizer``; the closure returns the step's loss (taskfit has run forward and backward already).
+        Override to warm up the learning rate or skip steps, calling ``optimizer.step(closure=optimizer_closure)``."""
+        optimizer.step(closure=optimizer_closure)
+
+    @default_hook
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        """Zero the gradients at an accumulation group's first batch."""
+        optimizer.zero_grad()
+
+    @default_hook
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward()`` (the loss arrives scaled under 16-mixed)."""
+        loss.backward(*args, **kwargs)
+
+    @default_hook
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip before each optimizer step, with the Trainer's ``gradient_clip_val``/``gradient_clip_algorithm``."""
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
+    @default_hook
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step ``scheduler`` (ReduceLROnPlateau with its monitored ``metric``)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
 
     def _running_trainer(self, what: str) -> Any:
         if self.trainer is None:

@@ -107,8 +107,10 @@ class Schedulers:
     """A fit's learning-rate schedulers and when each steps: ``interval="step"`` after every ``frequency``-th
     optimizer step (counted over the run), ``"epoch"`` after every ``frequency``-th completed epoch."""
 
-    def __init__(self, configs: list[SchedulerConfig], automatic: bool = True) -> None:
+    def __init__(self, configs: list[SchedulerConfig], automatic: bool = True,
+                 lr_scheduler_step: Callable[[Any, Any], None] | None = None) -> None:
         self.configs = configs  # all of them (checkpointed); with manual optimization the task steps them itself
+        self.lr_scheduler_step = lr_scheduler_step  # the task's own (Lightning's override), or None: scheduler.step
         self.per_step = [c for c in configs if c.interval == "step" and automatic and not c.on_plateau]
         # ReduceLROnPlateau steps after the batch's hooks and validation: it may monitor a value logged this step
         self.plateau_per_step = [c for c in configs if c.interval == "step" and automatic and c.on_plateau]
@@ -122,7 +124,7 @@ class Schedulers:
         ReduceLROnPlateau ones, after the batch's hooks and validation)."""
         for config in self.plateau_per_step if plateau else self.per_step:
             if global_step % config.frequency == 0:
-                step_scheduler(config, metrics)
+                step_scheduler(config, metrics, self.lr_scheduler_step)
 
     def pause(self) -> None:
         """Step none of them from here on (a callback that sets the learning rate itself: SWA, the lr finder)."""
@@ -132,7 +134,7 @@ class Schedulers:
         """``epoch`` (from 0) has just completed."""
         for config in self.per_epoch:
             if (epoch + 1) % config.frequency == 0:
-                step_scheduler(config, metrics)
+                step_scheduler(config, metrics, self.lr_scheduler_step)
 
     def state_dict(self) -> list[dict[str, Any]]:
         return [config.scheduler.state_dict() for config in self.configs]
@@ -171,10 +173,15 @@ def lr_course(schedulers: Schedulers, steps: int, epochs: int) -> list[str]:
     return lines
 
 
-def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float]) -> None:
-    """Step one scheduler; ReduceLROnPlateau gets its monitored value from ``metrics``."""
+def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float],
+                   task_step: Callable[[Any, Any], None] | None = None) -> None:
+    """Step one scheduler; ReduceLROnPlateau gets its monitored value from ``metrics``. ``task_step``: the task's
+    ``lr_scheduler_step(scheduler, metric)`` (Lightning's override), called instead of ``scheduler.step``."""
     if not config.on_plateau:
-        config.scheduler.step()
+        if task_step is not None:
+            task_step(config.scheduler, None)
+        else:
+            config.scheduler.step()
         return
     value = metrics.get(config.monitor)
     if value is None and not config.strict:
@@ -189,7 +196,10 @@ def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float]) -> Non
             f"ReduceLROnPlateau monitors {config.monitor!r}, which has not been logged.",
             f"set 'monitor' to one of {sorted(metrics) or 'the logged keys'} in configure_optimizers, or add "
             "'strict': False to its scheduler dict to skip its steps while the key is missing.")
-    config.scheduler.step(value)
+    if task_step is not None:
+        task_step(config.scheduler, value)
+    else:
+        config.scheduler.step(value)
 
 
 def gradient_clipper(optimizer: torch.optim.Optimizer, value: float | None,

@@ -161,7 +161,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         return self.strategy.launch(self._fit, task, data, ckpt_path)
 
     def validate(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: DataModule | None = None, **lightning: Any) -> list[dict[str, float]]:
+                 verbose: bool = True, datamodule: DataModule | None = None,
+                 **lightning: Any) -> list[dict[str, float]]:
         """One validation pass; returns ``[metrics]``. Without ``task``: the fitted one, from ``ckpt_path``."""
         task = entry_keywords(self.validate, task, lightning) if lightning else task
         return self._entry("validate", task, dataloaders, datamodule, ckpt_path)
@@ -280,7 +281,10 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             run.before_optimizer_step(optimizer)
         if run.clip_gradients is not None:
             run.clip_gradients()
-        stepped = precision.step(optimizer)  # False: the GradScaler skipped a step whose gradients overflowed
+        if run.task_optimizer_step is None:  # False: the GradScaler skipped a step whose gradients overflowed
+            stepped = precision.step(optimizer)
+        else:  # the task's optimizer_step (Lightning's override, loop/overrides.py): it steps through precision
+            stepped = run.task_optimizer_step(loss)
         st.global_step += 1
         if stepped and run.schedulers.per_step:
             run.schedulers.after_step(st.global_step, st.metrics)

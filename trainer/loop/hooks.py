@@ -21,6 +21,7 @@ from torch import nn
 from ..callback import HOOKS as CORE_HOOKS
 from ..callback import Callback
 from ..logs.logger import Logger
+from .overrides import AUTOMATIC_OVERRIDES
 
 Hook = Callable[..., Any]
 
@@ -75,14 +76,6 @@ NOT_CALLED: dict[str, str] = {
     "transfer_batch_to_device": "batches of tensors (in tuples, lists, dicts) are moved for you; move other "
                                 "types in split_batch",
     "on_after_batch_transfer": "change the batch in split_batch (it runs on the device batch)",
-    "configure_gradient_clipping": "Trainer(gradient_clip_val=..., gradient_clip_algorithm=...), or "
-                                   "self.clip_gradients(...) with manual optimization",
-    "optimizer_step": "automatic_optimization = False and step the optimizer yourself in training_step "
-                      "(docs/steps.md)",
-    "optimizer_zero_grad": "automatic_optimization = False and call opt.zero_grad() yourself",
-    "lr_scheduler_step": "configure_optimizers' scheduler dict (interval, frequency, monitor), or step it yourself "
-                         "with manual optimization",
-    "backward": "on_before_backward/on_after_backward, or self.manual_backward with manual optimization",
     # removed in Lightning 2.0 (a port of 1.x code)
     "training_epoch_end": "on_train_epoch_end, collecting what it needs in training_step (or self.log / "
                           "torchmetrics, which average for you)",
@@ -124,9 +117,9 @@ def is_task_hook(fn: Hook) -> bool:
 def hook_table(callbacks: Iterable[Callback], task: Any, datamodule: Any = None,
                publish: Hook | None = None) -> dict[str, list[Hook]]:
     """For each hook, what the Trainer calls, in Lightning's order: callbacks (sorted by ``order``) that define
-    it, and the task's/data module's own. Monitoring callbacks (``Callback.monitors_epoch_values``: ModelCheckpoint,
-    EarlyStopping) come last among equals in ``on_train_epoch_end``; the task's runs before them, and ``publish(trainer, task)`` right after it
-    and last (it publishes what was logged there)."""
+    it, and the task's/data module's own. Monitoring callbacks (``Callback.monitors_epoch_values``:
+    ModelCheckpoint, EarlyStopping) come last among equals in ``on_train_epoch_end``; the task's runs before them,
+    and ``publish(trainer, task)`` right after it and last (it publishes what was logged there)."""
     callbacks = list(callbacks)
     table: dict[str, list[Hook]] = {}
     for name in (*HOOKS, "prepare_data", "configure_model"):
@@ -168,6 +161,8 @@ def uncalled_hooks(callbacks: Iterable[Callback], task: Any, datamodule: Any = N
             continue
         candidates = list(NOT_CALLED) + ([] if called is HOOKS else [h for h in HOOKS if h not in LOGGING_HOOKS])
         found += [f"{type(obj).__name__}.{name}" for name in candidates if name not in called and defines(obj, name)]
+    if not getattr(task, "automatic_optimization", True):  # Lightning calls them in automatic optimization only
+        found += [f"{type(task).__name__}.{name}" for name in AUTOMATIC_OVERRIDES if defines(task, name)]
     return found
 
 
@@ -176,12 +171,18 @@ def warn_uncalled(callbacks: Iterable[Callback], task: Any, datamodule: Any = No
     names = uncalled_hooks(callbacks, task, datamodule)
     if not names:
         return
-    advice = "; ".join(f"`{n}`: {NOT_CALLED.get(n.rsplit('.', 1)[1], 'a callback hook: put it in a Callback')}"
+    advice = "; ".join(f"`{n}`: {_advice(n.rsplit('.', 1)[1])}"
                        for n in names)
     listed = ", ".join(f"`{n}`" for n in names)
     verb = "is a Lightning hook" if len(names) == 1 else "are Lightning hooks"
     warnings.warn(f"{listed} {verb} taskfit does not call. Use instead: {advice}. HINT: docs/callbacks.md lists the "
                   "hooks taskfit calls and when.", UserWarning, stacklevel=4)
+
+
+def _advice(name: str) -> str:
+    if name in AUTOMATIC_OVERRIDES:
+        return "with automatic_optimization = False the task steps, zeroes and clips itself in training_step"
+    return NOT_CALLED.get(name, "a callback hook: put it in a Callback")
 
 
 def publish_late(trainer: Any, task: Any) -> None:

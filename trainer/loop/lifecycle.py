@@ -1,6 +1,6 @@
-"""Building a run and tearing it down: :func:`running` (seed, hooks, the run directory, data preparation and
-``setup``, device and wrapper, precision, logging buffer; ``teardown`` and ``on_exception``), :func:`setup_fit` (what fit
-adds: optimizers, loaders, cadence, the step's callables, a checkpoint to resume) and :func:`fitted_task`."""
+"""Building a run and tearing it down: :func:`new_run`, :func:`running` (seed, the run directory, data preparation
+and ``setup``, device and wrapper, precision, logging buffer; ``teardown`` and ``on_exception``), :func:`setup_fit`
+(what fit adds: optimizers, loaders, cadence, the step's callables, a checkpoint to resume) and :func:`fitted_task`."""
 from __future__ import annotations
 
 import contextlib
@@ -19,13 +19,14 @@ from ..logs.buffer import LogBuffer
 from ..logs.logger import run_directory
 from ..logs.metrics import build_metrics
 from ..module import TaskModule, rank_zero_only
-from ..optim import Schedulers, gradient_clipper, parse_optimizers
+from ..optim import Schedulers, parse_optimizers
 from ..seed import deterministic_algorithms, run_seed, seed_everything
 from ..state import TrainerState
 from ..strategies.model_memory import prepare_module
 from .cadence import ValidationSchedule
 from .checkpointing import load_weights, open_checkpoint, restore
 from .hooks import Hook, hook_table, publish_late, warn_uncalled
+from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_step, zero_grad_call
 from .precision import Precision
 from .preemption import Preemption
 from .run import Run
@@ -104,9 +105,12 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     trainer, task, strategy, hooks = run.trainer, run.task, run.strategy, run.hooks
     run.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
     run.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not run.manual)
-    run.optimizer, run.schedulers = run.optimizers[0], Schedulers(configs, automatic=not run.manual)
+    run.optimizer = run.optimizers[0]
+    run.schedulers = Schedulers(configs, automatic=not run.manual, lr_scheduler_step=scheduler_step(task))
     run.manual_optimizers = [ManualOptimizer(o, run) for o in run.optimizers] if run.manual else []
-    run.clip_gradients = gradient_clipper(run.optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+    # Lightning's overrides of the automatic step (overrides.py): the plain calls unless the task writes its own
+    run.clip_gradients = clip_call(task, run.optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+    run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
@@ -115,8 +119,10 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.val_schedule = ValidationSchedule(trainer.val_check_interval, trainer.check_val_every_n_epoch,
                                           run.num_train_batches, run.val_loader is not None)
     run.before_step_work = run.precision.scaler is not None or bool(hooks["on_before_optimizer_step"])
-    run.zero_grad = with_hooks(run, run.optimizer.zero_grad, hooks["on_before_zero_grad"], [], run.optimizer)
-    run.backward = with_hooks(run, run.precision.backward, hooks["on_before_backward"], hooks["on_after_backward"])
+    run.zero_grad = with_hooks(run, zero_grad_call(task, run.state, run.optimizer), hooks["on_before_zero_grad"], [],
+                               run.optimizer)
+    run.backward = with_hooks(run, backward_call(task, run.precision), hooks["on_before_backward"],
+                              hooks["on_after_backward"])
     if checkpoint is not None:
         restore(run, *checkpoint)
         run.state.resumed = True

@@ -59,10 +59,11 @@ class Run:
     num_val_batches: float = 0
     val_schedule: ValidationSchedule | None = None
     # The step's callables, chosen once per fit (setup_fit): the plain call when no hook is defined
-    training_step: Callable[[Any, int], Any] | None = None  # steps.training_step under precision.autocasting (forward and loss)
-    zero_grad: Callable[..., None] | None = None  # optimizer.zero_grad, or with_hooks around it
-    backward: Callable[..., None] | None = None  # precision.backward, or with_hooks around it
-    clip_gradients: Callable[[], None] | None = None  # optim.gradient_clipper, None without clipping
+    training_step: Callable[[Any, int], Any] | None = None  # steps.training_step (forward and loss) under autocast
+    zero_grad: Callable[..., None] | None = None  # optimizer.zero_grad (or the task's), with_hooks around it if any
+    backward: Callable[..., None] | None = None  # precision.backward (or the task's), with_hooks around it if any
+    clip_gradients: Callable[[], None] | None = None  # optim.gradient_clipper (None without clipping), or the task's
+    task_optimizer_step: Callable[[torch.Tensor], bool] | None = None  # the task's optimizer_step, else None
     before_step_work: bool = False  # a GradScaler to unscale or on_before_optimizer_step hooks
     loss_checked: bool = False  # the first loss was checked (check_loss)
 

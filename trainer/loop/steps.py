@@ -87,7 +87,8 @@ class ManualOptimizer:
     """What ``self.optimizers()`` returns with ``automatic_optimization = False``: the optimizer, whose ``step()``
     averages the gradients over ddp ranks (unless ``self.clip_gradients`` already did), unscales them (16-mixed),
     calls ``on_before_optimizer_step``, steps through the GradScaler (which skips a step whose gradients
-    overflowed) and counts ``global_step`` as Lightning does: one per optimizer step. Everything else (``zero_grad``, ``param_groups``) is the optimizer's.
+    overflowed) and counts ``global_step`` as Lightning does: one per optimizer step. Everything else (``zero_grad``,
+    ``param_groups``) is the optimizer's.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, run: Run) -> None:
