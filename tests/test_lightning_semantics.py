@@ -15,9 +15,9 @@ import os
 
 import pytest
 import torch
-from taskfit import MisconfigurationError, Trainer
+from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.callbacks import Callback, ModelCheckpoint
-from tasks import Line
+from tasks import Line, RegressionTask
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
 
@@ -200,3 +200,36 @@ def test_max_steps_mid_epoch_stays_in_that_epoch():
     # Lightning: current_epoch 1 and epoch=0-step=7.ckpt; taskfit keeps the epoch open (an exact mid-epoch resume)
     trainer, _ = fit(max_steps=7, max_epochs=5)
     assert (trainer.state.epoch, trainer.state.batches_done, trainer.state.global_step) == (0, 7, 7)
+
+
+# ---- randomness as Lightning leaves it ---------------------------------------------------------------------------
+def test_seed_everything_without_a_seed_reuses_the_exported_one_as_lightning(monkeypatch):
+    monkeypatch.delenv("TASKFIT_SEED", raising=False)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    assert seed_everything() == 0  # nothing exported yet: Lightning's 0
+    assert seed_everything(42, workers=True) == 42
+    first = torch.rand(3)
+    assert seed_everything() == 42 and os.environ["PL_GLOBAL_SEED"] == "42"
+    assert torch.equal(torch.rand(3), first)
+
+
+def test_the_sanity_check_does_not_shift_the_random_numbers_of_training():
+    class Draws(RegressionTask):
+        def __init__(self) -> None:
+            super().__init__(val_n=16)
+            self.first: torch.Tensor | None = None
+
+        def validation_step(self, batch, batch_idx):
+            torch.rand(100)  # a step that draws from the global generator (dropout, sampling...)
+            return self.loss(self(batch[0]), batch[1])
+
+        def on_train_start(self) -> None:
+            self.first = torch.rand(4)
+
+    drawn = []
+    for sanity in (0, 2):
+        task = Draws()
+        Trainer(max_epochs=1, limit_train_batches=1, num_sanity_val_steps=sanity, seed=3, enable_progress_bar=False,
+                enable_model_summary=False, enable_checkpointing=False, logger=False).fit(task)
+        drawn.append(task.first)
+    assert torch.equal(drawn[0], drawn[1])

@@ -9,15 +9,24 @@ from collections.abc import Iterator
 import torch
 
 _SEED_ENV = "TASKFIT_SEED"
+_LIGHTNING_SEED_ENV = "PL_GLOBAL_SEED"  # Lightning's name for the same: code ported from it may read it
 
 
-def seed_everything(seed: int = 0) -> int:
+def seed_everything(seed: int | None = None, workers: bool = True, verbose: bool = False) -> int:
     """Seed python, numpy, torch and CUDA; the Trainer also derives its data order and worker seeds from it.
 
-    The seed is exported as ``TASKFIT_SEED`` so that spawned ddp workers and DataLoader workers see it.
+    The seed is exported as ``TASKFIT_SEED`` (and Lightning's ``PL_GLOBAL_SEED``) so that spawned ddp workers and
+    DataLoader workers see it. Without ``seed``, the one exported before is used again (0 when there is none), as
+    Lightning does. ``workers``: taskfit always seeds DataLoader workers (Lightning's ``workers=True``); False is
+    accepted and changes nothing. ``verbose`` prints the seed.
     """
+    if seed is None:
+        exported = os.environ.get(_SEED_ENV, os.environ.get(_LIGHTNING_SEED_ENV))
+        seed = int(exported) if exported is not None else 0
     seed = int(seed)
-    os.environ[_SEED_ENV] = str(seed)
+    if verbose:
+        print(f"Seed set to {seed}")
+    os.environ[_SEED_ENV] = os.environ[_LIGHTNING_SEED_ENV] = str(seed)
     random.seed(seed)
     try:
         import numpy as np

@@ -20,6 +20,7 @@ import torch
 
 from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
 from .checkpoint.files import CheckpointWriter
+from .checkpoint.rng import isolated_rng
 from .compat.lightning.trainer import LightningArguments, LightningNames, entry_keywords
 from .data.loaders import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
 from .datamodule import DataModule, DataSource
@@ -366,7 +367,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         run = self.run
         self.state.stage = "sanity"
         run.call_hooks("on_sanity_check_start")
-        sanity_pass(run, min(self.num_sanity_val_steps, run.num_val_batches))
+        with isolated_rng():  # what the sanity check draws does not shift training's random numbers (Lightning's)
+            sanity_pass(run, min(self.num_sanity_val_steps, run.num_val_batches))
         run.call_hooks("on_sanity_check_end")
         self.state.stage = "idle"
 

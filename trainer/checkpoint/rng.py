@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import random
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,6 +39,17 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = [s.clone() for s in torch.cuda.get_rng_state_all()]
     return out
+
+
+@contextlib.contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Python's, numpy's, torch's and CUDA's random states as they were before the block (Lightning's
+    ``isolate_rng``, around the sanity check: what it draws does not shift the training run's numbers)."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
