@@ -139,7 +139,7 @@ class ProgressBar(Callback):
         bar, self._eval_bar = self._eval_bar, None
         if bar is not None:
             bar.close()
-        if title is not None and trainer.is_main and self._pass:
+        if title is not None and trainer.is_main and self._pass and trainer.run.verbose:
             echo(results_table(title, self._pass), stream=self._out(), name="taskfit.results")
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:

@@ -233,3 +233,18 @@ def test_the_sanity_check_does_not_shift_the_random_numbers_of_training():
                 enable_model_summary=False, enable_checkpointing=False, logger=False).fit(task)
         drawn.append(task.first)
     assert torch.equal(drawn[0], drawn[1])
+
+
+def test_test_and_validate_print_their_results_only_when_verbose(capsys):
+    task = RegressionTask(val_n=16)
+    task.test_dataloader = task.val_dataloader
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, enable_model_summary=False, enable_checkpointing=False,
+                      logger=False, num_sanity_val_steps=0)
+    trainer.fit(task)
+    capsys.readouterr()
+    quiet = trainer.test(task, verbose=False)
+    assert "Test results" not in capsys.readouterr().out
+    loud = trainer.test(task)
+    assert "Test results" in capsys.readouterr().out and loud == quiet
+    trainer.validate(task, verbose=False)
+    assert "Validation results" not in capsys.readouterr().out

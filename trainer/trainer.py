@@ -166,13 +166,13 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                  **lightning: Any) -> list[dict[str, float]]:
         """One validation pass; returns ``[metrics]``. Without ``task``: the fitted one, from ``ckpt_path``."""
         task = entry_keywords(self.validate, task, lightning) if lightning else task
-        return self._entry("validate", task, dataloaders, datamodule, ckpt_path)
+        return self._entry("validate", task, dataloaders, datamodule, ckpt_path, True, verbose)
 
     def test(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
              verbose: bool = True, datamodule: DataModule | None = None, **lightning: Any) -> list[dict[str, float]]:
         """One pass over the test loader; returns ``[metrics]``. Without ``task``: the fitted one."""
         task = entry_keywords(self.test, task, lightning) if lightning else task
-        return self._entry("test", task, dataloaders, datamodule, ckpt_path)
+        return self._entry("test", task, dataloaders, datamodule, ckpt_path, True, verbose)
 
     def predict(self, task: TaskModule | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
                 return_predictions: bool | None = None, ckpt_path: str | None = None,
@@ -383,10 +383,12 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         run.model.train()
 
     def _run_eval(self, fn: str, task: TaskModule, data: DataSource, ckpt_path: str | None,
-                  keep: bool = True) -> list[Any] | None:
-        """One pass of ``validate``/``test`` (returns ``[metrics]``) or ``predict`` (returns the predictions)."""
+                  keep: bool = True, verbose: bool = True) -> list[Any] | None:
+        """One pass of ``validate``/``test`` (returns ``[metrics]``; ``verbose``: the results table printed) or
+        ``predict`` (returns the predictions if ``keep``)."""
         self.callbacks = merge_task_callbacks(self.callbacks, task)
-        self.run = run = lifecycle.new_run(self, task, fn, data, self.callbacks, self.state, log_dir=self.log_dir)
+        self.run = run = lifecycle.new_run(self, task, fn, data, self.callbacks, self.state, log_dir=self.log_dir,
+                                           verbose=verbose)
         with lifecycle.running(run, weights=ckpt_path):
             return run_entry(run, fn, keep)
 

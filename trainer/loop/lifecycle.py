@@ -34,11 +34,12 @@ from .steps import ManualOptimizer, training_step
 
 
 def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
-            state: TrainerState, log_dir: str | None) -> Run:
+            state: TrainerState, log_dir: str | None, verbose: bool = True) -> Run:
     """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any hook fires."""
     hooks = hook_table(callbacks, task, data.datamodule, publish=publish_late)
     warn_uncalled(callbacks, task, data.datamodule)
-    return Run(trainer, fn, task, data, trainer.strategy, callbacks, state, trainer.checkpoint_writer, hooks, log_dir)
+    return Run(trainer, fn, task, data, trainer.strategy, callbacks, state, trainer.checkpoint_writer, hooks, log_dir,
+               verbose=verbose)
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ class Run:
     checkpoint_writer: CheckpointWriter  # the Trainer's: background checkpoint files outlive a run
     hooks: dict[str, list[Hook]]  # hook name -> the callables that define it, in Lightning's order (hooks.py)
     log_dir: str | None = None  # chosen by the first logger with a directory (rank 0), or a resumed run's
+    verbose: bool = True  # validate/test(verbose=): the results table is printed (callbacks/progress.py)
     precision: Precision | None = None
     logs: LogBuffer | None = None
     model: nn.Module | None = None  # what the loop calls: the task wrapped by the strategy (and torch.compile)
