@@ -248,3 +248,29 @@ def test_test_and_validate_print_their_results_only_when_verbose(capsys):
     assert "Test results" in capsys.readouterr().out and loud == quiet
     trainer.validate(task, verbose=False)
     assert "Validation results" not in capsys.readouterr().out
+
+
+def test_lightning_names_for_callbacks_data_modules_and_reductions():
+    from taskfit import DataModule
+    from taskfit.callbacks import EarlyStopping, ModelCheckpoint, ProgressBar
+
+    from tasks import regression_data
+
+    trainer = Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="train/loss_epoch", patience=5)],
+                      enable_model_summary=False, logger=False, num_sanity_val_steps=0)
+    assert [type(cb) for cb in trainer.checkpoint_callbacks] == [ModelCheckpoint]
+    assert isinstance(trainer.early_stopping_callback, EarlyStopping)
+    assert isinstance(trainer.progress_bar_callback, ProgressBar)
+
+    class Peak(RegressionTask):
+        def training_step(self, batch, batch_idx):
+            loss = self.loss(self(batch[0]), batch[1])
+            self.log("peak", loss, on_step=False, on_epoch=True, reduce_fx=max)  # Python's max, as Lightning
+            return loss
+
+    data = DataModule.from_datasets(regression_data(32, 4), val_dataset=regression_data(16, 4, seed=1),
+                                    batch_size=8)
+    assert len(data.train_dataloader()) == 4 and len(data.val_dataloader()) == 2
+    task = Peak()
+    trainer.fit(task, datamodule=data)
+    assert "train/peak" in trainer.state.metrics and not task.on_gpu

@@ -55,6 +55,28 @@ class DataModule:
     def on_exception(self, exception: BaseException) -> None:
         """An entry point ended by ``exception``."""
 
+    @classmethod
+    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,
+                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
+                      **datamodule_kwargs: Any) -> DataModule:
+        """A data module of datasets (each one, or a list of them), as Lightning's ``from_datasets``: DataLoaders of
+        ``batch_size`` with ``num_workers``, the training one shuffled. ``datamodule_kwargs`` go to ``cls()``."""
+        from torch.utils.data import DataLoader
+
+        def loaders(datasets: Any, shuffle: bool) -> Any:
+            make = lambda ds: DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)  # noqa
+            if isinstance(datasets, (list, tuple)):
+                return [make(ds) for ds in datasets]
+            return make(datasets)
+
+        datamodule = cls(**datamodule_kwargs)
+        for name, datasets, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset,
+                                        False), ("test_dataloader", test_dataset, False),
+                                        ("predict_dataloader", predict_dataset, False)):
+            if datasets is not None:
+                datamodule.__dict__[name] = lambda datasets=datasets, shuffle=shuffle: loaders(datasets, shuffle)
+        return datamodule
+
     def state_dict(self) -> dict[str, Any]:
         """What this data module needs to continue after a resume (plain containers, numbers, tensors)."""
         return {}

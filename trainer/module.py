@@ -318,6 +318,11 @@ class TaskModule(nn.Module):
         gradient_clipper(optimizer, gradient_clip_val, gradient_clip_algorithm)()
 
     @property
+    def on_gpu(self) -> bool:
+        """The module's parameters are on a CUDA device (Lightning's ``self.on_gpu``)."""
+        return self.device.type == "cuda"
+
+    @property
     def stage_metrics(self) -> dict[str, Any]:
         """This stage's copies of ``configure_metrics()`` (``{name: Metric}``): in your own validation_step/test_step
         call ``self.stage_metrics["acc"].update(preds, targets)``; the Trainer computes, logs and resets them."""

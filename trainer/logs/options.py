@@ -13,7 +13,8 @@ import torch
 from ..errors import MisconfigurationError
 
 REDUCE_FX = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min",
-             torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
+             torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
+             max: "max", min: "min", sum: "sum"}  # Python's builtins, as Lightning takes them
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ... import callbacks
 from ...arguments import argument_error
 from ...errors import MisconfigurationError
 from .trainer_arguments import ENTRY_POINT_ARGUMENTS, TRAINER_ARGUMENTS, lightning_values
@@ -83,6 +84,19 @@ class LightningNames:
     logged_metrics = property(lambda self: {k: torch.tensor(v) for k, v in (
         self.state.metrics if self.logs is None else self.logs.logger_view(self.state.metrics)).items()},
         doc="The published values loggers received, as tensors.")
+    checkpoint_callbacks = property(lambda self: [cb for cb in self.callbacks if _named_base(cb, "ModelCheckpoint")],
+                                    doc="Every ModelCheckpoint among the callbacks.")
+    early_stopping_callbacks = property(lambda self: [cb for cb in self.callbacks if _named_base(cb, "EarlyStopping")],
+                                        doc="Every EarlyStopping among the callbacks.")
+    early_stopping_callback = property(lambda self: next(iter(self.early_stopping_callbacks), None),
+                                       doc="The first EarlyStopping, or None.")
+    progress_bar_callback = property(lambda self: next((cb for cb in self.callbacks if _named_base(cb, "ProgressBar")),
+                                                       None), doc="The progress bar callback, or None.")
     progress_bar_metrics = property(lambda self: {} if self.logs is None else {
         k: v for k, v in self.state.metrics.items() if k in self.logs.prog_bar},
         doc="The latest value of every key logged with ``prog_bar=True`` (floats).")
+
+
+def _named_base(obj: Any, name: str) -> bool:
+    """``obj`` is an instance of ``taskfit.callbacks.<name>`` (loaded on first use, as the package does)."""
+    return isinstance(obj, getattr(callbacks, name))
