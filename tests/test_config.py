@@ -171,7 +171,7 @@ def test_every_callback_and_trainer_argument_is_in_the_yaml():
     files = {"trainer": "trainer/default.yaml", "model_checkpoint": "callbacks/model_checkpoint.yaml",
              "early_stopping": "callbacks/early_stopping.yaml", "lr_monitor": "callbacks/lr_monitor.yaml",
              "throughput": "callbacks/throughput.yaml", "tensorboard": "logger/tensorboard.yaml",
-             "csv": "logger/csv.yaml", "mlflow": "logger/mlflow.yaml",
+             "csv": "logger/csv.yaml", "mlflow": "logger/mlflow.yaml", "wandb": "logger/wandb.yaml",
              "progress_bar": "callbacks/progress_bar.yaml", "model_summary": "callbacks/model_summary.yaml"}
     assert set(files) == set(SCHEMAS)
     for name, path in files.items():
@@ -229,6 +229,19 @@ def test_typo_in_a_trainer_key_suggests_the_valid_name(tmp_path):
     message = _composition_error(tmp_path, "trainer.max_epoch=3")
     assert "Unknown config key 'trainer.max_epoch'" in message
     assert "did you mean trainer.max_epochs (int or null)" in message
+    lines = f"MisconfigurationError: {message}".splitlines()  # as the command prints it: 3 lines of 120 columns
+    assert len(lines) <= 3 and all(len(line) <= 120 for line in lines), message
+    assert "+trainer.max_epoch" not in message  # a near miss is a typo, not a key to add
+    message = _composition_error(tmp_path, "callbacks.model_checkpoint.zzz=3")  # nothing close: a few keys, listed
+    assert "+callbacks.model_checkpoint.zzz=VALUE adds a key" in message and "did you mean" not in message
+    lines = f"MisconfigurationError: {message}".splitlines()
+    assert len(lines) <= 3 and all(len(line) <= 120 for line in lines), message
+
+
+def test_an_unparsable_override_names_its_key(tmp_path):
+    message = _composition_error(tmp_path, "trainer.max_epochs=[1,")
+    assert message.startswith("Config value trainer.max_epochs='[1,' cannot be parsed: ")
+    assert "'trainer.max_epochs=\"[1,\"'" in message  # how to quote it
 
 
 def test_wrong_type_names_the_key_and_the_expected_type(tmp_path):

@@ -191,6 +191,26 @@ class MLFlowLoggerConf:
 
 
 @dataclass
+class WandbLoggerConf:
+    _target_: str = "taskfit.callbacks.WandbLogger"
+    name: Optional[str] = None
+    save_dir: Optional[str] = None
+    version: Optional[str] = None
+    offline: bool = False
+    dir: Optional[str] = None
+    id: Optional[str] = None
+    project: Optional[str] = None
+    log_model: bool = False
+    prefix: str = ""
+    tags: Optional[List[str]] = None
+    config: Optional[Dict[str, Any]] = None
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    notes: Optional[str] = None
+    job_type: Optional[str] = None
+
+
+@dataclass
 class ProgressBarConf:
     _target_: str = "taskfit.callbacks.ProgressBar"
     stream: Any = None
@@ -206,5 +226,5 @@ class ModelSummaryConf:
 SCHEMAS: dict[str, type] = {"trainer": TrainerConf, "model_checkpoint": ModelCheckpointConf,
                             "early_stopping": EarlyStoppingConf, "lr_monitor": LearningRateMonitorConf,
                             "throughput": ThroughputMonitorConf, "tensorboard": TensorBoardLoggerConf,
-                            "csv": CSVLoggerConf, "mlflow": MLFlowLoggerConf,
+                            "csv": CSVLoggerConf, "mlflow": MLFlowLoggerConf, "wandb": WandbLoggerConf,
                             "progress_bar": ProgressBarConf, "model_summary": ModelSummaryConf}
