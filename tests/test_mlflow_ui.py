@@ -99,3 +99,11 @@ def test_taskfit_logger_mlflow_then_mlflow_ui_shows_the_run(tmp_path):
     assert {"train/loss", "val/loss", "val/acc", "test/loss", "test/acc", "vitals/samples_per_sec"} <= metrics
     assert not [key for key in metrics if key.startswith(("lr/", "perf/"))]  # the monitors sort after the model
     assert urllib.parse.quote(info["run_id"]) in result.stdout  # the report names the run
+    # ... and says how to see it: the exact command (this server's store) and the runs table in model-training mode
+    # (MLflow 3's UI opens in the GenAI mode otherwise, whatever the experiment's kind)
+    assert f"see it: mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlflow.db'}\n" in result.stdout
+    assert (f"then open http://127.0.0.1:5000/#/experiments/{experiment['experiment_id']}/runs"
+            "?workflowType=machine_learning\n") in result.stdout
+    groups = [m["key"].split("/")[0] for m in data["metrics"]]  # the run page's order: the model's values first
+    assert groups[0] == "train" and groups.index("vitals") > max(
+        i for i, group in enumerate(groups) if group in ("train", "val")), groups

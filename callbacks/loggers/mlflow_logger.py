@@ -10,6 +10,12 @@ The run is named as TensorBoard names the run directory (``lr=0.1/version_0`` in
 hyperparameters TensorBoard's HParams tab shows, its tags are MLflow's own (source, user, git commit:
 ``resolve_tags``) plus yours, and a fit resumed from a checkpoint continues the run the checkpoint recorded
 (values of the steps it redoes are not sent twice; a run left ``RUNNING`` by a killed process says so in a tag).
+
+Where to see it: at the start of the run (rank 0) it prints the ``mlflow ui --backend-store-uri <store>`` command
+and the URL of the experiment's runs table, with ``?workflowType=machine_learning``: MLflow 3's UI opens in its
+GenAI mode unless the URL (or the browser's last choice) says otherwise, whatever the experiment's kind. The run's
+model values (``train/``, ``val/``) are sent before the trainer's own ``vitals/``, so that the run page, which lists
+the metrics in the order the store first received them, shows them first.
 """
 from __future__ import annotations
 
@@ -21,12 +27,17 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ...arguments import arguments_checked
+from ...console import echo
 from ...errors import MisconfigurationError
-from ...logs.logger import Logger
+from ...logs.logger import PREFIX_SEPARATOR, Logger
 
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 _BATCH_METRICS, _BATCH_PARAMS = 1000, 100  # MLflow's limits per log_batch request
 _KIND = "mlflow.experimentKind"  # MLflow 3's UI opens an experiment of this kind as model training, not GenAI
+_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+_RUNS_PAGE = "/#/experiments/{id}/runs?workflowType=machine_learning"  # the runs table in the UI's model-training
+# mode (MLflow 3's UI otherwise opens in the mode last chosen in the browser, GenAI at first: Traces, no runs)
+_MONITORS = "vitals/"  # the trainer's own measurements (callbacks/lr_monitor.py's MONITORS): sent after the model's
 _LIGHTNING_ONLY = {
     "checkpoint_path_prefix": "remove it: checkpoints are uploaded under the run's checkpoints/ artifacts.",
     "synchronous": "remove it: taskfit sends metrics in batches (flush_secs), never one request per value.",
@@ -87,6 +98,8 @@ class MLFlowLogger(Logger):
         self._pending: list[Any] = []
         self._sent = 0.0  # time.monotonic() of the last send
         self._sent_until: dict[str, int] = {}  # a resumed run: the last step of each metric the killed run sent
+        self._experiment: str | None = None  # the id of the run's experiment
+        self._monitors_wait = False  # a new run: timed sends hold vitals/ back until the model's val/ values went
 
     @property
     def experiment(self) -> Any:
@@ -139,11 +152,13 @@ class MLFlowLogger(Logger):
             run_id = (recorded or {}).get("run_id") or self._run_id
             if run_id is not None:
                 self._continue(run_id, trainer.state.global_step if recorded else None)
+                self._experiment, self._monitors_wait = self._client.get_run(run_id).info.experiment_id, False
             else:
                 tags = resolve_tags({**self.tags, "taskfit.log_dir": str(self._run_dir)})
-                run = self._client.create_run(self._experiment_id(), tags=tags,
+                self._experiment = self._experiment_id()
+                run = self._client.create_run(self._experiment, tags=tags,
                                               run_name=self.run_name or _run_name(trainer, self._run_dir))
-                self._run_id = run.info.run_id
+                self._run_id, self._monitors_wait = run.info.run_id, True
         except Exception as exc:  # noqa: BLE001 - any failure of the store: one explained error
             reason = " ".join(str(exc).split())[:500]
             raise MisconfigurationError(
@@ -152,6 +167,24 @@ class MLFlowLogger(Logger):
                 "sqlite:///mlflow.db (pip install \"taskfit[mlflow]\" installs what it needs), or a writable "
                 "file: folder (MLflow 3 asks for MLFLOW_ALLOW_FILE_STORE=true).") from exc
         self._for_run, self._pending, self._sent = trainer.log_dir, [], time.monotonic()
+        echo("\n".join(self.ui_lines(f"MLFlowLogger: run {self._run_id} in experiment '{self.experiment_name}'.")),
+             name="taskfit.mlflow")
+
+    def ui_lines(self, first: str) -> list[str]:
+        """``first``, then how to see the run: ``mlflow ui --backend-store-uri <store>`` and the URL of the runs
+        table (a tracking server: its own URL). Also the ``taskfit`` command's report."""
+        uri = self._uri or self.tracking_uri or ""
+        if self._experiment is None or not uri:
+            return [first]
+        page = _RUNS_PAGE.format(id=self._experiment)
+        scheme = urlparse(uri).scheme
+        if scheme in ("http", "https"):
+            return [first, f"  see it at {uri.rstrip('/')}{page}"]
+        if scheme == "sqlite" or scheme == "file" or scheme.split("+")[0] in ("postgresql", "mysql", "mssql"):
+            store = _shown_uri(uri)
+            env = "MLFLOW_ALLOW_FILE_STORE=true " if scheme == "file" else ""
+            return [first, f"  see it: {env}mlflow ui --backend-store-uri {store}", f"  then open {_UI}{page}"]
+        return [first]  # databricks, ...: that service's own UI
 
     def _default_uri(self, mlflow: Any) -> str:
         if self._save_dir is None or os.environ.get("MLFLOW_TRACKING_URI"):
@@ -209,14 +242,38 @@ class MLFlowLogger(Logger):
             if step > max(self._sent_until.values()):
                 self._sent_until = {}
         self._pending += [Metric(_name(k), float(v), now, int(step)) for k, v in metrics.items()]
-        if len(self._pending) >= _BATCH_METRICS or time.monotonic() - self._sent >= self.flush_secs:
+        if len(self._pending) >= _BATCH_METRICS:
             self.save()
+        elif time.monotonic() - self._sent >= self.flush_secs:
+            self._send(hold_monitors=self._monitors_wait)
 
     def save(self) -> None:
+        self._send(hold_monitors=False)
+
+    def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
+        self._monitors_wait = False  # the first epoch's values, validation's included, are all there
+        super().on_train_epoch_end(trainer, task)
+
+    def _send(self, hold_monitors: bool) -> None:
+        """Send what is buffered, the model's values first (the run page lists metrics in the order the store first
+        got them). ``hold_monitors``: a timed send of a new run before its first val/ values keeps vitals/ back."""
         pending, self._pending = self._pending, []
+        if hold_monitors:
+            self._pending = [m for m in pending if self._rank(m.key) == 3]
+            pending = [m for m in pending if self._rank(m.key) < 3]
+        pending.sort(key=lambda m: self._rank(m.key))  # stable: in the order logged within each group
+        if any(self._rank(m.key) == 1 for m in pending):
+            self._monitors_wait = False
         for i in range(0, len(pending), _BATCH_METRICS):
             self._client.log_batch(self._run_id, metrics=pending[i:i + _BATCH_METRICS])
         self._sent = time.monotonic()
+
+    def _rank(self, key: str) -> int:
+        """The order of a metric's group on the run page: train/ 0, val/ 1, the model's others 2, vitals/ 3."""
+        if self.prefix and key.startswith(f"{self.prefix}{PREFIX_SEPARATOR}"):
+            key = key[len(self.prefix) + len(PREFIX_SEPARATOR):]
+        return next((rank for rank, group in enumerate(("train/", "val/")) if key.startswith(group)),
+                    3 if key.startswith(_MONITORS) else 2)
 
     def finalize(self, status: str) -> None:
         self.save()
@@ -256,6 +313,19 @@ def _run_name(trainer: Any, log_dir: str | None) -> str:
         base = first.save_dir if first is not None else (trainer.default_root_dir or base)
     name = os.path.relpath(log_dir, os.path.abspath(base))
     return os.path.basename(log_dir) if name.startswith("..") else name
+
+
+def _shown_uri(uri: str) -> str:
+    """``uri`` as ``mlflow ui --backend-store-uri`` takes it from any folder: a relative sqlite/file path made
+    absolute, a password replaced by ``***``."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
+    parsed = urlparse(uri)
+    if parsed.scheme == "file" and not os.path.isabs(parsed.path or "/"):
+        return "file:" + os.path.abspath(parsed.path)
+    if parsed.password:
+        return uri.replace(f":{parsed.password}@", ":***@", 1)
+    return uri
 
 
 def _connect(uri: str) -> None:

@@ -1,13 +1,15 @@
-"""``Trainer(profiler="torch")``: the simple profiler's tables, plus ``torch.profiler`` over a window of training
-steps (by default steps 2-4: one skipped, one warm-up, three recorded), each stage labelled in the trace.
+"""``Trainer(profiler="torch")``: the simple profiler's tables, plus ``torch.profiler`` over one window of training
+batches (by default batches 2-4 of the fit, counted from 0: batch 0 waits, batch 1 warms up, 2-4 are recorded, the
+trace's ``ProfilerStep#2`` to ``#4``), each stage labelled once per batch in the trace.
 
 Every rank writes ``trace_rank<r>.json`` (Chrome trace format: open it in https://ui.perfetto.dev or
 chrome://tracing) and ``operators_rank<r>.txt`` (``key_averages().table()``) into ``<run dir>/profiler/``; rank 0
-prints its operator table at the end of fit. Outside the window torch.profiler records nothing.
+prints its operator table at the end of fit. One window only: once its trace is ready, torch.profiler is stopped
+(not idled through more cycles) and the stages are no longer labelled, so the rest of the fit runs at its normal
+speed (only the simple profiler's marks remain).
 """
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
@@ -30,7 +32,8 @@ class PyTorchProfiler(SimpleProfiler):
         sort_by_key: the operator table's order (None: ``"cuda_time_total"`` with CUDA, else ``"cpu_time_total"``).
         profiler_kwargs: passed to ``torch.profiler.profile`` (``schedule``, ``record_shapes``, ``profile_memory``,
             ``with_stack``, ``with_flops``, ``activities``); the default schedule is
-            ``torch.profiler.schedule(wait=1, warmup=1, active=3)``, Lightning's.
+            ``torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)``: one window, batches 2-4. Whatever
+            the schedule, the profiler stops after its first window (the one trace file holds one window).
     """
 
     @arguments_checked(docs="docs/tuning.md")
@@ -44,7 +47,7 @@ class PyTorchProfiler(SimpleProfiler):
         self._torch: Any = None
         self._range: Any = None
         self._events: Any = None
-        self._last_hook = ""
+        self.window_done = False  # the window's trace is ready and torch.profiler is stopped
 
     def _install(self, trainer: Any, stage: str) -> None:
         super()._install(trainer, stage)
@@ -55,11 +58,9 @@ class PyTorchProfiler(SimpleProfiler):
         activities = [torch.profiler.ProfilerActivity.CPU]
         if trainer.strategy.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        options = {"activities": activities, "schedule": torch.profiler.schedule(wait=1, warmup=1, active=3),
-                   **self.profiler_kwargs}
-        if "acc_events" in inspect.signature(torch.profiler.profile).parameters:  # torch >= 2.4: one window kept
-            options.setdefault("acc_events", True)  # whole, and no warning that cycles clear it
-        self._events = None
+        options = {"activities": activities,
+                   "schedule": torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1), **self.profiler_kwargs}
+        self._events, self._range, self.window_done = None, None, False
         try:
             self._torch = torch.profiler.profile(on_trace_ready=self._trace_ready, **options)
         except TypeError as exc:
@@ -70,34 +71,42 @@ class PyTorchProfiler(SimpleProfiler):
 
     def _trace_ready(self, prof: Any) -> None:
         """The end of the recorded window: its operators (kept for the table) and its trace."""
+        if self._events is not None:  # a second window of a user's schedule (not reached: stopped after the first)
+            return
         self._events = prof.key_averages()
         if self.trace_path is not None:
             os.makedirs(self.folder, exist_ok=True)
             prof.export_chrome_trace(self.trace_path)
 
-    def on_stage(self, stage: str) -> None:
-        """Label the stage in the trace; a training batch's end is a step of the torch profiler's schedule."""
-        if self._range is not None:
-            self._range.__exit__(None, None, None)
-            self._range = None
-        if stage == "loop" and self._stage_after_batch():
+    def on_stage(self, stage: str, hook: str, opened: bool) -> None:
+        """Label each stage once in the trace; a training batch's end is a step of the torch profiler's schedule.
+        After the window nothing: torch.profiler is stopped and no label is entered."""
+        if self.window_done or not (opened or hook == "on_train_batch_end"):
+            return
+        self._close_range()
+        if hook == "on_train_batch_end":
             self._torch.step()
+            if self._events is not None:  # the window's trace was written in this step: stop for good
+                self._stop()
+                return
         if stage != "fit end":
             self._range = torch.profiler.record_function(f"taskfit: {stage}")
             self._range.__enter__()
 
-    def _stage_after_batch(self) -> bool:
-        return self._last_hook == "on_train_batch_end"
-
-    def mark(self, hook: str) -> None:
-        self._last_hook = hook
-        super().mark(hook)
-
-    def _finish(self) -> None:
+    def _close_range(self) -> None:
         if self._range is not None:
             self._range.__exit__(None, None, None)
             self._range = None
-        self._torch.stop()  # a window still open at the end of fit is closed (and its trace written) here
+
+    def _stop(self) -> None:
+        """Stop torch.profiler (a window still open is closed and its trace written); later steps pay nothing."""
+        self._close_range()
+        if not self.window_done:
+            self.window_done = True
+            self._torch.stop()
+
+    def _finish(self) -> None:
+        self._stop()  # a window still open at the end of fit (a fit shorter than the schedule) is written here
         events = self._events if self._events is not None else []
         os.makedirs(self.folder, exist_ok=True)
         sort = self.sort_by_key or ("cuda_time_total" if self._trainer.strategy.device.type == "cuda"
@@ -114,5 +123,5 @@ class PyTorchProfiler(SimpleProfiler):
 
     def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
         if self._torch is not None and self._installed:
-            self._torch.stop()
+            self._stop()
         super().on_exception(trainer, task, exception)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -32,7 +34,7 @@ NEXT_STAGE = {
     "on_validation_start": "validation", "on_validation_end": "loop", "on_train_end": "fit end",
     "on_fit_end": "fit end",
 }
-STAGES = ("setup", "data wait", "forward+loss", "backward", "optimizer step", "validation", "sanity check",
+STAGES = ("setup", "imports", "data wait", "forward+loss", "backward", "optimizer step", "validation", "sanity check",
           "checkpoint", "callback hooks", "fit end", "loop", "profiler")  # the table's order ("loop": the rest;
 # "profiler": the marks' and timers' own time, measured)
 
@@ -56,6 +58,8 @@ class SimpleProfiler(Callback):
         self.actions: dict[str, list[float]] = {}  # profile(name) blocks -> [calls, seconds]
         self.fit_seconds = 0.0
         self.report = ""
+        self.imports: dict[str, float] = {}  # the outermost first imports: module -> seconds (nested ones included)
+        self._imports: _ImportClock | None = None
         self._installed = False
 
     # ---- installing the marks ---------------------------------------------------------------------------------
@@ -73,7 +77,10 @@ class SimpleProfiler(Callback):
         self._stage, self._opened, self._inside, self._depth, self._children = stage, self._start, 0.0, 0, [0.0]
         self._waited = trainer.state.data_wait_s  # the loop's running total of DataLoader time
         self._own = 0.0  # the profiler's own time
+        self.imports = {}
         self._stage_count(stage)
+        self._imports = _ImportClock(self)  # first imports of a module (the first fit of a process: tensorboard,
+        self._imports.install()  # torch._dynamo...) are a row of their own, out of the stage or hook that did them
         self._backward_hooks = "on_before_backward" in trainer.hooks  # without them backward is in forward+loss
         end = "teardown" if "teardown" in trainer.hooks else "on_fit_end"  # the last hook of a fit
         for hook, fns in trainer.hooks.items():
@@ -111,14 +118,16 @@ class SimpleProfiler(Callback):
         stage = NEXT_STAGE[hook]
         if stage == "forward+loss" and not self._backward_hooks:
             stage = "forward+loss+backward"
-        if stage != self._stage or hook in ("on_train_batch_start", "on_validation_start"):
-            self._stage_count(stage)
-        self.on_stage(stage)
+        opened = stage != self._stage or hook in ("on_train_batch_start", "on_validation_start")
+        if opened:  # a mark inside the running stage (on_before_zero_grad in forward+loss, on_before_optimizer_step
+            self._stage_count(stage)  # in optimizer step) neither counts it again nor labels it again
+        self.on_stage(stage, hook, opened)
         self._stage, self._opened = stage, clock()
         self._own += self._opened - now
 
-    def on_stage(self, stage: str) -> None:
-        """A new stage began (the torch profiler labels it in its trace)."""
+    def on_stage(self, stage: str, hook: str, opened: bool) -> None:
+        """A mark: ``stage`` runs after ``hook``'s list; ``opened``: it is a new stage (counted once), not a mark
+        inside the running one. The torch profiler labels each opened stage in its trace."""
 
     def _add(self, stage: str, seconds: float, count: bool = False) -> None:
         row = self.stages.setdefault(stage, [0, 0.0])
@@ -140,9 +149,13 @@ class SimpleProfiler(Callback):
     # ---- the report ----------------------------------------------------------------------------------------------
     def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
         self._installed = False
+        if self._imports is not None:  # (an error before setup: nothing installed)
+            self._imports.remove()
 
     def _finish(self) -> None:
         self._installed = False
+        if self._imports is not None:
+            self._imports.remove()
         trainer = self._trainer
         self.report = self.summary()
         if trainer.is_main:
@@ -165,6 +178,12 @@ class SimpleProfiler(Callback):
             lines.append(f"{label:<26}{int(calls):>8}{seconds:>12.3f}{seconds / max(calls, 1) * 1e3:>12.3f}"
                          f"{seconds / total:>8.1%}")
         lines.append(f"{'total':<26}{'':>8}{accounted:>12.3f}{'':>12}{accounted / total:>8.1%}")
+        if "imports" in self.stages:
+            slowest = sorted(self.imports.items(), key=lambda kv: -kv[1])[:3]
+            lines += ["", f"imports: {int(self.stages['imports'][0])} modules this process imported for the first time "
+                      "during the fit (slowest: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in slowest)
+                      + "), taken out of the stage or hook that imported them. One-time costs: a later fit in the "
+                      "same process does not pay them."]
         for title, table in (("hook", self.hook_times if self.extended else {}), ("profile(...) block", self.actions)):
             if table:
                 lines += ["", f"{title:<46}{'calls':>8}{'total (s)':>12}{'mean (ms)':>12}"]
@@ -223,6 +242,79 @@ class _Timed:
             row[0] += 1
             row[1] += own
             p._add(self.stage, own, count=True)
+            left = clock()
+            p._children[-1] += left - entered
+            p._own += (start - entered) + (left - end)
+            if not p._depth:
+                p._inside += left - entered
+
+
+class _ImportClock:
+    """A finder first in ``sys.meta_path`` during the fit: each module imported for the first time (its
+    ``exec_module``) is timed like a hook (nested imports and hooks taken out of their parent), its own time added to
+    the ``imports`` row. Only the fit's thread; modules already imported cost nothing (no finder is asked)."""
+
+    def __init__(self, profiler: SimpleProfiler) -> None:
+        self.profiler, self._thread, self._finding = profiler, threading.get_ident(), False
+        self._outer = 0  # imports running (nested: the module's own imports)
+
+    def install(self) -> None:
+        self.remove()
+        sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        """The spec the other finders give, its loader's ``exec_module`` timed (the spec is otherwise unchanged)."""
+        if self._finding or threading.get_ident() != self._thread or not self.profiler._installed:
+            return None
+        self._finding = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None) if finder is not self else None
+                spec = find(name, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._finding = False
+        loader = spec.loader
+        if loader is None or isinstance(loader, type) or "exec_module" in getattr(loader, "__dict__", ()) \
+                or not hasattr(loader, "exec_module"):  # built-in and frozen modules (class loaders): untimed
+            return spec
+        run = loader.exec_module
+
+        def timed(module: Any) -> None:
+            loader.__dict__.pop("exec_module", None)  # the loader as it was (a module's loader stays with it)
+            self._timed(module.__name__, run, module)
+        try:
+            loader.exec_module = timed
+        except AttributeError:  # a loader with slots
+            pass
+        return spec
+
+    def _timed(self, name: str, run: Any, module: Any) -> Any:
+        p = self.profiler
+        if not p._installed:
+            return run(module)
+        entered = clock()
+        p._depth += 1
+        p._children.append(0.0)
+        self._outer += 1
+        start = clock()
+        try:
+            return run(module)
+        finally:
+            end = clock()
+            self._outer -= 1
+            own = end - start - p._children.pop()
+            p._depth -= 1
+            p._add("imports", own, count=True)
+            if not self._outer:
+                p.imports[name] = p.imports.get(name, 0.0) + end - start
             left = clock()
             p._children[-1] += left - entered
             p._own += (start - entered) + (left - end)
