@@ -412,3 +412,42 @@ def test_a_signal_that_kills_torchrun_still_lets_its_workers_save(tmp_path):
     assert not any(_alive(pid) for pid in pids)
     (last,) = (tmp_path / "runs").rglob("last.ckpt")
     assert 3 <= torch.load(last, weights_only=True)["loop"]["state"]["global_step"] <= 5
+
+
+# ---- the launcher dies while a checkpoint is being written in the background: what the message says is true --------
+ORPHAN_WRITE = """
+import os, sys, threading, time
+from taskfit.checkpoint.files import CheckpointWriter, write_file
+from taskfit.cluster import orphaned
+
+out, slow = sys.argv[1], sys.argv[2] == "writing"
+writer = CheckpointWriter()
+if slow:
+    def write(path):  # a big checkpoint: still being written when the launcher dies
+        time.sleep(0.5)
+        write_file({{"weights": list(range(1000))}}, path)
+    writer.submit(write, os.path.join(out, "last.ckpt"))
+    time.sleep(0.1)
+threading.Thread(target=orphaned, args=("the launcher", 12345)).start()  # what the watch thread calls
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("writing", ["writing", "idle"])
+def test_an_orphan_finishes_the_checkpoint_being_written_then_stops(tmp_path, writing):
+    """Issue 39: workers said "stops now, without writing anything more" while their background write completed
+    after it. With a write in flight the message says it is finished first, and it is: a whole file, no temporary
+    file left; with none, the worker stops at once, as it says."""
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_WRITE.format())
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), writing], env=_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1, result.stderr[-3000:]
+    files = sorted(p.name for p in tmp_path.iterdir() if p.name != "orphan.py")
+    if writing == "writing":
+        assert "the launcher (pid 12345) is gone; rank 0 finishes the checkpoint being written, then stops" \
+               in result.stderr
+        assert files == ["last.ckpt"]
+        assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"weights": list(range(1000))}
+    else:
+        assert "rank 0 stops now, without writing anything more" in result.stderr and files == []

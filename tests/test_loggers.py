@@ -155,6 +155,40 @@ def test_csv_is_valid_after_the_process_is_killed(tmp_path):
     assert all(r["train/loss"] for r in rows) and rows[5]["val/loss"] and not rows[4]["val/loss"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore:Skipped .*last.ckpt")
+@pytest.mark.parametrize("kill, every", [(7, 6), (8, 3), (12, 4), (13, 2), (18, 6)])
+def test_csv_of_a_fit_resumed_at_an_epochs_last_step_has_each_step_once(tmp_path, kill, every):
+    """5 trials: a fit killed (SIGKILL, in a forked child) at step ``kill``, its last checkpoint at an epoch's last
+    step (6, 12 or 18; 6 steps an epoch), then resumed. The resumed fit logs that step's epoch means again: they
+    merge into the step's row (it had a second row holding only train/loss_epoch), so every step has one row."""
+    from taskfit.callbacks import ModelCheckpoint
+
+    def trainer(*extra):
+        return Trainer(max_epochs=3, log_every_n_steps=1, logger=CSVLogger(), default_root_dir=str(tmp_path),
+                       callbacks=[ModelCheckpoint(every_n_train_steps=every, every_n_epochs=None, save_top_k=-1),
+                                  *extra], enable_progress_bar=False, enable_model_summary=False)
+
+    killed = trainer(KillAt(kill))
+    pid = os.fork()
+    if pid == 0:  # the child trains until it kills itself; it never returns into pytest
+        try:
+            killed.fit(ClassifierTask())
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    resumed = trainer()
+    resumed.fit(ClassifierTask(), ckpt_path="last")
+    assert resumed.state.resumed and resumed.log_dir == str(tmp_path / "version_0")
+    header, rows = read_csv(tmp_path / "version_0" / "metrics.csv")
+    assert [int(r["step"]) for r in rows] == list(range(1, 19))  # each step once, in order
+    assert all(None not in r and None not in r.values() and r["train/loss"] for r in rows)
+    ends = {int(r["step"]): r for r in rows if r["train/loss_epoch"]}
+    assert sorted(ends) == [6, 12, 18] and all(r["val/loss"] for r in ends.values())
+    assert [r["epoch"] for r in rows] == [str(e) for e in range(3) for _ in range(6)]
+
+
 def test_an_unwritable_directory_fails_at_fit_start_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
@@ -286,6 +320,59 @@ def test_mlflow_bad_uri_fails_at_fit_start_before_training(tmp_path, mlflow_stor
     assert time.monotonic() - start < 120
 
 
+@pytest.mark.parametrize("flush_secs", [3600.0, 0.0])
+def test_mlflow_says_how_to_see_the_run_and_sends_the_model_values_first(tmp_path, monkeypatch, capsys, flush_secs):
+    """Issue 38: the run's start prints the exact `mlflow ui --backend-store-uri` command and the runs table's URL
+    (in the UI's model-training mode); the run page lists metrics in the order the store first got them, so train/
+    and val/ go before vitals/, also when timed sends (flush_secs=0: every log call) come before the first
+    validation."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger, recorder = MLFlowLogger(experiment_name="digits", save_dir=str(tmp_path / "store"),
+                                    flush_secs=flush_secs), Recorder()
+    Trainer(max_epochs=2, log_every_n_steps=1, logger=logger,
+            callbacks=[LearningRateMonitor(), ThroughputMonitor(), recorder],
+            default_root_dir=str(tmp_path), **QUIET).fit(ClassifierTask())
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("digits").experiment_id
+    out = capsys.readouterr().out
+    assert (f"MLFlowLogger: run {logger.run_id} in experiment 'digits'.\n"
+            f"  see it: mlflow ui --backend-store-uri {uri}\n"
+            f"  then open http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning\n") in out
+    keys = list(client.get_run(logger.run_id).data.metrics)
+    groups = [key.split("/")[0] for key in keys]
+    assert {"train", "val", "vitals"} <= set(groups), keys
+    assert groups[0] == "train" and groups.index("vitals") > max(  # the store's order (the run page's)
+        i for i, group in enumerate(groups) if group in ("train", "val")), keys
+    lr = "vitals/lr/SGD/pg0"  # values held back by timed sends are sent later, not lost
+    assert sorted(m.step for m in client.get_metric_history(logger.run_id, lr)) == \
+        [step for step, values in recorder.calls if lr in values]
+
+
+def test_mlflow_ui_lines_for_each_kind_of_store(tmp_path, monkeypatch):
+    from taskfit.callbacks.loggers.mlflow_logger import _shown_uri
+
+    monkeypatch.chdir(tmp_path)
+    assert _shown_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path / 'mlflow.db'}"  # from any folder
+    assert _shown_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+    assert _shown_uri("file:mlruns") == f"file:{tmp_path / 'mlruns'}"
+    assert _shown_uri("postgresql://me:secret@db:5432/mlflow") == "postgresql://me:***@db:5432/mlflow"
+    logger = MLFlowLogger()
+    assert logger.ui_lines("first") == ["first"]  # no run yet
+    logger._experiment = "7"
+    page = "/#/experiments/7/runs?workflowType=machine_learning"
+    logger._uri = "http://tracking.example:5000/"
+    assert logger.ui_lines("first") == ["first", f"  see it at http://tracking.example:5000{page}"]
+    logger._uri = f"file:{tmp_path}/mlruns"
+    assert logger.ui_lines("first")[1] == f"  see it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri " \
+                                          f"file:{tmp_path}/mlruns"
+    logger._uri = "databricks"
+    assert logger.ui_lines("first") == ["first"]
+
+
 def test_mlflow_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
     with pytest.raises(MisconfigurationError, match=r"MLFlowLogger needs MLflow, which is not installed"
@@ -343,6 +430,10 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
     client = MlflowClient(tracking_uri=uri)
     (found,) = client.search_runs([client.get_experiment_by_name("digits").experiment_id])
     assert found.info.status == "FINISHED" and found.info.run_name == "cli" and found.info.run_id in result.stdout
+    assert (f"  MLflow:          experiment 'digits', run {found.info.run_id}\n"  # the report: how to see it
+            f"                   see it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}\n"
+            f"                   then open http://127.0.0.1:5000/#/experiments/{found.info.experiment_id}/runs"
+            "?workflowType=machine_learning\n") in result.stdout
     assert found.data.params["trainer.max_epochs"] == "1" and "task.optimizer.lr" in found.data.params
     history = [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "val/loss")]
     assert history == [(2, pytest.approx(float(rows[-1]["val/loss"])))]

@@ -21,6 +21,7 @@ import dataclasses
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -133,8 +134,29 @@ def orphaned(who: str, pid: int) -> None:
     if _SIGNALLED:
         say("finishes the checkpoint its preemption signal asked for, then stops")
         time.sleep(ORPHAN_GRACE_S)  # the trainer saves and exits the process before this ends
-    say("stops now, without writing anything more")
+    writing = _write_in_flight()
+    if writing is None:
+        say("stops now, without writing anything more")
+    else:  # cut short, it would leave its hidden temporary file behind; finished, the file is whole (a rename)
+        say("finishes the checkpoint being written, then stops (no other is started)")
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while _write_in_flight() is writing and time.monotonic() < deadline:
+            time.sleep(0.005)
     os._exit(1)
+
+
+def _write_in_flight() -> Any:
+    """The frame of the checkpoint write the background writer (checkpoint/files.py's ``CheckpointWriter``, thread
+    ``taskfit-checkpoint...``) is running now, or None when it is idle (or there is none)."""
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident) if thread.name.startswith("taskfit-checkpoint") else None
+        while frame is not None:
+            if frame.f_code.co_name == "_run" and \
+                    os.path.basename(os.path.dirname(frame.f_code.co_filename)) == "checkpoint":
+                return frame
+            frame = frame.f_back
+    return None
 
 
 def restart_store(world_size: int, timeout: float) -> Any:

@@ -59,7 +59,31 @@ def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_l
         raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not valid.",
                                     'give a file name template without folders and other than "last", e.g. '
                                     '"{epoch}-{step}" or "{epoch}-{val/acc:.3f}" (put folders in dirpath).')
+    problem = _template_problem(stem)
+    if problem is not None:  # refused here, before training: it would write a file named like `{epoch.ckpt`
+        raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not a valid file name template: "
+                                    f"{problem}.",
+                                    'write each value as {name} or {name:format}, e.g. "{epoch}-{step}" or '
+                                    '"{epoch}-{val/acc:.3f}"; a file name template has no other braces.')
     return stem
+
+
+def _template_problem(stem: str) -> str | None:
+    """What is wrong with the ``{...}`` fields of a file name template (an unclosed or stray brace, an empty name,
+    a format spec ``format`` refuses), or None."""
+    rest = _FIELD.sub("", stem)
+    if "{" in rest or "}" in rest:
+        brace = "{" if "{" in rest else "}"
+        return f"a '{brace}' that is not part of a {{name}} or {{name:format}} field"
+    for match in _FIELD.finditer(stem):
+        name, spec = match.group(1).strip(), match.group(2) or ""
+        if not name:
+            return f"the field {match.group(0)!r} has no name"
+        try:
+            format(0, spec)
+        except (ValueError, TypeError) as exc:
+            return f"the format of {match.group(0)!r} is not valid ({exc})"
+    return None
 
 
 def seconds(name: str, value: Any, zero: str, allow_none: bool = False) -> float | None:

@@ -8,7 +8,9 @@ step moves on, at every epoch end, before a checkpoint records the run, and when
 that arrive after its row was written are merged into it). A row is appended with one ``write`` and flushed, so a
 killed process leaves a valid file, at worst without its last step. When a key appears that the header lacks (the
 first validation, a test after fit), the file is rewritten with the wider header into a temporary file that
-replaces it atomically; so is it when a resumed fit drops the rows of the steps it redoes.
+replaces it atomically; so is it when a resumed fit drops the rows of the steps it redoes. A resumed fit's values
+at the checkpoint's own step (an epoch's last step: the epoch means again) merge into that step's row, so every step
+keeps one row.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class CSVLogger(Logger):
         self._row_step = 0
         self._epoch = 0  # trainer.state.epoch when the current row's values were logged
         self._written: dict[str, Any] | None = None  # the last row, written before its step was over (merge into it)
+        self._redo_step: int | None = None  # a resumed fit: the checkpoint's step, whose row takes its values again
 
     @property
     def metrics_path(self) -> str | None:
@@ -61,14 +64,22 @@ class CSVLogger(Logger):
         check_writable(self.log_dir, "CSVLogger")
         path = os.path.join(self.log_dir, "metrics.csv")
         if path != self._path:
-            self._path, self._header, self._row, self._written = path, [], {}, None
+            self._path, self._header, self._row, self._written, self._redo_step = path, [], {}, None, None
             if os.path.isfile(path):  # a run directory written before (validate/test into a finished fit's)
                 header, rows = _read(path)
                 self._header = header
                 if self.resuming:  # the steps after the checkpoint's were written by the killed run: redone now
-                    kept = [r for r in rows if not r or not r[0].isdigit() or int(r[0]) <= trainer.state.global_step]
+                    step = trainer.state.global_step
+                    kept = [r for r in rows if not r or not r[0].isdigit() or int(r[0]) <= step]
                     if len(kept) != len(rows):
                         _replace(path, _table(header, kept))
+                    last = kept[-1] if kept else []
+                    if last and last[0].isdigit() and int(last[0]) == step:
+                        # The checkpoint's step has its row already; what the resumed fit logs at that step again
+                        # (an epoch's last step: the epoch means, validation) merges into it, a value replacing the
+                        # killed run's: the step keeps one row.
+                        self._written = {k: v for k, v in zip(header, last) if v != ""}
+                        self._written[STEP], self._redo_step = step, step
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything else as text)."""
@@ -83,7 +94,7 @@ class CSVLogger(Logger):
         if self._row and (step != self._row_step or not self._row.keys().isdisjoint(metrics)):
             self._write_row()  # a new step, or a key again at the same step (a validate after fit): a new row
         if not self._row and self._written is not None:  # its row is on disk: more values of that step merge in
-            if self._written[STEP] == step and self._written.keys().isdisjoint(metrics):
+            if self._written[STEP] == step and (step == self._redo_step or self._written.keys().isdisjoint(metrics)):
                 self._row, self._written, self._row_step = dict(self._written), None, step
                 del self._row[STEP]
                 self._row.update(metrics)
@@ -104,7 +115,7 @@ class CSVLogger(Logger):
 
     def finalize(self, status: str) -> None:
         self._write_row()
-        self._written = None  # a test after fit starts a row of its own
+        self._written = self._redo_step = None  # a test after fit starts a row of its own
 
     # ---- the file ---------------------------------------------------------------------------------------------
     def _write_row(self, replace_last: bool = False, keep: bool = False) -> None:

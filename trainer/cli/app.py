@@ -78,7 +78,16 @@ def build_callbacks(config: dict[str, Any]) -> list[Any]:
             cls = locate(node["_target_"], f"{group}.{name}")
             if isinstance(cls, type) and off and issubclass(cls, off):
                 continue
-            built.append(instantiate(node, _convert_="all"))
+            try:
+                built.append(instantiate(node, _convert_="all"))
+            except Exception as exc:  # the callback refused an argument: name the config node that holds it
+                cause: BaseException | None = exc
+                while cause is not None and not isinstance(cause, MisconfigurationError):
+                    cause = cause.__cause__
+                if cause is None:
+                    raise
+                raise MisconfigurationError(f"Config {group}.{name} is not valid: {cause.what}",
+                                            cause.hint) from exc
     return built
 
 
@@ -181,6 +190,8 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     try:  # a config that fails before training leaves no run directory behind (Hydra created it already)
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         config_errors.check_root(config, OmegaConf.to_container(cfg), OmegaConf.to_container(HydraConfig.get()))
+        config_errors.check_name(config["name"], config["paths"]["log_dir"])  # a config's name (the command
+        # line's is checked before Hydra's directory): its run directory, outside paths.log_dir, is removed
         check_targets(config)  # every _target_ imports, every key is an argument: before any work
         mode = modes.check_mode(config)
         if mode in modes.EVALUATING:
@@ -312,9 +323,10 @@ def _logger_lines(trainer: Any) -> list[str]:
     for cb in trainer.callbacks:
         if isinstance(cb, cbs.CSVLogger) and trainer.log_dir:
             lines.append(f"  CSV:             {os.path.join(trainer.log_dir, 'metrics.csv')}")
-        elif isinstance(cb, cbs.MLFlowLogger):
+        elif isinstance(cb, cbs.MLFlowLogger):  # with the `mlflow ui` command and the runs table's URL
             run = f", run {cb.run_id}" if cb.run_id else ""
-            lines.append(f"  MLflow:          experiment '{cb.experiment_name}'{run}")
+            first, *how = cb.ui_lines(f"  MLflow:          experiment '{cb.experiment_name}'{run}")
+            lines += [first] + [f"{'':19}{line.strip()}" for line in how]
     return lines
 
 
@@ -375,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing: errors are explained below
     try:
         try:
+            config_errors.check_name_overrides(sys.argv[1:])  # before Hydra creates <log_dir>/<name>/runs/<time>
             _app()
         except _JobFailed as failed:
             raise failed.error  # noqa: B904 - the job's own error, with its own traceback
@@ -388,7 +401,8 @@ def main(argv: list[str] | None = None) -> None:
             _fail(cause)
         if isinstance(exc, (HydraException, OmegaConfBaseException)):
             _fail(explain(exc))
-        explained = config_errors.null_group(exc, sys.argv[1:]) or config_errors.yaml_error(exc)
+        explained = config_errors.null_group(exc, sys.argv[1:]) or config_errors.yaml_error(exc) or \
+            config_errors.unreadable_config(exc) or config_errors.run_dir_error(exc, sys.argv[1:])
         if explained is not None:
             _fail(explained)
         raise

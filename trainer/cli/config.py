@@ -96,10 +96,7 @@ def _yaml(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _suggest(key: str, names: list[str], prefix: str, fields: dict[str, tuple[Any, Any]]) -> str:
-    close = difflib.get_close_matches(key, [n for n in names if n not in DIRECTIVES], n=3, cutoff=0.6)
-    described = [f"{prefix}{n}" + (f" ({type_name(fields[n][0])})" if n in fields else "") for n in close]
-    return f"did you mean {' or '.join(described)}? " if described else ""
+_WIDTH = 120  # an unknown key's message: three lines of at most this many columns (the valid keys on request)
 
 
 def explain(exc: BaseException) -> MisconfigurationError:
@@ -117,12 +114,20 @@ def explain(exc: BaseException) -> MisconfigurationError:
         parent = cause.parent_node
         names = [str(k) for k in parent.keys()] if hasattr(parent, "keys") else []
         fields = _schema_fields(cause.object_type)
-        suggestion = _suggest(key, names, prefix, fields)
-        valid = ", ".join(n for n in names if n not in DIRECTIVES)
-        return MisconfigurationError(
-            f"Unknown config key '{full_key}'.",
-            f"{suggestion}Valid keys here: {valid}. `taskfit --cfg job` prints the whole config; "
-            f"+{full_key}=VALUE adds a key that is not in the config.")
+        group = prefix.rstrip(".")
+        valid = [n for n in names if n not in DIRECTIVES]
+        close = difflib.get_close_matches(key, valid, n=3, cutoff=0.6)
+        described = [f"{prefix}{n}" + (f" ({type_name(fields[n][0])})" if n in fields else "") for n in close]
+        while len(described) > 1 and len(" or ".join(described)) > _WIDTH - len("  HINT: did you mean ?"):
+            described.pop()  # the best match first, and only as many as fit on the line
+        # A near miss of an existing key is a typo to fix, never a key to add with `+`.
+        first = f"did you mean {' or '.join(described)}?" if described else \
+            f"+{full_key}=VALUE adds a key that is not in the config."
+        listing = f"Valid keys{f' of {group}' if group else ''}: {', '.join(valid)}."
+        if len(listing) + 2 > _WIDTH:  # the Trainer's 36 keys: on request
+            listing = f"Its keys and values: `taskfit --cfg job -p {group}`." if group else \
+                "The whole config: `taskfit --cfg job`."
+        return MisconfigurationError(f"Unknown config key '{full_key}'.", "\n  ".join((first, listing)))
     if isinstance(cause, ValidationError) and cause.full_key:
         full_key, key = str(cause.full_key), str(cause.key)
         spec = _schema_fields(cause.object_type).get(key)
@@ -131,6 +136,19 @@ def explain(exc: BaseException) -> MisconfigurationError:
         return MisconfigurationError(
             f"Config value {full_key}={cause.value!r} is not valid: expected {expected}.",
             f"pass a value of that type{default} (null is None).")
+    override = getattr(exc, "override", None)  # Hydra's OverrideParseException: the override it could not parse
+    if isinstance(override, str) and override:
+        key, eq, value = override.partition("=")
+        detail = " ".join(str(getattr(exc, "message", exc)).split())
+        detail = re.sub(r"^Error parsing override '.*?'\s*", "", detail)
+        detail = re.sub(r"\s*See https://hydra\S*( for details)?", "", detail).rstrip(".")
+        hint = f"close its brackets and quotes ([a, b], {{k: v}}), or quote the value: '{key}=\"{value}\"' " \
+            "(docs/configuration.md has the syntax)."
+        if not eq:
+            return MisconfigurationError(f"The override {override!r} cannot be parsed: {detail}.",
+                                         "an override is key=value, group=option, +key=value or ~key "
+                                         "(docs/configuration.md has the syntax).")
+        return MisconfigurationError(f"Config value {key.lstrip('+~')}={value!r} cannot be parsed: {detail}.", hint)
     missing = re.search(r"Could not find '([^']+)'", str(exc))
     if missing:
         options = re.findall(r"^\t(\S+)$", str(exc), re.M)

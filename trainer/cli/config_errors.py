@@ -54,6 +54,10 @@ def check_root(config: Mapping[str, Any], *unresolved: Any) -> None:
             f"task.*. A key of your own at the root must be used somewhere as ${{{key}}}.")
 
 
+# How torch's errors spell a few arguments whose names are too short, or not written, in their messages.
+_SPELLED = {"lr": ["learning rate"], "eps": ["epsilon"], "betas": ["beta parameter"]}
+
+
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     if isinstance(node, Mapping):
         for key, value in node.items():
@@ -72,14 +76,22 @@ def blame(exc: BaseException, config: Mapping[str, Any]) -> MisconfigurationErro
     if not isinstance(exc, (ValueError, TypeError)):
         return None
     message = " ".join(str(exc).split())
-    hits = []
+    hits, named = [], []
     for key, value in _leaves(config):
         name = re.split(r"[.\[]", key)[-1]
         shown = str(value)
-        if len(name) > 2 and len(shown) and not name.startswith("_") and \
-                re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", message) and \
-                re.search(rf"(?<![\w.+-]){re.escape(shown)}(?![\w.])", message):
+        if name.startswith("_") or not len(shown):
+            continue
+        spelled = [name] if len(name) > 2 else []
+        spelled += _SPELLED.get(name, [])  # torch's optimizers: "Invalid learning rate: -1" for lr=-1
+        if not any(re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", message, re.I) for word in spelled):
+            continue
+        named.append((key, value))
+        if re.search(rf"(?<![\w.+-]){re.escape(shown)}(?![\w.])", message):
             hits.append((key, value))
+    if not hits and len(named) == 1 and isinstance(named[0][1], (int, float)):
+        hits = named  # the message names the key but not its value (torch: "num_workers option should be
+        # non-negative"): the one number of that name is the one to fix
     if len(hits) != 1:
         return None
     key, value = hits[0]
@@ -133,10 +145,89 @@ def yaml_error(exc: BaseException) -> MisconfigurationError | None:
         return None
     mark = getattr(seen, "problem_mark", None)
     where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
-    problem = ": ".join(filter(None, (getattr(seen, "context", None), getattr(seen, "problem", None)))) or str(seen)
+    problem = ": ".join(filter(None, (getattr(seen, "context", None), getattr(seen, "problem", None)))) or \
+        str(seen).splitlines()[0]
     name = getattr(mark, "name", "")
+    if isinstance(seen, yaml.reader.ReaderError):  # a character YAML refuses (a NUL of a binary file): no mark
+        name, where = str(seen.name), f"{seen.name}, character {seen.position + 1}"
     group, option = os.path.basename(os.path.dirname(name)), os.path.splitext(os.path.basename(name))[0]
     return MisconfigurationError(
         f"The config file {name or '?'} is not valid YAML: {problem} ({where}).",
         f"fix that line of the file (the option '{option}' of the group '{group}'); YAML lists are written [a, b], "
         "mappings key: value, and a value with ':' or '#' needs quotes.")
+
+
+def unreadable_config(exc: BaseException) -> MisconfigurationError | None:
+    """A config file that is not UTF-8 text (a binary file named ``.yaml``): Hydra's UnicodeDecodeError, with the
+    file it was reading (``full_path`` in its ``load_config``), as one error naming the group and option."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, UnicodeDecodeError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    path, tb = None, seen.__traceback__
+    while tb is not None:
+        found = tb.tb_frame.f_locals.get("full_path")
+        if tb.tb_frame.f_code.co_name == "load_config" and isinstance(found, str):
+            path = found
+        tb = tb.tb_next
+    if path is None:
+        return None
+    group, option = os.path.basename(os.path.dirname(path)), os.path.splitext(os.path.basename(path))[0]
+    return MisconfigurationError(
+        f"{group}={option}: the config file {path} is not text ({seen.encoding} cannot decode byte {seen.start}: "
+        f"{seen.reason}).",
+        f"a config file is YAML text; replace or remove {os.path.basename(path)} in the group '{group}', or choose "
+        "another option (`taskfit --help` lists them).")
+
+
+_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "paths.log_dir")
+
+
+def run_dir_error(exc: BaseException, argv: Sequence[str]) -> MisconfigurationError | None:
+    """Hydra could not create the run (or sweep) directory (``paths.log_dir=/dev/null/x``: NotADirectoryError, a
+    read-only or full disk): one error naming the override that put it there (``paths.log_dir`` by default)."""
+    if not isinstance(exc, OSError) or not isinstance(exc.filename, str):
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not any(f.name in ("run_job", "run", "multirun") and f"{os.sep}hydra{os.sep}" in f.filename for f in frames):
+        return None
+    target = os.path.abspath(exc.filename)
+    key, value = "paths.log_dir", None
+    for arg in argv:
+        name, _, given = arg.lstrip("+").partition("=")
+        if name in _DIR_KEYS and given and (target + os.sep).startswith(os.path.abspath(given) + os.sep):
+            key, value = name, given
+            break
+    shown = f"{key}={value}" if value is not None else f"{key} (the folder of runs)"
+    return MisconfigurationError(
+        f"{shown}: the run directory {exc.filename} cannot be created ({exc.strerror or type(exc).__name__}).",
+        f"set {key} to a folder this user can write to (a relative paths.log_dir is relative to where taskfit "
+        "starts; the default is logs).")
+
+
+def check_name(name: Any, log_dir: Any, key: str = "name") -> None:
+    """``name`` places runs at ``<paths.log_dir>/<name>/runs/...``: it must stay inside ``paths.log_dir`` (no
+    ``..`` that climbs out, not an absolute path)."""
+    text = str(name)
+    inside = os.path.normpath(os.path.join("log_dir", text))
+    if text.strip() and not os.path.isabs(text) and not text.startswith("~") and \
+            (inside + os.sep).startswith("log_dir" + os.sep) and inside != "log_dir":
+        return
+    raise MisconfigurationError(
+        f"{key}={text!r} is not a valid run name: runs go to <paths.log_dir>/<name>/runs/, and this name puts them "
+        f"outside paths.log_dir ({log_dir}).",
+        "use a plain name (letters, digits, -, _; a/b makes sub-folders), without '..' or a leading '/' or '~'; "
+        "set paths.log_dir to choose where runs go.")
+
+
+def check_name_overrides(argv: Sequence[str]) -> None:
+    """The command line's ``name=...`` (each value of a sweep ``name=a,b``), before Hydra creates a directory."""
+    log_dir = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("paths.log_dir=")), "logs")
+    for arg in argv:
+        key, eq, value = arg.lstrip("+").partition("=")
+        if key != "name" or not eq or "${" in value:
+            continue
+        values = value.split(",") if any(a in ("-m", "--multirun") for a in argv) else [value]
+        for one in values:
+            check_name(one.strip().strip("'\""), log_dir)

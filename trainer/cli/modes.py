@@ -76,8 +76,9 @@ def check_checkpoint(path: str) -> None:
 
 
 def check_resume_path(path: str) -> None:
-    """``mode=fit`` with ``ckpt_path=<path>``: something must be there, before the task is built (the checkpoint's
-    contents are checked when fit loads it)."""
+    """``mode=fit`` with ``ckpt_path=<path>``: a checkpoint must be there, before the task is built and before
+    anything is written: a missing path, a folder that is not a sharded checkpoint, a file that is not one (text,
+    garbage, empty) is one CheckpointError naming ``ckpt_path`` (whether it fits the task is checked by fit)."""
     from ..errors import CheckpointError
 
     if not os.path.exists(path):
@@ -85,6 +86,12 @@ def check_resume_path(path: str) -> None:
             f"ckpt_path={path}: there is no checkpoint there (no such file or directory).",
             "ckpt_path takes null (a fresh run), last (the newest last.ckpt of the runs of this name; a fresh run "
             "when there is none yet), or the path of a .ckpt file or sharded checkpoint directory.")
+    try:
+        check_checkpoint(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"ckpt_path={path} cannot be resumed from: {exc.what}",
+                              "pass a .ckpt file (or sharded checkpoint directory) a taskfit fit wrote, or "
+                              "ckpt_path=last (the newest last.ckpt of the runs of this name).") from exc
 
 
 def use_loader(task: Any, which: str | None) -> str:

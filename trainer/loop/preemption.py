@@ -13,6 +13,7 @@ nothing of this.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..cluster import note_signal, slurm_job_id
+from ..cluster import detect, note_signal, slurm_job_id
 from ..console import echo
 from ..errors import MisconfigurationError
 
@@ -74,8 +75,43 @@ def requeue_setting(requeue: Any, signals: Sequence[str]) -> bool:
     return bool(requeue if requeue is not None else in_slurm and "SIGUSR1" in signals)
 
 
+class _AfterFit:
+    """The handler of the preemption signals after a fit under a launcher (torchrun, SLURM, ddp's own workers), until
+    the process exits. A scheduler signals every rank, but not at the same instant: a rank that learned of the
+    signal from its peers has saved and is on its way out when its own signal lands, 0.3-0.5 s later (or a second
+    one comes). Restoring the default handler there killed it by the signal (status -10, not 138). So: while the
+    process exits from a preemption (:attr:`exit_code` set), a signal is only recorded (the status is decided and
+    the checkpoint written); after a fit that ended otherwise, the first one ends the process with SystemExit(128 +
+    signal) (nothing is left to save), the next ones are recorded. SIGINT keeps its handler after a normal end."""
+
+    def __init__(self) -> None:
+        self.exit_code: int | None = None  # the status of the preemption exit in progress
+        self.stopping = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        note_signal(signum)  # a launcher that dies now does not stop this process first (cluster.orphaned)
+        if self.exit_code is not None or self.stopping:
+            return
+        self.stopping = True
+        try:
+            os.write(2, f"taskfit: {signal.Signals(signum).name} received after the fit ended; exiting with status "
+                        f"{128 + signum}.\n".encode())
+        except OSError:
+            pass
+        raise SystemExit(128 + signum)
+
+
+AFTER_FIT = _AfterFit()
+
+
+def under_launcher() -> bool:
+    """This process is one of a launcher's (torchrun, srun, ddp's own workers), or a SLURM job's single task."""
+    return detect() is not None or slurm_job_id() is not None
+
+
 class Preemption:
-    """The preemption signals of one run: handlers installed for fit, restored by :meth:`uninstall`."""
+    """The preemption signals of one run: handlers installed for fit, restored by :meth:`uninstall` (under a launcher
+    replaced by :data:`AFTER_FIT` instead, until the process exits)."""
 
     def __init__(self, names: Sequence[str], strategy: Strategy, install: bool) -> None:
         self.strategy = strategy
@@ -89,6 +125,7 @@ class Preemption:
         self._held = [0.0, 0.0]  # what the buffer holds (the last reduced flags)
         self.period, self._steps = 1, 0  # ddp: optimizer steps between exchanges; steps since the last one
         self._clock: tuple[float, int] | None = None  # ddp: time and global step at the last blocking agreement
+        self.exit_code: int | None = None  # set by loop/checkpointing.py's preempt just before it exits the process
         if install and threading.current_thread() is threading.main_thread():
             for name in names:
                 signum = getattr(signal, name, None)
@@ -105,7 +142,15 @@ class Preemption:
                  "abort at once).", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
 
     def uninstall(self) -> None:
+        """The handlers before the run come back; under a launcher :data:`AFTER_FIT` takes their place instead: a
+        preemption signal that lands late (after this rank saved on its peers' word) or twice never kills the
+        process by its default action, and every rank exits with the documented status."""
+        keep = bool(self._previous) and under_launcher()
+        if keep:
+            AFTER_FIT.exit_code, AFTER_FIT.stopping = self.exit_code, False
         for signum, handler in self._previous.items():
+            if keep and (signum != signal.SIGINT or self.exit_code is not None):
+                handler = AFTER_FIT
             signal.signal(signum, handler)
         self._previous = {}
 
