@@ -401,9 +401,11 @@ def test_files_are_written_on_a_background_thread_and_in_place_when_fit_returns(
 def test_a_failed_background_write_is_reported_and_the_previous_file_is_intact(tmp_path):
     folder = tmp_path / "ckpts"
     (folder / "last.ckpt").mkdir(parents=True)  # something else sits at the name: the rename must fail
+    (folder / "last.ckpt" / "notes.txt").write_text("not a checkpoint")  # (an empty folder would be replaced)
     cb = ModelCheckpoint(dirpath=folder, save_top_k=-1, every_n_train_steps=2, every_n_epochs=None, filename="{step}")
-    with pytest.raises(CheckpointError, match=r"Could not write the checkpoint .*last\.ckpt: \[Errno 21\] Is a "
-                                              r"directory.*\n  HINT: check that its folder is writable"):
+    with pytest.raises(CheckpointError, match=r"Could not write the checkpoint .*last\.ckpt: Is a directory \(EISDIR\)"
+                                              r"\. The checkpoints written before are intact; the newest is "
+                                              r".*step=2\.ckpt\.\n  HINT: move away the folder"):
         _trainer(tmp_path, max_steps=6, callbacks=[cb]).fit(_task())
     assert sorted(os.listdir(folder)) == ["last.ckpt", "step=2.ckpt"]  # no temporary file left behind
     assert load_checkpoint(str(folder / "step=2.ckpt"))["loop"]["state"]["global_step"] == 2

@@ -155,6 +155,7 @@ class ModelCheckpoint(Callback):
         return self.every_n_train_steps is not None or self.train_time_interval is not None
 
     def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        trainer.checkpoint_writer.check()  # a background write that failed is raised at the next step
         step = trainer.state.global_step
         if step == self._last_step:  # no optimizer step in this batch (accumulation): nothing new to save
             return
@@ -170,12 +171,14 @@ class ModelCheckpoint(Callback):
                 self.save(trainer)
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
+        trainer.checkpoint_writer.check()  # a failed background write: raised here, at the next log interval
         if self.monitor in metrics:  # the step whose state produced the score: a file is ranked by its own score
             self._monitor_step = trainer.state.global_step
 
     def on_validation_end(self, trainer: Any, task: Any) -> None:
         if trainer.state.fn != "fit":
             return
+        trainer.checkpoint_writer.check()
         self._validated = True
         self._save_pending(trainer)
         if not self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
@@ -185,6 +188,7 @@ class ModelCheckpoint(Callback):
         # A partial epoch (max_steps, a stop, a signal) is saved by on_fit_end or the preemption handler.
         if not trainer.state.epoch_done:
             return
+        trainer.checkpoint_writer.check()
         self._check_monitor(trainer)
         self._save_pending(trainer)
         if self._saves_at_epoch_end(trainer) and self._epoch_due(trainer):
@@ -295,7 +299,7 @@ class ModelCheckpoint(Callback):
 
     def save(self, trainer: Any) -> None:
         """Save now: a ranked file if it makes the top k, and ``last.ckpt``; then delete what fell out of the top k.
-        Serialised now; the fsync, rename, ``last.ckpt`` link and removals follow in that order on
+        Serialised now; the fsync, rename, ``last.ckpt`` copy and removals follow in that order on
         ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk."""
         before = (dict(self._ranking.kept), self.best_model_path, self.current_score, self.last_model_path)
         try:
@@ -328,7 +332,7 @@ class ModelCheckpoint(Callback):
         if path is not None:
             self._write(trainer, path, background=True)  # holds the bookkeeping above, which counts this file
             if last and trainer.is_main:
-                trainer.checkpoint_writer.submit(atomic_copy, path, last)  # a hard link: no second write
+                trainer.checkpoint_writer.submit(atomic_copy, path, last)  # a copy: one damage never hits both
         elif last:
             self._write(trainer, last, background=True)
         evicted = [old for old in evicted if os.path.dirname(old) == self.dirpath

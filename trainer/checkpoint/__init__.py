@@ -1,6 +1,7 @@
-"""Checkpoints: what one holds and how a run is restored from it (``run_state.py``), atomic files and the background
-writer (``files.py``, ``staging.py``), sharded directories (``dirs.py``, ``sharded.py``, ``sharded_index.py``,
-``consolidate.py``) and RNG states (``rng.py``). docs/checkpointing.md."""
+"""Checkpoint files, without a run: atomic files and the background writer (``files.py``, ``staging.py``),
+checksums (``integrity.py``), finding and reading one (``lookup.py``), sharded directories (``dirs.py``,
+``sharded.py``, ``sharded_index.py``, ``consolidate.py``) and RNG states (``rng.py``). What a run's checkpoint holds
+and how a run is restored from it: loop/checkpointing.py. docs/checkpointing.md."""
 from __future__ import annotations
 
 import importlib

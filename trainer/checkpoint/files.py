@@ -11,6 +11,7 @@ trainer/checkpoint.py decides what goes into a checkpoint and how a run continue
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import re
@@ -26,6 +27,8 @@ import torch
 from ..errors import CheckpointError
 from ..strategies.base import normalize_state_dict
 from .dirs import STATE_FILE, copy_checkpoint, fsync_dir, is_sharded, publish, require_complete
+from .integrity import KEY as CHECKSUMS
+from .integrity import checksums, verify
 from .staging import StagingBuffers
 
 if TYPE_CHECKING:
@@ -54,17 +57,59 @@ def atomic_save(obj: Any, path: str, writer: CheckpointWriter | None = None) -> 
 
 
 def write_file(obj: Any, path: str) -> None:
-    """Serialise ``obj`` into a temporary file beside ``path``, make it durable and rename it over ``path``."""
-    tmp = _temp_beside(path)
+    """Serialise ``obj`` into a temporary file beside ``path``, make it durable and rename it over ``path``. A
+    taskfit checkpoint gets its checksums (integrity.py) first. Every failure to write (a full disk, a quota, an I/O
+    error, the folder gone) is one :class:`CheckpointError` naming the file, the cause and the intact checkpoint."""
     try:
-        with open(tmp, "wb") as f:  # a Python file: a full disk is an OSError naming its cause
-            torch.save(obj, f)
+        tmp = _temp_beside(path)
+    except OSError as exc:  # the folder is gone, read-only or full
+        raise _write_error(path, exc) from exc
+    sink = None
+    try:
+        if isinstance(obj, Mapping) and obj.get("format") == FORMAT:
+            obj = {k: v for k, v in obj.items() if k != CHECKSUMS}  # (a checkpoint read back has its old ones)
+            obj[CHECKSUMS] = checksums(obj)
+        with open(tmp, "wb") as fh:  # a Python file: a full disk is an OSError naming its cause
+            sink = _Sink(fh)
+            torch.save(obj, sink)
     except BaseException as exc:
         _remove(tmp)
-        if isinstance(exc, OSError):
-            raise _write_error(path, exc) from exc
+        cause = sink.error if sink is not None and sink.error is not None else exc
+        if isinstance(cause, OSError):
+            raise _write_error(path, cause) from cause
+        if _zip_write_failure(cause):  # torch's zip writer: a failed write seen as a file position it missed
+            raise _write_error(path, cause) from None
         raise
     _finish(tmp, path)
+
+
+class _Sink:
+    """The file ``torch.save`` writes to, keeping the first OSError of a write: torch's zip writer swallows it and
+    fails on a later write with ``unexpected pos 2113408 vs 2113360`` instead, which says nothing of the cause."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.error = fh, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.fh.flush()
+        except OSError as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+
+
+def _zip_write_failure(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and not isinstance(exc, CheckpointError) and (
+        "inline_container" in str(exc) or "unexpected pos" in str(exc))
 
 
 def write_probe(folder: str) -> None:
@@ -80,22 +125,45 @@ def write_probe(folder: str) -> None:
 
 
 def atomic_copy(src: str, dst: str) -> None:
-    """Make ``dst`` a copy of the checkpoint ``src`` atomically: a hard link (free) or, where links fail, a copy."""
+    """Make ``dst`` a copy of the checkpoint file ``src`` atomically (temporary file, fsync, rename). A real copy of
+    the bytes, not a hard link: damage to one file (a tool writing into it, a bad sector) leaves the other whole.
+    The copy runs in the kernel (``sendfile``) from the page cache, on the writer's thread."""
     if os.path.isdir(src):  # a sharded checkpoint: a directory of links
         return copy_checkpoint(src, dst)
-    tmp = _temp_beside(dst)
+    tmp = None
     try:
-        os.unlink(tmp)
-        try:
-            os.link(src, tmp)
-            copied = False
-        except OSError:  # no hard links on this file system: copy the bytes
-            shutil.copyfile(src, tmp)
-            copied = True
-    except BaseException:
-        _remove(tmp)
+        tmp = _temp_beside(dst)
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            _copy_bytes(fin, fout)
+    except BaseException as exc:
+        if tmp is not None:
+            _remove(tmp)
+        if isinstance(exc, OSError):
+            raise _write_error(dst, exc) from exc
         raise
-    _finish(tmp, dst, sync=copied)  # a link shares the data src already has on disk
+    _finish(tmp, dst)
+
+
+def _copy_bytes(fin: Any, fout: Any) -> None:
+    """Copy an open file into another: ``os.sendfile`` (never a reflink that would share the blocks), else reads."""
+    size, offset = os.fstat(fin.fileno()).st_size, 0
+    try:
+        if not hasattr(os, "sendfile"):  # (Windows)
+            raise OSError(errno.ENOSYS, "no sendfile")
+        while offset < size:
+            sent = os.sendfile(fout.fileno(), fin.fileno(), offset, min(size - offset, 1 << 30))
+            if sent == 0:
+                break
+            offset += sent
+        if offset == size:
+            return
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOTSOCK):
+            raise
+    fin.seek(0)
+    fout.seek(0)
+    fout.truncate()
+    shutil.copyfileobj(fin, fout, 1 << 20)
 
 
 def remove_files(paths: list[str]) -> None:
@@ -162,6 +230,13 @@ class CheckpointWriter:
             self._failed = True
             raise
 
+    def check(self) -> None:
+        """Raise now if a submitted write has failed (the steps after it are skipped, so this does not wait for the
+        disk); nothing otherwise. ModelCheckpoint calls it at every step (step-triggered saves), log interval,
+        validation and epoch end: a failed background write reaches the training thread soon after it happens."""
+        if self._failed:
+            self.wait()
+
     def wait(self) -> None:
         """Block until every submitted file is in place; raise the first error of that work."""
         pending, self._pending = self._pending, []
@@ -212,19 +287,75 @@ def _finish(tmp: str, path: str, sync: bool = True) -> None:
         if os.path.isdir(path):
             if is_sharded(path):  # a sharded checkpoint of an earlier fsdp run had this name: swap it out
                 return publish(tmp, path)
+            with contextlib.suppress(OSError):  # an empty folder of that name (rmdir removes nothing else)
+                os.rmdir(path)
         os.replace(tmp, path)
     except BaseException as exc:
         _remove(tmp)
         if isinstance(exc, OSError):
             raise _write_error(path, exc) from exc
         raise
-    fsync_dir(os.path.dirname(path))  # make the rename itself durable
+    try:
+        fsync_dir(os.path.dirname(path))  # make the rename itself durable
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
 
 
-def _write_error(path: str, exc: OSError) -> CheckpointError:
-    return CheckpointError(f"Could not write the checkpoint {path}: {exc}.",
-                           "check that its folder is writable, has free space and that no folder has the "
-                           "checkpoint's name; the previous checkpoint there is intact.")
+_FIXES = {
+    errno.ENOSPC: "free space on that file system ({free} free now), keep fewer files (save_top_k) or save "
+                  "elsewhere (ModelCheckpoint(dirpath=...), Trainer(default_root_dir=...))",
+    errno.EDQUOT: "your disk quota is used up ({free} free on the file system): delete files within it, ask for a "
+                  "larger quota or save elsewhere (ModelCheckpoint(dirpath=...))",
+    errno.EIO: "the storage reported an I/O error: check the disk or network file system (dmesg) and save "
+               "elsewhere (ModelCheckpoint(dirpath=...)) if it persists",
+    errno.ENOENT: "its folder was removed while training ran: recreate it, or save elsewhere "
+                  "(ModelCheckpoint(dirpath=...))",
+    errno.EISDIR: "move away the folder that has the checkpoint's name",
+    errno.EROFS: "the file system became read-only (often after a disk error): remount it or save elsewhere",
+    errno.EACCES: "make the folder writable, or save elsewhere (ModelCheckpoint(dirpath=...))",
+}
+
+
+def _write_error(path: str, exc: BaseException) -> CheckpointError:
+    """The one error of a failed write: the file, the cause (errno and its name), the fix, what is intact."""
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, OSError):
+        name = errno.errorcode.get(code, "") if code is not None else ""
+        cause = f"{exc.strerror or exc} ({name or type(exc).__name__})"
+    else:  # torch's zip writer lost the OSError: the free space says whether the disk filled
+        cause = f"{' '.join(str(exc).split())[:160]}; {_free(path)} free on its file system"
+        code = errno.ENOSPC if _free_bytes(path) == 0 else None
+    fix = _FIXES.get(code, "check that its folder exists, is writable and has free space").format(free=_free(path))
+    intact = _intact(path)
+    return CheckpointError(f"Could not write the checkpoint {path}: {cause}. {intact}",
+                           f"{fix}; then resume with fit(ckpt_path=\"last\").")
+
+
+def _intact(path: str) -> str:
+    """What a failed write of ``path`` left intact: the file it was to replace, else the newest of its folder."""
+    if os.path.isfile(path):
+        return f"The previous {os.path.basename(path)} is intact."
+    folder = os.path.dirname(path)
+    try:
+        files = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".ckpt") and not n.startswith(".")]
+        newest = max(files, key=os.path.getmtime) if files else None
+    except OSError:
+        newest = None
+    if newest is None:
+        return "No earlier checkpoint is in its folder."
+    return f"The checkpoints written before are intact; the newest is {newest}."
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        return shutil.disk_usage(os.path.dirname(path)).free
+    except OSError:
+        return None
+
+
+def _free(path: str) -> str:
+    free = _free_bytes(path)
+    return "unknown" if free is None else f"{free} bytes"
 
 
 def _file_mode() -> int:
@@ -237,7 +368,7 @@ _FILE_MODE = _file_mode()
 
 
 def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):  # gone already, or its folder is: the write's own error is the one to say
         os.unlink(path)
 
 
@@ -307,6 +438,7 @@ def load_file(path: str) -> Any:
             "(an interrupted copy, a full disk): copy it again, or use another checkpoint of the same folder."
         ) from None
     check_format(ckpt, path)
+    verify(ckpt, path)  # the checksums it records (integrity.py); a file without them loads as before
     return ckpt
 
 

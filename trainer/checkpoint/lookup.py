@@ -15,42 +15,88 @@ from .sharded import MARKER, checkpoint_exists, is_sharded, read_shards
 
 
 def last_checkpoint(root: str | os.PathLike, warn: bool = True) -> str | None:
-    """The newest complete checkpoint to continue from under ``root``: ``root/last.ckpt``, else the ``last.ckpt``
-    of the highest ``version_N/checkpoints`` that has one; None when there is none.
+    """The newest checkpoint to continue from under ``root``: ``root/last.ckpt``, else the ``last.ckpt`` of the
+    highest ``version_N/checkpoints`` that has one; None when there is none.
 
-    A sharded ``last.ckpt`` without its COMPLETE marker (a copy or a write that stopped half-way) is skipped for
-    the newest complete checkpoint of its folder (an ``epoch=...-step=...`` one), else of the next older version,
-    and ``warn`` says which one was skipped for which."""
+    A folder whose ``last.ckpt`` is missing, is not a checkpoint (an empty folder of that name) or is a sharded one
+    without its COMPLETE marker (a copy or a write that stopped half-way) gives its newest other checkpoint (an
+    ``epoch=...-step=...`` one) instead, else the next older version's; ``warn`` says which was skipped for which.
+    Nothing is read here: :func:`last_candidates` lists the others to fall back to when a file turns out damaged."""
+    found, skipped = last_candidates(root)
+    if warn:
+        warn_skipped(skipped, found[0] if found else None, stacklevel=3)
+    return found[0] if found else None
+
+
+def last_candidates(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, str]]]:
+    """Every checkpoint ``ckpt_path="last"`` may resume under ``root``, best first: per folder (``root``, then
+    ``version_N/checkpoints`` from the highest N), its ``last.ckpt``, then its other checkpoints newest first (by
+    modification time). Also ``(path, why)`` for each ``last.ckpt`` that is not a checkpoint, in the order met."""
     root = os.fspath(root)
     versions = sorted(((int(m.group(1)), d) for d in (os.listdir(root) if os.path.isdir(root) else [])
                        if (m := re.fullmatch(r"version_(\d+)", d))), reverse=True)
-    skipped, found = [], None
+    found: list[str] = []
+    skipped: list[tuple[str, str]] = []
     for folder in [root] + [os.path.join(root, d, "checkpoints") for _, d in versions]:
-        last = os.path.join(folder, LAST)
-        if checkpoint_exists(last):
-            found = last
-        elif is_sharded(last):  # a directory of that name, without its marker
-            skipped.append(os.path.abspath(last))
-            found = _newest_complete(folder)
-        if found:
-            break
-    if skipped and warn:
-        instead = f"resuming from {os.path.abspath(found)}, the newest complete checkpoint" if found else \
-            "there is no complete checkpoint to resume from"
-        warnings.warn(f"Skipped {', '.join(skipped)}: incomplete (no COMPLETE marker; its write or copy stopped "
-                      f"half-way); {instead}. HINT: delete the incomplete directory, or copy it again whole.",
-                      UserWarning, stacklevel=3)
-    return os.path.abspath(found) if found else None
+        found += folder_candidates(folder, skipped if not found else None)
+    return found, skipped
 
 
-def _newest_complete(folder: str) -> str | None:
-    """The most recently written complete checkpoint in ``folder`` (a sharded one dates from its marker)."""
+def folder_candidates(folder: str, skipped: list[tuple[str, str]] | None = None) -> list[str]:
+    """``folder``'s checkpoints, ``last.ckpt`` first, then the others newest first (absolute paths); a
+    ``last.ckpt`` that is not one is added to ``skipped`` with the reason, when the folder holds any other."""
+    last = os.path.abspath(os.path.join(folder, LAST))
+    others = [p for p in _newest_first(folder) if p != last]
+    if checkpoint_exists(last):
+        return [last] + others
+    if skipped is not None:
+        if is_sharded(last):  # a directory of that name, without its marker
+            skipped.append((last, INCOMPLETE))
+        elif os.path.isdir(last):
+            skipped.append((last, "a folder, not a checkpoint"))
+        elif os.path.lexists(last):
+            skipped.append((last, "not a regular file"))
+        elif others:  # (a folder without any checkpoint has nothing to say)
+            skipped.append((last, "missing"))
+    return others
+
+
+INCOMPLETE = "incomplete (no COMPLETE marker; its write or copy stopped half-way)"
+
+
+def warn_skipped(skipped: list[tuple[str, str]], used: str | None, stacklevel: int = 2) -> None:
+    """One warning naming the checkpoints ``"last"`` skipped, why, and the one it resumes instead."""
+    if not skipped:
+        return
+    names = "; ".join(f"{path}: {why}" for path, why in skipped)
+    if used is None:
+        instead = "there is no intact checkpoint to resume from"
+    elif any(why == INCOMPLETE for _, why in skipped):
+        instead = f"resuming from {used}, the newest complete checkpoint"
+    else:
+        instead = f"resuming from {used}, the newest intact checkpoint"
+    hint = "delete the incomplete directory, or copy it again whole" if all(why == INCOMPLETE for _, why in skipped) \
+        else "nothing to do if that is the state to continue; delete or replace the damaged file to silence this"
+    warnings.warn(f"Skipped {names}; {instead}. HINT: {hint}.", UserWarning, stacklevel=stacklevel + 1)
+
+
+def _newest_first(folder: str) -> list[str]:
+    """The complete checkpoints in ``folder`` (absolute paths), the most recently written first (a sharded one
+    dates from its marker)."""
     dated = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        path = os.path.join(folder, name)
+        path = os.path.abspath(os.path.join(folder, name))
         if name.endswith(".ckpt") and not name.startswith(".") and checkpoint_exists(path):
-            dated.append((os.path.getmtime(os.path.join(path, MARKER) if os.path.isdir(path) else path), path))
-    return max(dated)[1] if dated else None
+            try:
+                stamp = os.stat(os.path.join(path, MARKER) if os.path.isdir(path) else path).st_mtime_ns
+            except OSError:  # removed meanwhile
+                continue
+            dated.append((stamp, _natural(name), path))  # equal times (a coarse clock): epoch=1-step=10 > step=8
+    return [path for _, _, path in sorted(dated, reverse=True)]
+
+
+def _natural(name: str) -> list[Any]:
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
 def load_module(cls: type, path: str | os.PathLike, map_location: Any = "cpu", **kwargs: Any) -> Any:

@@ -32,7 +32,7 @@ from ..checkpoint.files import (
     load_file,
     module_state,
 )
-from ..checkpoint.lookup import last_checkpoint
+from ..checkpoint.lookup import folder_candidates, last_candidates, warn_skipped
 from ..checkpoint.rng import gather_rng_states, set_rng_state
 from ..checkpoint.sharded import (
     checkpoint_exists,
@@ -121,50 +121,86 @@ def _contents(run: Run, state: dict[str, Any]) -> dict[str, Any]:
 def resolve(run: Run, ckpt_path: Any, fresh: bool = False) -> str | None:
     """A path for ``ckpt_path``: "last", "best" (see docs/checkpointing.md) or a file path. With ``fresh`` (fit),
     "last" with nothing to resume is None (a fresh start), with one warning, as in Lightning: the first start of a
-    job and its restarts run the same command."""
+    job and its restarts run the same command. Nothing is read (:func:`_resolve_all` lists the fallbacks)."""
+    candidates, _ = _resolve_all(run, ckpt_path, fresh)
+    return candidates[0] if candidates else None
+
+
+def _resolve_all(run: Run, ckpt_path: Any, fresh: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
+    """The checkpoints ``ckpt_path`` may load, best first, and ``(path, why)`` of those already skipped. A path or
+    "best" is one file; "last" is the ``last.ckpt`` this Trainer wrote, else the one found under the run
+    directories, followed by the other checkpoints of its folder (newest first) and of older versions: a
+    missing, unreadable or damaged ``last.ckpt`` falls back to the newest intact one (:func:`_load_first`)."""
     if ckpt_path not in ("last", "best"):
         if not isinstance(ckpt_path, (str, os.PathLike)):
             raise CheckpointError(f"ckpt_path={ckpt_path!r} is not a path.",
                                   'pass "last", "best" or the path of a .ckpt file.')
-        return os.path.abspath(os.path.expanduser(os.fspath(ckpt_path)))
+        return [os.path.abspath(os.path.expanduser(os.fspath(ckpt_path)))], []
     cb = run.trainer.checkpoint_callback
-    looked = []
+    looked: list[str] = []
+    candidates: list[str] = []
+    skipped: list[tuple[str, str]] = []
     if cb is not None and cb.last_model_path and checkpoint_exists(cb.last_model_path):
-        last = cb.last_model_path  # written by this Trainer
+        last = os.path.abspath(cb.last_model_path)  # written by this Trainer
+        candidates = [last] + [p for p in folder_candidates(os.path.dirname(last)) if p != last]
     else:
         roots = ([cb.dirpath_arg] if cb is not None and cb.dirpath_arg else []) + [os.path.dirname(run.log_dir)]
-        last = None
         for root in roots:
             looked.append(root)
-            last = last_checkpoint(root, warn=run.strategy.is_main)
-            if last:
+            candidates, skipped = last_candidates(root)
+            if candidates:
                 break
     if ckpt_path == "last":
         where = f"looked for {LAST} in {' and '.join(looked)} and its version_*/checkpoints folders"
-        if last is None and fresh:
+        if not candidates and fresh:
             if run.strategy.is_main:
+                warn_skipped(skipped, None, stacklevel=7)  # a last.ckpt that is not one (an empty folder...)
                 warnings.warn(f'fit(ckpt_path="last"): there is no checkpoint to resume yet ({where}), so this fit '
                               "starts fresh. HINT: expected on a job's first start; otherwise check default_root_dir "
                               "(or ModelCheckpoint(dirpath=...)) is the folder of the run to resume.", UserWarning,
                               stacklevel=7)  # the line that called fit
-            return None
-        if last is None:
+            return [], skipped
+        if not candidates:
             raise CheckpointError(
                 f"ckpt_path=\"last\" but no checkpoint has been saved yet ({where}).",
                 "pass the path of a .ckpt file, or set Trainer(default_root_dir=...) to the folder of the run whose "
                 "checkpoint to evaluate.")
-        return last
+        return candidates, skipped
     best = cb.best_model_path if cb is not None and cb.best_model_path else None
-    if best is None and last is not None:  # the newest run's bookkeeping names its best file
-        states = load_checkpoint(last).get("callbacks", {})
+    if best is None and candidates:  # the newest run's bookkeeping names its best file
+        _, ckpt = _load_first(run, "last", candidates, list(skipped), load_checkpoint, warn=False)
+        states = ckpt.get("callbacks", {})
         best = next((s.get("best_model_path") for s in states.values()
                      if isinstance(s, Mapping) and s.get("best_model_path")), None)
     if not best or not checkpoint_exists(best):
         raise CheckpointError(
-            f"ckpt_path=\"best\" but no best checkpoint is known (last: {last}, best: {best}).",
+            f"ckpt_path=\"best\" but no best checkpoint is known (last: {candidates[0] if candidates else None}, "
+            f"best: {best}).",
             "train first with a ModelCheckpoint that saves top-k files (save_top_k >= 1, monitor=\"val/loss\" to "
             "rank them), or pass the path of a .ckpt file.")
-    return best
+    return [best], []
+
+
+def _load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[tuple[str, str]],
+                load: Any, warn: bool = True) -> tuple[str, Any]:
+    """``(path, load(path))`` of the first candidate that loads. Under "last" a candidate that cannot be read or
+    fails its checksums is skipped for the next (one warning names what was skipped, why, and what is resumed
+    instead); if none loads, the first one's error. Any other ``ckpt_path`` is loaded or refused as it is."""
+    first: CheckpointError | None = None
+    for path in candidates:
+        try:
+            ckpt = load(path)
+        except CheckpointError as exc:
+            if ckpt_path != "last":
+                raise
+            first = first or exc
+            skipped.append((path, exc.what))
+            continue
+        if warn and run.strategy.is_main:
+            warn_skipped(skipped, path, stacklevel=7)  # the line that called fit / validate
+        return path, ckpt
+    assert first is not None
+    raise first
 
 
 # ---- restoring a run ------------------------------------------------------------------------------------
@@ -172,12 +208,10 @@ def open_checkpoint(run: Run, ckpt_path: Any) -> tuple[str, dict[str, Any]] | No
     """``fit(ckpt_path=...)``'s checkpoint, read before the loaders are built: the task's ``on_load_checkpoint`` and
     the data module's state come first, as in Lightning (the loaders may depend on that state). None:
     ``ckpt_path="last"`` found nothing to resume, and the fit starts fresh (with a warning)."""
-    path = resolve(run, ckpt_path, fresh=True)
-    if path is None:
+    candidates, skipped = _resolve_all(run, ckpt_path, fresh=True)
+    if not candidates:
         return None
-    ckpt = dict(load_checkpoint(path))
-    if is_sharded(path):
-        read_index(path)  # a damaged or hostile shard directory is refused before anything else is said or done
+    path, ckpt = _load_first(run, ckpt_path, candidates, skipped, _load_resumable)
     if "optimizer" not in ckpt:
         raise CheckpointError(f"{path} holds only weights (ModelCheckpoint(save_weights_only=True)), not a training "
                               "state to resume.", "resume from a full checkpoint (the last.ckpt a preemption signal "
@@ -185,6 +219,14 @@ def open_checkpoint(run: Run, ckpt_path: Any) -> tuple[str, dict[str, Any]] | No
                               "TaskModule.load_from_checkpoint(path).")
     _task_loads(run, ckpt)
     return path, ckpt
+
+
+def _load_resumable(path: str) -> dict[str, Any]:
+    """A checkpoint to resume, read and verified (its checksums; a sharded one's index against its files)."""
+    ckpt = dict(load_checkpoint(path))
+    if is_sharded(path):
+        read_index(path)  # a damaged or hostile shard directory is refused before anything else is said or done
+    return ckpt
 
 
 def _task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
@@ -282,8 +324,7 @@ def _warn_changes(run: Run, ckpt: Mapping[str, Any], path: str) -> None:
 
 def load_weights(run: Run, ckpt_path: Any) -> str:
     """Load only the module weights (validate/test/predict with ``ckpt_path``)."""
-    path = resolve(run, ckpt_path)
-    ckpt = load_file(path)
+    path, ckpt = _load_first(run, ckpt_path, *_resolve_all(run, ckpt_path), load_file)
     weights = check_weights(unwrap(run.model), module_state(ckpt, path), path)
     _task_loads(run, ckpt)
     if is_sharded(path):
@@ -365,4 +406,5 @@ def preempt(run: Run) -> None:
         echo(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
              f"step {st.global_step} to {path}.{requeued} Exiting with status {code}. Resume with {how} (or "
              f"ckpt_path=\"{path}\").", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
+    run.preemption.exit_code = code  # under a launcher a late or second signal is ignored from here to the exit
     raise SystemExit(code)
