@@ -26,5 +26,5 @@ def test_ci_runs_the_readme_test_command():
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     assert lines[-1] == command
-    install = re.search(r"## Install\n\n```bash\n(.*?)\n```", _readme(), re.S).group(1).strip()
+    install = re.search(r"## Install\n\n```bash\n(.*?)\n```", _readme(), re.S).group(1).strip().splitlines()[-1]
     assert install.replace("pip install", "").split() == lines[-2].replace("python -m pip install --quiet", "").split()
