@@ -843,6 +843,7 @@ def test_every_name_the_guide_calls_same_is_accepted_or_called():
     import inspect
 
     from taskfit.loop.hooks import MODULE_HOOKS as CALLED_ON_TASK
+    from taskfit.loop.overrides import AUTOMATIC_OVERRIDES
 
     trainer_args = set(inspect.signature(Trainer.__init__).parameters)
     assert set(_same("Trainer arguments")) <= trainer_args
@@ -862,6 +863,7 @@ def test_every_name_the_guide_calls_same_is_accepted_or_called():
                       "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader",
                       "configure_callbacks"}
     assert set(_same("LightningModule hooks and methods")) - steps_and_data == set(CALLED_ON_TASK)
+    assert set(_same("Overrides of the automatic step")) == set(AUTOMATIC_OVERRIDES)
     task = Line()
     for name in _same("LightningModule attributes"):
         assert hasattr(task, name), name

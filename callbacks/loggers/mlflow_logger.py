@@ -303,7 +303,8 @@ def _run_name(trainer: Any, log_dir: str | None) -> str:
         return "taskfit"
     base = os.path.dirname(log_dir)
     hydra = sys.modules.get("hydra.core.hydra_config")  # only a taskfit command (or a Hydra app) imported it
-    if hydra is not None and hydra.HydraConfig.initialized():
+    # A run of the taskfit command carries its config; Hydra's global config may be another app's, or outlive one
+    if getattr(trainer, "config", None) is not None and hydra is not None and hydra.HydraConfig.initialized():
         from hydra.types import RunMode
 
         cfg = hydra.HydraConfig.get()
