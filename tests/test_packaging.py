@@ -89,54 +89,6 @@ def test_the_library_imports_only_relatively_or_through_taskfit():
     assert not offenders, "\n".join(offenders)
 
 
-def test_no_import_cycles_between_the_modules():
-    """Every ``from .x import`` / ``from ..x import`` of the package (at any depth, except TYPE_CHECKING blocks)
-    forms an acyclic graph: no module relies on a function-level import to break a circle."""
-    import ast
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    modules = {}
-    for folder, package in (("trainer", "taskfit"), ("callbacks", "taskfit.callbacks")):
-        for name in os.listdir(os.path.join(root, folder)):
-            if name.endswith(".py"):
-                stem = name[:-3]
-                modules[package if stem == "__init__" else f"{package}.{stem}"] = os.path.join(root, folder, name)
-    graph = {}
-    for module, path in modules.items():
-        tree = ast.parse(open(path, encoding="utf-8").read())
-        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
-        package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
-        edges = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level and id(node) not in typing_only:
-                base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-                for alias in node.names:
-                    full = f"{target}.{alias.name}"
-                    edges.add(full if full in modules else target)
-        graph[module] = {e for e in edges if e in modules and e != module}
-    # a package's __init__ importing its own submodules is how packages work, not a cycle to avoid
-    for module in graph:
-        graph[module] -= {m for m in graph if "." in module and module.startswith(m + ".") and m in ("taskfit",)}
-    cycles, state = [], {}
-
-    def visit(node, path):
-        state[node] = "open"
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == "open":
-                cycles.append(path[path.index(nxt):] + [nxt])
-            elif nxt not in state:
-                visit(nxt, path + [nxt])
-        state[node] = "done"
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-    assert not cycles, cycles
-
-
 def test_import_taskfit_leaves_the_heavy_parts_of_torch_and_the_loggers_unloaded():
     # torch._dynamo (~1 s) comes with torch.compile or an optimizer's first use, tensorboard and hydra with the code
     # that uses them: `import taskfit` (a CLI's --help, a predict script) pays none of them; FSDP and DCP (~1 s) come

@@ -33,17 +33,12 @@ class DataModule:
         self.__dict__["_hparams"] = AttributeDict(recorded_init_args(cls, args, kwargs))
         return self
 
-    @default_hook
-    def prepare_data(self) -> None:
-        """Download or write to disk, once per machine (on local rank 0, before ``setup``); set no state here."""
-
-    @default_hook
-    def setup(self, stage: str) -> None:
-        """Build what the loaders need, in every process; ``stage`` is "fit", "validate", "test" or "predict"."""
-
-    @default_hook
-    def teardown(self, stage: str) -> None:
-        """Release what ``setup`` built, after the run of ``stage`` ended normally."""
+    # Lightning's hooks of a data module: TaskModule's no-ops (@default_hook: the hook table leaves them out unless a
+    # subclass writes its own). prepare_data: downloads, once per machine, before setup; setup(stage): splits and
+    # transforms, in every process; teardown(stage): after a run of stage ended normally.
+    prepare_data = TaskModule.prepare_data
+    setup = TaskModule.setup
+    teardown = TaskModule.teardown
 
     # the loaders, as a TaskModule's: train_dataloader is required for fit, the others return None (skipped)
     train_dataloader = TaskModule.train_dataloader
