@@ -26,7 +26,7 @@ from .data.loaders import batch_size_of, empty_train_loader, length, limit_batch
 from .datamodule import DataModule, DataSource
 from .init_args import flatten, plain_hparams
 from .logs.buffer import LogBuffer
-from .loop import lifecycle
+from .loop import lifecycle, user_errors
 from .loop.cadence import accumulation_group
 from .loop.checkpointing import load_run_state, preempt, run_state, save_checkpoint
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
@@ -159,7 +159,10 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
-        return self.strategy.launch(self._fit, task, data, ckpt_path)
+        try:
+            return self.strategy.launch(self._fit, task, data, ckpt_path)
+        except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
+            raise user_errors.explain(exc, self.run)
 
     def validate(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
                  verbose: bool = True, datamodule: DataModule | None = None,
@@ -186,7 +189,10 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         task, ckpt_path = lifecycle.fitted_task(self, fn, task, ckpt_path)
         data = DataSource(task, fn, datamodule, loaders=loaders)
         check_task(task, fn, data=data)
-        return self.strategy.launch(self._run_eval, fn, task, data, ckpt_path, *more)
+        try:
+            return self.strategy.launch(self._run_eval, fn, task, data, ckpt_path, *more)
+        except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
+            raise user_errors.explain(exc, self.run)
 
     # ---- fit: epochs and batches ----------------------------------------------------------------------
     def _fit(self, task: TaskModule, data: DataSource, ckpt_path: str | None) -> dict[str, float]:

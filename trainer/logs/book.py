@@ -139,6 +139,7 @@ class LogBook:
     def __init__(self, stage: str, buffer: Any = None) -> None:
         self.stage, self.buffer = stage, buffer
         self.weight = 1.0  # the Trainer sets each batch's size here: epoch means are sample-weighted
+        self.batch_idx = 0  # the evaluation batch being logged (an error names it: loop/user_errors.py)
         self.series: dict[str, Any] = {}  # key -> Series / StepSeries
         self.prog_bar: set[str] = set()  # published names shown on the progress bar
         self.metric_objects: dict[str, tuple[Any, str | None]] = {}  # key -> (Metric, epoch name): computed per pass

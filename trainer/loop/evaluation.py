@@ -124,6 +124,7 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
                 break
             batch = strategy.batch_to_device(batch)
             book.weight = batch_size_of(batch)
+            book.batch_idx = i
             for fn in on_start or ():
                 fn(trainer, task, batch, i)
             with precision.autocast:
