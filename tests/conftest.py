@@ -8,8 +8,10 @@ import importlib
 import inspect
 import os
 import re
+import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,3 +122,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker(tier := tier_of(item)) is None:
             item.add_marker(tier)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A mount point: ``tmpfs(size_kb, read_only=False)`` mounts a small tmpfs there (root only; the test is skipped
+    where it cannot mount), unmounted after the test (test_faults, test_async_checkpoint, test_checkpoint_integrity)."""
+    mounted = []
+
+    def mount(size_kb: int, read_only: bool = False) -> Path:
+        point = tmp_path / f"fs{len(mounted)}"
+        point.mkdir()
+        options = f"size={size_kb}k" + (",ro" if read_only else "")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.decode().strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)

@@ -12,7 +12,6 @@ import random
 import re
 import shutil
 import struct
-import subprocess
 import threading
 import warnings
 import zipfile
@@ -241,39 +240,32 @@ def test_a_folder_removed_during_training_is_recreated_or_named(tmp_path, monkey
 
 
 @pytest.mark.parametrize("free_kb", [0, 8, 40, 72, 104])
-def test_a_real_full_tmpfs_during_a_background_write(tmp_path, free_kb):
+def test_a_real_full_tmpfs_during_a_background_write(tmp_path, tmpfs, free_kb):
     """A small tmpfs filled after the step-4 save so that only ``free_kb`` are left: the step-6 save (a ~120 KB
     ranked file, then its last.ckpt copy) fails at a different point each time; always one clear CheckpointError."""
-    point = tmp_path / "fs"
-    point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1024k", "tmpfs", str(point)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    try:
-        class Fill(Callback):
-            order = 2000  # after ModelCheckpoint's save
+    point = tmpfs(1024)
+    class Fill(Callback):
+        order = 2000  # after ModelCheckpoint's save
 
-            def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
-                if trainer.state.global_step == 4:
-                    trainer.checkpoint_writer.wait()
-                    with open(point / "filler", "wb", buffering=0) as fh:
-                        try:
-                            while fh.write(b"\0" * 4096):
-                                pass
-                        except OSError:
+        def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+            if trainer.state.global_step == 4:
+                trainer.checkpoint_writer.wait()
+                with open(point / "filler", "wb", buffering=0) as fh:
+                    try:
+                        while fh.write(b"\0" * 4096):
                             pass
-                        fh.truncate(max(0, fh.tell() - free_kb * 1024))
+                    except OSError:
+                        pass
+                    fh.truncate(max(0, fh.tell() - free_kb * 1024))
 
-        cb = ModelCheckpoint(dirpath=point / "ckpts", every_n_train_steps=2, every_n_epochs=None, save_top_k=1)
-        trainer = Trainer(max_steps=8, default_root_dir=str(tmp_path), callbacks=[cb, Fill()], **QUIET)
-        with pytest.raises(CheckpointError, match=r"Could not write the checkpoint .*\.ckpt: No space left on device "
-                                                  r"\(ENOSPC\)\. ") as info:
-            trainer.fit(RegressionTask(features=30_000, n=32, batch_size=8, lr=1e-6))
-        assert "unexpected pos" not in str(info.value)
-        _check_folder_after_a_failure(point / "ckpts", cb, str(info.value))
-        assert load_checkpoint(str(point / "ckpts" / "last.ckpt"))["loop"]["state"]["global_step"] >= 4
-    finally:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+    cb = ModelCheckpoint(dirpath=point / "ckpts", every_n_train_steps=2, every_n_epochs=None, save_top_k=1)
+    trainer = Trainer(max_steps=8, default_root_dir=str(tmp_path), callbacks=[cb, Fill()], **QUIET)
+    with pytest.raises(CheckpointError, match=r"Could not write the checkpoint .*\.ckpt: No space left on device "
+                                              r"\(ENOSPC\)\. ") as info:
+        trainer.fit(RegressionTask(features=30_000, n=32, batch_size=8, lr=1e-6))
+    assert "unexpected pos" not in str(info.value)
+    _check_folder_after_a_failure(point / "ckpts", cb, str(info.value))
+    assert load_checkpoint(str(point / "ckpts" / "last.ckpt"))["loop"]["state"]["global_step"] >= 4
 
 
 # ---- checksums: a flipped bit is refused by name; "last" falls back ---------------------------------------------

@@ -14,31 +14,11 @@ import pytest
 import torch
 from taskfit import CheckpointError, MisconfigurationError, NonFiniteLossError, Trainer
 from taskfit.callbacks import Callback, ModelCheckpoint
-from taskfit.checkpoint.files import FORMAT_VERSION, CheckpointWriter
 from taskfit.checkpoint import load_checkpoint
+from taskfit.checkpoint.files import FORMAT_VERSION, CheckpointWriter
 from tasks import ClassifierTask, RegressionTask
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A mount point: ``tmpfs(size_kb, read_only=False)`` mounts a small tmpfs there (root only)."""
-    mounted = []
-
-    def mount(size_kb: int, read_only: bool = False) -> Path:
-        point = tmp_path / f"fs{len(mounted)}"
-        point.mkdir()
-        options = f"size={size_kb}k" + (",ro" if read_only else "")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.decode().strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
 class FillDisk(Callback):
