@@ -127,6 +127,8 @@ def _trainer_assignments(path: str) -> list[str]:
         for target in targets:
             leaves = target.elts if isinstance(target, ast.Tuple) else [target]
             for leaf in leaves:
+                if isinstance(leaf, ast.Subscript):  # trainer.hooks[name] = ...: the Trainer's (or run's) table
+                    leaf = leaf.value
                 if isinstance(leaf, ast.Attribute) and ast.unparse(leaf.value) in ("trainer", "self.trainer",
                                                                                     "run.trainer"):
                     found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {ast.unparse(leaf)} = ...")

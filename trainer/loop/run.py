@@ -87,6 +87,11 @@ class Run:
         for fn in self.hooks["on_before_optimizer_step"]:
             fn(self.trainer, self.task, optimizer)
 
+    def rewrite_hooks(self, rewrite: Callable[[str, list[Hook]], list[Hook]]) -> None:
+        """Each hook's list replaced by ``rewrite(name, list)``, from now on (SimpleProfiler times every hook)."""
+        for name, fns in self.hooks.items():
+            self.hooks[name] = rewrite(name, fns)
+
     def set_log_dir(self, log_dir: str) -> None:
         """A resumed fit continues the run directory its checkpoint recorded (a logger's on_load_checkpoint)."""
         self.log_dir = log_dir

@@ -83,14 +83,17 @@ class SimpleProfiler(Callback):
         self._imports.install()  # torch._dynamo...) are a row of their own, out of the stage or hook that did them
         self._backward_hooks = "on_before_backward" in trainer.hooks  # without them backward is in forward+loss
         end = "teardown" if "teardown" in trainer.hooks else "on_fit_end"  # the last hook of a fit
-        for hook, fns in trainer.hooks.items():
-            timed: list[Callable[..., Any]] = [fn if getattr(fn, "__self__", None) is self else
-                                               _Timed(self, fn, hook, trainer.task) for fn in fns]
+
+        def timed(hook: str, fns: list[Callable[..., Any]]) -> list[Callable[..., Any]]:
+            marked: list[Callable[..., Any]] = [fn if getattr(fn, "__self__", None) is self else
+                                                _Timed(self, fn, hook, trainer.task) for fn in fns]
             if hook in NEXT_STAGE:
-                timed.insert(0, _Mark(self, hook))
+                marked.insert(0, _Mark(self, hook))
             if hook == end:
-                timed.append(_Mark(self, "end"))
-            trainer.hooks[hook] = timed
+                marked.append(_Mark(self, "end"))
+            return marked
+
+        trainer.run.rewrite_hooks(timed)
 
     def _stage_count(self, stage: str) -> None:
         self.stages.setdefault(stage, [0, 0.0])[0] += 1
