@@ -82,9 +82,11 @@ def test_defaults_call_no_callback_per_batch_on_a_non_terminal(tmp_path, capsys)
     """Progress bar to a log file, TensorBoard, LR and throughput monitors, epoch-end checkpoints: none of them
     has work per batch, so the loop calls no hook between two batches (the data wait is timed by the loop)."""
     trainer = Trainer(max_epochs=1, log_every_n_steps=2, default_root_dir=tmp_path)
+    started = time.perf_counter()
     trainer.fit(RegressionTask(n=32, val_n=8))
+    fit_s = time.perf_counter() - started
     assert trainer.hooks["on_train_batch_start"] == [] and trainer.hooks["on_train_batch_end"] == []
-    assert 0 < trainer.state.data_wait_s < 60
+    assert 0 < trainer.state.data_wait_s < fit_s  # a part of the fit, measured: no speed claim
     assert "vitals/data_wait_pct" in trainer.state.metrics
     # The epoch's line shows the validation values too (taken from what was logged this epoch).
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 0/0"))
