@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 
 import torch
 from taskfit import Trainer, seed_everything
