@@ -842,8 +842,8 @@ def _same(label: str) -> list[str]:
 def test_every_name_the_guide_calls_same_is_accepted_or_called():
     import inspect
 
+    from taskfit.loop.hooks import AUTOMATIC_OVERRIDES
     from taskfit.loop.hooks import MODULE_HOOKS as CALLED_ON_TASK
-    from taskfit.loop.overrides import AUTOMATIC_OVERRIDES
 
     trainer_args = set(inspect.signature(Trainer.__init__).parameters)
     assert set(_same("Trainer arguments")) <= trainer_args

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -29,7 +28,7 @@ from urllib.parse import urlparse
 from ...arguments import arguments_checked
 from ...console import echo
 from ...errors import MisconfigurationError
-from ...logs.logger import PREFIX_SEPARATOR, Logger
+from ...logs.logger import PREFIX_SEPARATOR, Logger, display_name
 
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 _BATCH_METRICS, _BATCH_PARAMS = 1000, 100  # MLflow's limits per log_batch request
@@ -157,7 +156,7 @@ class MLFlowLogger(Logger):
                 tags = resolve_tags({**self.tags, "taskfit.log_dir": str(self._run_dir)})
                 self._experiment = self._experiment_id()
                 run = self._client.create_run(self._experiment, tags=tags,
-                                              run_name=self.run_name or _run_name(trainer, self._run_dir))
+                                              run_name=self.run_name or display_name(trainer, self._run_dir))
                 self._run_id, self._monitors_wait = run.info.run_id, True
         except Exception as exc:  # noqa: BLE001 - any failure of the store: one explained error
             reason = " ".join(str(exc).split())[:500]
@@ -293,27 +292,6 @@ class MLFlowLogger(Logger):
         paths = (callback.best_model_path, callback.last_model_path)
         for path in dict.fromkeys(p for p in paths if p and os.path.isfile(p)):
             self._client.log_artifact(self._run_id, path, artifact_path="checkpoints")
-
-
-def _run_name(trainer: Any, log_dir: str | None) -> str:
-    """The run directory as TensorBoard names it when opened as docs/logging.md says: below a ``taskfit -m`` sweep's
-    folder (``lr=0.1/version_0``), below a ``taskfit`` run's ``runs/`` folder (``<time>/version_0``), else below
-    the folder of the runs (``version_3``, ``exp/version_3``)."""
-    if not log_dir:
-        return "taskfit"
-    base = os.path.dirname(log_dir)
-    hydra = sys.modules.get("hydra.core.hydra_config")  # only a taskfit command (or a Hydra app) imported it
-    # A run of the taskfit command carries its config; Hydra's global config may be another app's, or outlive one
-    if getattr(trainer, "config", None) is not None and hydra is not None and hydra.HydraConfig.initialized():
-        from hydra.types import RunMode
-
-        cfg = hydra.HydraConfig.get()
-        base = str(cfg.sweep.dir) if cfg.mode == RunMode.MULTIRUN else os.path.dirname(cfg.runtime.output_dir)
-    else:
-        first = next((lg for lg in trainer.loggers if lg.has_directory and lg.save_dir), None)
-        base = first.save_dir if first is not None else (trainer.default_root_dir or base)
-    name = os.path.relpath(log_dir, os.path.abspath(base))
-    return os.path.basename(log_dir) if name.startswith("..") else name
 
 
 def _shown_uri(uri: str) -> str:

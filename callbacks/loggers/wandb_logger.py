@@ -23,8 +23,7 @@ from typing import Any
 
 from ...arguments import arguments_checked
 from ...errors import MisconfigurationError
-from ...logs.logger import Logger
-from .mlflow_logger import _run_name
+from ...logs.logger import Logger, display_name
 
 STEP_KEY = "trainer/global_step"  # the x-axis of every chart (Lightning's WandbLogger uses the same key)
 _EXIT_CODES = {"success": 0, "failed": 1, "interrupted": 255}  # 255: what wandb itself records for Ctrl-C
@@ -148,7 +147,7 @@ class WandbLogger(Logger):
         try:
             os.makedirs(folder, exist_ok=True)
             run = wandb.init(project=(recorded or {}).get("project") or self.project,
-                             name=self.run_name or _run_name(trainer, self._run_dir), dir=folder, id=run_id,
+                             name=self.run_name or display_name(trainer, self._run_dir), dir=folder, id=run_id,
                              resume="allow" if run_id else None, tags=self.tags or None, config=self.config or None,
                              mode="offline" if self.offline else None,
                              **{k: v for k, v in self.init_args.items() if v is not None})

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -290,3 +291,24 @@ def check_writable(folder: str, who: str) -> None:
             f"{who} cannot write to {folder}: {exc.strerror or exc} ({type(exc).__name__}).",
             "make the folder writable (permissions, a read-only or full file system), or pass "
             f"{who}(save_dir=...) / Trainer(default_root_dir=...) elsewhere.") from exc
+
+
+def display_name(trainer: Any, log_dir: str | None) -> str:
+    """A run's name in MLflow and W&B: the run directory as TensorBoard names it when opened as docs/logging.md
+    says: below a ``taskfit -m`` sweep's folder (``lr=0.1/version_0``), below a ``taskfit`` run's ``runs/`` folder
+    (``<time>/version_0``), else below the folder of the runs (``version_3``, ``exp/version_3``)."""
+    if not log_dir:
+        return "taskfit"
+    base = os.path.dirname(log_dir)
+    hydra = sys.modules.get("hydra.core.hydra_config")  # only a taskfit command (or a Hydra app) imported it
+    # A run of the taskfit command carries its config; Hydra's global config may be another app's, or outlive one
+    if getattr(trainer, "config", None) is not None and hydra is not None and hydra.HydraConfig.initialized():
+        from hydra.types import RunMode
+
+        cfg = hydra.HydraConfig.get()
+        base = str(cfg.sweep.dir) if cfg.mode == RunMode.MULTIRUN else os.path.dirname(cfg.runtime.output_dir)
+    else:
+        first = next((lg for lg in trainer.loggers if lg.has_directory and lg.save_dir), None)
+        base = first.save_dir if first is not None else (trainer.default_root_dir or base)
+    name = os.path.relpath(log_dir, os.path.abspath(base))
+    return os.path.basename(log_dir) if name.startswith("..") else name

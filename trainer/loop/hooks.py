@@ -21,7 +21,6 @@ from torch import nn
 from ..callback import HOOKS as CORE_HOOKS
 from ..callback import Callback
 from ..logs.logger import Logger
-from .overrides import AUTOMATIC_OVERRIDES
 
 Hook = Callable[..., Any]
 
@@ -59,6 +58,9 @@ MODULE_HOOKS: tuple[str, ...] = (
     "on_predict_epoch_start", "on_predict_epoch_end", "on_predict_batch_start", "on_predict_batch_end",
     "on_before_zero_grad", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
     "on_save_checkpoint", "on_load_checkpoint")
+# Lightning's overrides of the automatic step, called on a task that writes its own (overrides.py)
+AUTOMATIC_OVERRIDES = ("optimizer_step", "optimizer_zero_grad", "backward", "configure_gradient_clipping",
+                       "lr_scheduler_step")
 # ... and on a DataModule (its state_dict/load_state_dict are saved in and restored from checkpoints).
 DATAMODULE_HOOKS: tuple[str, ...] = ("prepare_data", "setup", "teardown", "on_exception")
 

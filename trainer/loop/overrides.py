@@ -15,16 +15,8 @@ import torch
 
 from ..errors import MisconfigurationError
 from ..optim import gradient_clipper
+from .hooks import defines as overrides  # the task replaces TaskModule's default_hook
 from .precision import Precision
-
-AUTOMATIC_OVERRIDES = ("optimizer_step", "optimizer_zero_grad", "backward", "configure_gradient_clipping",
-                       "lr_scheduler_step")
-
-
-def overrides(task: Any, name: str) -> bool:
-    """The task's class replaces TaskModule's ``name`` (a :func:`~taskfit.callback.default_hook`)."""
-    method = getattr(type(task), name, None)
-    return callable(method) and not getattr(method, "default_hook", False)
 
 
 def zero_grad_call(task: Any, state: Any, optimizer: torch.optim.Optimizer) -> Callable[..., None]:
@@ -114,5 +106,5 @@ def scheduler_step(task: Any) -> Callable[[Any, Any], None] | None:
     return task.lr_scheduler_step if overrides(task, "lr_scheduler_step") else None
 
 
-__all__ = ["AUTOMATIC_OVERRIDES", "overrides", "zero_grad_call", "backward_call", "clip_call",
+__all__ = [ "zero_grad_call", "backward_call", "clip_call",
            "task_optimizer_step", "scheduler_step", "StepOptimizer", "TaskOptimizerStep"]
