@@ -47,14 +47,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'taskfit.callbacks' has no attribute {name!r}")
 
 
+DEFAULT_ARGUMENTS = {"LearningRateMonitor": {"names": "vitals"}}  # the built-in one: taskfit's own names
+
+
 def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointing: bool,
                   logger: bool | Logger | list[Logger] | None) -> list[Callback]:
     """The user's callbacks, the ``logger`` argument's loggers and the default callbacks the Trainer's switches ask
     for (unless the user passed one of that class), sorted by ``order``.
 
     ``logger``: True (or None) adds a TensorBoardLogger unless a Logger is among the callbacks; a Logger or a list
-    of them is added instead; False (or ``[]``) adds none. Any logger brings a LearningRateMonitor and a
-    ThroughputMonitor (their values go to every logger).
+    of them is added instead; False (or ``[]``) adds none. Any logger brings a LearningRateMonitor (taskfit's
+    vitals names) and a ThroughputMonitor (their values go to every logger).
     """
     if isinstance(callbacks, Callback):  # one callback, as Lightning accepts
         callbacks = [callbacks]
@@ -78,7 +81,7 @@ def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointin
         if wanted:
             cls = __getattr__(name)
             if not any(issubclass(t, cls) for t in present):
-                callbacks.append(cls())
+                callbacks.append(cls(**DEFAULT_ARGUMENTS.get(name, {})))
     return sorted(callbacks, key=lambda cb: cb.order)
 
 

@@ -1,7 +1,12 @@
-"""LearningRateMonitor: the learning rate of every param group of every optimizer, as
-``vitals/lr/<Optimizer>/<group>`` (docs/logging.md maps Lightning's ``lr-<Optimizer>`` names to these)."""
+"""LearningRateMonitor: the learning rate (and momentum, weight decay) of every param group of every optimizer.
+
+A monitor you add writes Lightning's names (``lr-SGD``, ``lr-SGD/pg2``, ``lr-Adam-1``, ``lr-SGD-momentum``) and
+keeps Lightning's ``lrs``/``last_momentum_values``/``last_weight_decay_values``; the one taskfit adds with any
+logger writes its vitals (``vitals/lr/SGD/pg0``), grouped after train/ and val/ in every logger's UI.
+"""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ..arguments import arguments_checked
@@ -12,11 +17,16 @@ MONITORS = "vitals"  # the group of the trainer's own measurements: after train/
 
 
 class LearningRateMonitor(Callback):
-    """Logs ``vitals/lr/<Optimizer>/<group>`` for every optimizer (``<group>`` is the param group's ``"name"``, else
-    ``pg<i>``; a second optimizer of the same class is ``<Optimizer>-1``; a scheduler config's ``"name"``, when
-    given, replaces ``<Optimizer>``).
+    """Logs the learning rate of every param group of every optimizer, through the Trainer (every logger, and
+    ``trainer.callback_metrics``: ``monitor="lr-SGD"`` works).
 
-    Added by default with the logger (``Trainer(logger=True)``); pass your own instance to change it.
+    Names (``names="lightning"``, Lightning's): ``lr-<Optimizer>`` for an optimizer of one param group,
+    ``lr-<Optimizer>/<group>`` for several (``<group>`` is the group's ``"name"``, else ``pg1``, ``pg2``...); a
+    second optimizer of the same class is ``lr-<Optimizer>-1``; a scheduler config's ``"name"`` replaces
+    ``lr-<Optimizer>``; momentum and weight decay add ``-momentum``, ``-weight_decay``. ``names="vitals"`` (the
+    monitor taskfit adds with a logger): ``vitals/lr/<Optimizer>/<group>`` (``pg0``, ``pg1``...),
+    ``vitals/momentum/...``, ``vitals/weight_decay/...``.
+
     Reading ``param_groups`` is host-side: no device sync.
 
     Args:
@@ -24,51 +34,86 @@ class LearningRateMonitor(Callback):
             epoch start, the others at every ``log_every_n_steps``; ``"step"``: all at every ``log_every_n_steps``
             (the value at global step ``s`` is the rate the next optimizer step uses); ``"epoch"``: all at each
             epoch start (the rate that epoch starts with).
-        log_momentum: also log ``vitals/momentum/<Optimizer>/<group>`` (``momentum``, or ``betas[0]`` for Adam-like
-            optimizers).
-        log_weight_decay: also log ``vitals/weight_decay/<Optimizer>/<group>``.
+        log_momentum: also log the momentum (``momentum``, or ``betas[0]`` for Adam-like optimizers; Lightning's
+            names log 0 for an optimizer without either, as Lightning does).
+        log_weight_decay: also log the weight decay.
+        names: ``"lightning"`` or ``"vitals"``, as above.
     """
 
     @arguments_checked(docs="docs/logging.md")
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,
-                 log_weight_decay: bool = False) -> None:
+                 log_weight_decay: bool = False, names: str = "lightning") -> None:
         if logging_interval not in (None, "step", "epoch"):
             raise MisconfigurationError(f"LearningRateMonitor(logging_interval={logging_interval!r}) is not valid.",
                                         'use None (each scheduler\'s interval), "step" (every log_every_n_steps) '
                                         'or "epoch" (at each epoch start).')
-        self.logging_interval, self.log_momentum, self.log_weight_decay = \
-            logging_interval, log_momentum, log_weight_decay
+        if names not in ("lightning", "vitals"):
+            raise MisconfigurationError(f"LearningRateMonitor(names={names!r}) is not valid.",
+                                        'use "lightning" (lr-SGD, as Lightning) or "vitals" (vitals/lr/SGD/pg0).')
+        self.logging_interval, self.log_momentum, self.log_weight_decay, self.names = \
+            logging_interval, log_momentum, log_weight_decay, names
         self._keys: dict[str, list[tuple[Any, int, str]]] = {"step": [], "epoch": []}  # (optimizer, group, name)
+        self.lrs: dict[str, list[float]] = {}  # Lightning's: every logged rate, by name
+        self.last_momentum_values: dict[str, float | None] = {}
+        self.last_weight_decay_values: dict[str, float | None] = {}
 
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         """Name every optimizer's groups once (not at every log), and sort them by when they are logged."""
+        if self.names == "lightning" and not trainer.loggers:
+            raise MisconfigurationError(
+                "LearningRateMonitor() was added to a Trainer without a logger: its values would go nowhere.",
+                "pass a logger (logger=True for TensorBoard, or CSVLogger()...), or remove the LearningRateMonitor "
+                "(Lightning raises here too).")
         configs = list(getattr(trainer.schedulers, "configs", []))
         self._keys = {"step": [], "epoch": []}
-        seen: dict[str, int] = {}
+        seen: Counter[str] = Counter()
         for optimizer in trainer.optimizers:
             mine = [c for c in configs if getattr(c.scheduler, "optimizer", None) is optimizer]
-            name = next((c.name for c in mine if getattr(c, "name", None)), None)
-            if name is None:
-                name = type(optimizer).__name__
-                seen[name] = seen.get(name, 0) + 1
-                name = name if seen[name] == 1 else f"{name}-{seen[name] - 1}"
             interval = self.logging_interval or ("epoch" if mine and all(c.interval == "epoch" for c in mine)
                                                  else "step")
-            for i, group in enumerate(optimizer.param_groups):
-                self._keys[interval].append((optimizer, i, f"{name}/{group.get('name') or f'pg{i}'}"))
+            name = next((c.name for c in mine if getattr(c, "name", None)), None)
+            if name is None:
+                kind = type(optimizer).__name__
+                seen[kind] += 1
+                name = kind if seen[kind] == 1 else f"{kind}-{seen[kind] - 1}"
+                name = f"lr-{name}" if self.names == "lightning" else name
+            groups = optimizer.param_groups
+            self._keys[interval] += [(optimizer, i, self._group_name(name, groups, i)) for i in range(len(groups))]
+        named = [name for keys in self._keys.values() for _, _, name in keys]
+        self.lrs = {name: [] for name in named}
+        self.last_momentum_values = {f"{name}-momentum": None for name in named}
+        self.last_weight_decay_values = {f"{name}-weight_decay": None for name in named}
+
+    def _group_name(self, name: str, groups: list[dict[str, Any]], i: int) -> str:
+        """``lr-SGD``, ``lr-SGD/pg2``, ``lr-SGD/<"name">`` (Lightning: a suffix only for several or named groups,
+        counted from 1); ``SGD/pg0``, ``SGD/<"name">`` (vitals: always, counted from 0)."""
+        given = groups[i].get("name")
+        if self.names == "vitals":
+            return f"{name}/{given or f'pg{i}'}"
+        if len(groups) > 1 or given:
+            return f"{name}/{given or f'pg{i + 1}'}"
+        return name
 
     def values(self, trainer: Any, interval: str = "step") -> dict[str, float]:
         """The current rate (and momentum, weight decay) of the param groups logged at ``interval``."""
         out: dict[str, float] = {}
         for optimizer, i, name in self._keys[interval]:
             group = optimizer.param_groups[i]  # looked up: load_state_dict replaces the group dicts
-            out[f"{MONITORS}/lr/{name}"] = float(group["lr"])  # a Python float (or a CPU tensor): no device sync
-            if self.log_momentum:
-                momentum = group.get("momentum", group.get("betas", (None,))[0])
-                if momentum is not None:
+            momentum = group.get("momentum", group.get("betas", (None,))[0])
+            decay = group.get("weight_decay")
+            if self.names == "vitals":
+                out[f"{MONITORS}/lr/{name}"] = float(group["lr"])  # a Python float (or a CPU tensor): no sync
+                if self.log_momentum and momentum is not None:
                     out[f"{MONITORS}/momentum/{name}"] = float(momentum)
-            if self.log_weight_decay and group.get("weight_decay") is not None:
-                out[f"{MONITORS}/weight_decay/{name}"] = float(group["weight_decay"])
+                if self.log_weight_decay and decay is not None:
+                    out[f"{MONITORS}/weight_decay/{name}"] = float(decay)
+                continue
+            out[name] = float(group["lr"])
+            self.lrs[name].append(out[name])
+            if self.log_momentum:
+                out[f"{name}-momentum"] = self.last_momentum_values[f"{name}-momentum"] = float(momentum or 0.0)
+            if self.log_weight_decay and decay is not None:
+                out[f"{name}-weight_decay"] = self.last_weight_decay_values[f"{name}-weight_decay"] = float(decay)
         return out
 
     def on_log_interval(self, trainer: Any, task: Any) -> None:

@@ -79,9 +79,9 @@ class DigitsGAN(TaskModule):
         opt_g.zero_grad()
         self.manual_backward(g_loss)  # also fills the discriminator's gradients: opt_d.zero_grad() clears them
         opt_g.step()
-        self.log("d_loss", d_loss, prog_bar=True)  # self.log detaches
-        self.log("g_loss", g_loss, prog_bar=True)
-        self.log("d_real_prob", torch.sigmoid(real_logits).mean())  # D(real): near 0.5 when the two are balanced
+        self.log("train/d_loss", d_loss, prog_bar=True)  # self.log detaches
+        self.log("train/g_loss", g_loss, prog_bar=True)
+        self.log("train/d_real_prob", torch.sigmoid(real_logits).mean())  # D(real): near 0.5 when the two are balanced
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         betas = (0.5, 0.999)  # the usual GAN momentum

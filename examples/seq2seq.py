@@ -96,10 +96,10 @@ class Adder(TaskModule):
     def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         source, target = batch
         logits = self(source, self.shifted(target))
-        self.log("tf_token_acc", (logits.argmax(-1) == target).float().mean())  # teacher-forced: flattering
+        self.log("val/tf_token_acc", (logits.argmax(-1) == target).float().mean())  # teacher-forced: flattering
         right = self.generate(source) == target  # what counts: the model's own answer
-        self.log("token_acc", right.float().mean())
-        self.log("exact_match", right.all(1).float().mean(), prog_bar=True)
+        self.log("val/token_acc", right.float().mean())
+        self.log("val/exact_match", right.all(1).float().mean(), prog_bar=True)
         return F.cross_entropy(logits.flatten(0, 1), target.flatten())  # val/loss (teacher-forced)
 
     def configure_optimizers(self):

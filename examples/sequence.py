@@ -66,7 +66,7 @@ class RecallTask(TaskModule):
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # A tensor, not a float: self.log keeps it on the device (no sync); the Trainer averages it per epoch.
         # (Not "acc": val/acc is the torchmetrics accuracy of configure_metrics, and one name cannot be both.)
-        self.log("hit_rate", (outputs.argmax(-1) == targets).float().mean(), prog_bar=True)
+        self.log(f"{self.stage}/hit_rate", (outputs.argmax(-1) == targets).float().mean(), prog_bar=True)
         return F.cross_entropy(outputs, targets)
 
     def configure_metrics(self):

@@ -70,18 +70,18 @@ class DigitsVAE(TaskModule):
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         log_likelihood, kl = self.terms(batch[0])
-        self.log("recon", -log_likelihood.mean())  # train/recon: reconstruction NLL, nats per image
-        self.log("kl", kl.mean())
-        self.log("elbo", (log_likelihood - kl).mean(), prog_bar=True)  # self.log detaches
+        self.log("train/recon", -log_likelihood.mean())  # reconstruction NLL, nats per image
+        self.log("train/kl", kl.mean())
+        self.log("train/elbo", (log_likelihood - kl).mean(), prog_bar=True)  # self.log detaches
         return (kl - log_likelihood).mean()  # the negative ELBO: train/loss
 
     def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         images = batch[0]
         log_likelihood, kl = self.terms(images)
         elbo = (log_likelihood - kl).mean()
-        self.log("elbo", elbo, prog_bar=True)  # val/elbo
-        self.log("recon", -log_likelihood.mean())
-        self.log("kl", kl.mean())
+        self.log("val/elbo", elbo, prog_bar=True)  # names as given: train/ and val/ group them in TensorBoard
+        self.log("val/recon", -log_likelihood.mean())
+        self.log("val/kl", kl.mean())
         if batch_idx == 0:
             self.write_images(images[:16])
         return -elbo  # val/loss: the checkpoint callback keeps the best (lowest) one

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from taskfit.callbacks import Callback
-from tasks import ClassifierTask
+from tasks import ClassifierTask, grouped
 
 
 class StepClassifier(ClassifierTask):
@@ -14,14 +14,14 @@ class StepClassifier(ClassifierTask):
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
         logits = self(inputs)  # through DDP: the whole step runs inside the wrapper's forward
-        self.log("acc_batch", (logits.argmax(-1) == targets).float().mean())
+        self.log(grouped(self, "acc_batch"), (logits.argmax(-1) == targets).float().mean())
         return {"loss": F.cross_entropy(logits, targets), "logits": logits}
 
     def validation_step(self, batch, batch_idx):
         inputs, targets = batch
         logits = self(inputs)
         self.stage_metrics["acc"].update(logits, targets)
-        self.log("acc_batch", (logits.argmax(-1) == targets).float().mean())
+        self.log(grouped(self, "acc_batch"), (logits.argmax(-1) == targets).float().mean())
         return F.cross_entropy(logits, targets)
 
     test_step = validation_step
@@ -57,7 +57,7 @@ class ManualClassifier(ClassifierTask):
         second.step()
         for scheduler in self.lr_schedulers():
             scheduler.step()
-        self.log("second_loss", second_loss.detach())
+        self.log("train/second_loss", second_loss.detach())
         return loss
 
 

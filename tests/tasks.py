@@ -50,6 +50,13 @@ class RegressionTask(TaskModule):
         return None if self.val_data is None else DataLoader(self.val_data, batch_size=self.batch_size)
 
 
+def grouped(task, name: str) -> str:
+    """``<stage>/<name>`` (train/, val/, test/): taskfit's tests group their keys as its examples do (self.log
+    publishes a name as given)."""
+    stage = task.trainer.state.stage
+    return f"{'val' if stage == 'sanity' else stage}/{name}"
+
+
 class ClassifierTask(TaskModule):
     """An MLP classifier with a torchmetrics accuracy and a logged value."""
 
@@ -63,7 +70,8 @@ class ClassifierTask(TaskModule):
         return self.net(inputs)
 
     def loss(self, outputs, targets):
-        self.log("acc_batch", (outputs.argmax(-1) == targets).float().mean(), on_epoch=self.epoch_acc or None)
+        self.log(grouped(self, "acc_batch"), (outputs.argmax(-1) == targets).float().mean(),
+                 on_epoch=self.epoch_acc or None)
         return F.cross_entropy(outputs, targets)
 
     epoch_acc = False  # EpochAccClassifierTask: also the epoch's mean in training (train/acc_batch_step, _epoch)
@@ -218,10 +226,10 @@ class RankLogs(RegressionTask):
     def training_step(self, batch, batch_idx):
         v = torch.tensor(float(self.global_rank * 10 + batch_idx))
         for fx in ("mean", "sum", "max", "min"):
-            self.log(fx, v, on_step=False, on_epoch=True, reduce_fx=fx)
-        self.log("mine", v, on_step=False, on_epoch=True, rank_zero_only=True)
+            self.log(f"train/{fx}", v, on_step=False, on_epoch=True, reduce_fx=fx)
+        self.log("train/mine", v, on_step=False, on_epoch=True, rank_zero_only=True)
         self.mean.update(v)
-        self.log("metric", self.mean, on_step=False, on_epoch=True)
+        self.log("train/metric", self.mean, on_step=False, on_epoch=True)
         return self.loss(self(batch[0]), batch[1])
 
 

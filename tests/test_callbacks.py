@@ -36,7 +36,7 @@ class ScriptedTask(RegressionTask):
 
     def loss(self, outputs, targets):
         if self.stage == "val":
-            self.log("score", self.sanity if self.epoch < 0 else self.script[self.epoch])
+            self.log("val/score", self.sanity if self.epoch < 0 else self.script[self.epoch])
         return super().loss(outputs, targets)
 
 
@@ -163,8 +163,8 @@ def expected_rates(task, scheduler_steps: int) -> list[float]:
 
 def test_lr_monitor_step_values_match_the_scheduler(tmp_path):
     task = TwoGroupTask("step", momentum=0.9)
-    trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),
-                      callbacks=[LearningRateMonitor(log_momentum=True)], **QUIET)  # None: a step scheduler's interval
+    trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),  # logging_interval None: the scheduler's (step)
+                      callbacks=[LearningRateMonitor(log_momentum=True, names="vitals")], **QUIET)
     trainer.fit(task)
     weights, bias = logged(trainer, "vitals/lr/SGD/weights"), logged(trainer, "vitals/lr/SGD/pg1")
     assert [s for s, _ in weights] == list(range(1, 11))
@@ -177,7 +177,7 @@ def test_lr_monitor_step_values_match_the_scheduler(tmp_path):
 def test_lr_monitor_epoch_interval_logs_at_epoch_start(tmp_path):
     task = TwoGroupTask("epoch")
     trainer = Trainer(max_epochs=3, default_root_dir=str(tmp_path),
-                      callbacks=[LearningRateMonitor(logging_interval="epoch")], **QUIET)
+                      callbacks=[LearningRateMonitor(logging_interval="epoch", names="vitals")], **QUIET)
     trainer.fit(task)
     assert logged(trainer, "vitals/lr/SGD/weights") == [(0, pytest.approx(0.1)), (4, pytest.approx(0.05)),
                                                   (8, pytest.approx(0.025))]

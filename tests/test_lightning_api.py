@@ -422,7 +422,7 @@ def test_lightning_refuses_these_self_log_calls_and_so_does_taskfit():
         Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET).fit(One())
 
     # Lightning 2.6.6: "`self.log(on_step=False, on_epoch=False)` is not useful."
-    with pytest.raises(MisconfigurationError, match=r"self.log\('train/x', on_step=False, on_epoch=False\) logs "
+    with pytest.raises(MisconfigurationError, match=r"self.log\('x', on_step=False, on_epoch=False\) logs "
                                                     r"nothing"):
         fit_logging(on_step=False, on_epoch=False)
     with pytest.raises(MisconfigurationError, match=r"reduce_fx='median'\) is not a reduction taskfit knows"):
@@ -432,7 +432,7 @@ def test_lightning_refuses_these_self_log_calls_and_so_does_taskfit():
         def on_train_epoch_end(self):
             self.log("q", 1.0, on_step=True)
 
-    with pytest.raises(MisconfigurationError, match=r"self.log\('train/q', on_step=True\) in an epoch-level hook"):
+    with pytest.raises(MisconfigurationError, match=r"self.log\('q', on_step=True\) in an epoch-level hook"):
         Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET).fit(InEpochEnd())
 
     class Changes(Line):
@@ -440,7 +440,7 @@ def test_lightning_refuses_these_self_log_calls_and_so_does_taskfit():
             self.log("x", batch[0].mean(), reduce_fx="max" if batch_idx else "min", on_epoch=True)
             return self.loss(self(batch[0]), batch[1])
 
-    with pytest.raises(MisconfigurationError, match=r"self.log\('train/x'\) was called with different options in "
+    with pytest.raises(MisconfigurationError, match=r"self.log\('x'\) was called with different options in "
                                                     r"one pass: reduce_fx='min' then 'max'"):
         Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET).fit(Changes())
 
@@ -530,7 +530,7 @@ def test_hparams_attributes_and_helpers_lightning_code_uses(tmp_path, capsys):
     trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path), enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=True, log_every_n_steps=1)
     metrics = trainer.fit(task)
-    assert metrics["train/lr_seen"] == pytest.approx(0.05) and metrics["train/epoch_seen"] == 1.0
+    assert metrics["lr_seen"] == pytest.approx(0.05) and metrics["epoch_seen"] == 1.0
     epoch, step, device, logger, rank = task.seen
     assert (epoch, step, device, rank) == (1, 2, torch.device("cpu"), 0) and logger is trainer.logger
     ckpt = torch.load(trainer.checkpoint_callback.last_model_path, weights_only=True)
@@ -803,7 +803,7 @@ def test_manual_optimization_logs_every_log_every_n_steps_optimizer_steps():
 
     class At(Callback):
         def on_log(self, trainer, task, metrics):
-            if "train/m" in metrics:
+            if "m" in metrics:
                 logged.append(trainer.state.global_step)
 
     Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=2, callbacks=[At()], **QUIET).fit(Manual())
@@ -883,8 +883,8 @@ def test_test_returns_the_epoch_values_as_lightning():
 
     trainer = Trainer(**QUIET)
     # Lightning 2.6.6: [{'tl_epoch': 1.5, 'te': 1.5}] (the step value is logged, not returned)
-    assert trainer.test(Tested()) == [{"test/tl_epoch": 1.5, "test/te": 1.5}]
-    assert trainer.logged_metrics["test/tl_step"] == 2.5 and "test/tl" in trainer.callback_metrics
+    assert trainer.test(Tested()) == [{"tl_epoch": 1.5, "te": 1.5}]
+    assert trainer.logged_metrics["tl_step"] == 2.5 and "tl" in trainer.callback_metrics
 
 
 def test_configure_callbacks_replaces_the_trainers_callback_of_the_same_class(tmp_path):

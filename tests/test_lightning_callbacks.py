@@ -44,7 +44,7 @@ class Line(TaskModule):
 
     def loss(self, outputs, targets):
         if self.stage == "val" and self.script is not None and self.trainer.state.fn == "fit":
-            self.log(self.key, float(self.script[self.validations]))
+            self.log(f"val/{self.key}", float(self.script[self.validations]))
         return ((outputs - targets) ** 2).mean()
 
     def configure_optimizers(self):

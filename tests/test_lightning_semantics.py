@@ -130,15 +130,15 @@ def test_a_monitor_that_is_never_logged_fails_after_the_first_validation(tmp_pat
 # ---- epoch means: weighted by batch size, as Lightning ----------------------------------------------------------
 class LogsY(Line):
     def loss(self, outputs, targets):
-        self.log("y", targets.mean(), on_epoch=True)  # training: y_step and y_epoch; validation: y
+        self.log(f"{self.stage}_y", targets.mean(), on_epoch=True)  # train_y_step, train_y_epoch; val_y
         return super().loss(outputs, targets)
 
 
 def test_training_epoch_means_are_weighted_by_batch_size():
     # x = 0..9 in batches of 4, 4, 2 (means 1.5, 5.5, 8.5): Lightning's epoch value is 4.5, not 5.1667
     trainer, _ = fit(LogsY(n=10, batch_size=4), max_epochs=1)
-    assert trainer.state.metrics["train/y_epoch"] == pytest.approx(4.5)
-    assert trainer.state.metrics["val/y"] == pytest.approx(101.5)  # evaluation means were weighted already
+    assert trainer.state.metrics["train_y_epoch"] == pytest.approx(4.5)
+    assert trainer.state.metrics["val_y"] == pytest.approx(101.5)  # evaluation means were weighted already
 
 
 # ---- deliberate differences (docs/migrating-lightning.md) -----------------------------------------------------
@@ -273,4 +273,50 @@ def test_lightning_names_for_callbacks_data_modules_and_reductions():
     assert len(data.train_dataloader()) == 4 and len(data.val_dataloader()) == 2
     task = Peak()
     trainer.fit(task, datamodule=data)
-    assert "train/peak" in trainer.state.metrics and not task.on_gpu
+    assert "peak" in trainer.state.metrics and not task.on_gpu
+
+
+# ---- names as logged: Lightning's keys everywhere --------------------------------------------------------------
+class LightningNamed(RegressionTask):
+    """Written as a Lightning user writes it: names without a stage, a scheduler config's ``name``, and the
+    top-level ``"monitor"`` of ``configure_optimizers``' dict (its scheduler is not a dict)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(self(batch[0]), batch[1])
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", 1.0)  # constant: ReduceLROnPlateau(patience=0) cuts the rate at every later epoch
+        self.log("val_acc", 0.5)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_acc", 0.25)
+
+    def test_dataloader(self):
+        return self.val_dataloader()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": plateau, "monitor": "val_loss"}
+
+
+def test_names_stay_as_logged_in_monitors_metrics_results_and_file_names(tmp_path):
+    from taskfit.callbacks import CSVLogger, EarlyStopping, LearningRateMonitor
+
+    checkpoint = ModelCheckpoint(monitor="val_loss", filename="{epoch}-{val_loss:.2f}", save_top_k=1)
+    lr_monitor = LearningRateMonitor()
+    trainer = Trainer(max_epochs=3, default_root_dir=str(tmp_path), log_every_n_steps=1,
+                      callbacks=[checkpoint, EarlyStopping(monitor="val_acc", mode="max", patience=5), lr_monitor],
+                      **{**QUIET, "logger": CSVLogger()})
+    task = LightningNamed(n=16, batch_size=8, val_n=8)
+    trainer.fit(task)
+    # the top-level monitor named val_loss (not val/loss, which this task never logs): two cuts after epochs 2, 3
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.001)
+    assert {"train_loss", "val_loss", "val_acc", "lr-SGD"} <= set(trainer.callback_metrics)
+    assert not any(key.startswith(("val/", "test/")) for key in trainer.callback_metrics)  # nothing renamed
+    assert os.path.basename(checkpoint.best_model_path) == "epoch=0-val_loss=1.00.ckpt"
+    assert lr_monitor.lrs["lr-SGD"][0] == pytest.approx(0.1)
+    # Lightning 2.6.6: [{'test_acc': 0.25}]
+    assert trainer.test(task, verbose=False) == [{"test_acc": 0.25}]

@@ -153,11 +153,30 @@ def test_lr_monitor_logs_every_optimizer_at_its_schedulers_interval(tmp_path):
 
     # SGD's scheduler steps per step: at every log interval; Adam's per epoch: at every epoch start (global_step
     # counts both optimizers' steps, as Lightning's does: 8 per epoch)
-    assert [s for s, _ in logged("vitals/lr/SGD/pg0")] == [s for s, _ in logged("train/loss")] == list(range(2, 17, 2))
-    assert logged("vitals/lr/Adam/weights") == [(0, pytest.approx(0.01)), (8, pytest.approx(0.001))]
-    assert logged("vitals/lr/Adam/pg1") == logged("vitals/lr/Adam/weights")  # both groups of the second optimizer
-    assert {v for _, v in logged("vitals/weight_decay/SGD/pg0")} == {0.01}
-    assert {v for _, v in logged("vitals/momentum/SGD/pg0")} == {0.9} and logged("vitals/momentum/Adam/pg1")
+    # Lightning's names: one group is lr-SGD, two are lr-Adam/<"name"> and lr-Adam/pg2 (counted from 1)
+    assert [s for s, _ in logged("lr-SGD")] == [s for s, _ in logged("train/loss")] == list(range(2, 17, 2))
+    assert logged("lr-Adam/weights") == [(0, pytest.approx(0.01)), (8, pytest.approx(0.001))]
+    assert logged("lr-Adam/pg2") == logged("lr-Adam/weights")  # both groups of the second optimizer
+    assert {v for _, v in logged("lr-SGD-weight_decay")} == {0.01}
+    assert {v for _, v in logged("lr-SGD-momentum")} == {0.9} and logged("lr-Adam/pg2-momentum")
+    # and Lightning's attributes: every rate logged, the last momentum and weight decay
+    assert list(monitor.lrs) == ["lr-SGD", "lr-Adam/weights", "lr-Adam/pg2"]
+    assert monitor.lrs["lr-SGD"] == [v for _, v in logged("lr-SGD")]
+    assert monitor.last_momentum_values == {"lr-SGD-momentum": 0.9, "lr-Adam/weights-momentum": 0.9,
+                                            "lr-Adam/pg2-momentum": 0.9}
+    assert monitor.last_weight_decay_values["lr-SGD-weight_decay"] == 0.01
+    assert "lr-SGD" in trainer.callback_metrics  # monitor="lr-SGD" can rank checkpoints, as in Lightning
+
+
+def test_a_lr_monitor_without_a_logger_is_refused_and_the_built_in_one_keeps_the_vitals_names(tmp_path):
+    with pytest.raises(MisconfigurationError, match=r"LearningRateMonitor\(\) was added to a Trainer without a "
+                                                    r"logger"):
+        Trainer(max_epochs=1, logger=False, callbacks=[LearningRateMonitor()], **QUIET).fit(RegressionTask(n=16))
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1, default_root_dir=str(tmp_path), logger=CSVLogger(),
+                      **QUIET)
+    trainer.fit(RegressionTask(n=16))
+    header = (Path(trainer.log_dir) / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "vitals/lr/SGD/pg0" in header and not any(name.startswith("lr-") for name in header)
 
 
 # ---- resume: the same run, nothing twice --------------------------------------------------------------------

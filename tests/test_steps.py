@@ -74,7 +74,7 @@ def test_self_log_of_a_torchmetrics_object_is_computed_once_per_pass():
         def validation_step(self, batch, batch_idx):
             logits = self(batch[0])
             self.val_acc.update(logits, batch[1])
-            self.log("acc_obj", self.val_acc)
+            self.log("val/acc_obj", self.val_acc)
 
     task = MetricLogging()
     with pytest.warns(UserWarning, match=r"configure_metrics\(\)'s 'acc' was not updated by MetricLogging"):

@@ -71,7 +71,7 @@ def test_a_metric_and_a_logged_value_with_one_name_is_an_error_naming_both():
 
         def loss(self, outputs, targets):
             if self.stage == "val":
-                self.log("acc", (outputs.argmax(1) == targets).float().mean())
+                self.log("val/acc", (outputs.argmax(1) == targets).float().mean())
             return super().loss(outputs, targets)
 
     with pytest.raises(MisconfigurationError, match=r"'val/acc' is both the metric 'acc' of configure_metrics\(\) "

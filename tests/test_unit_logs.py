@@ -115,9 +115,12 @@ def test_stack_scalars_takes_numbers_and_scalar_tensors_of_any_dtype_and_shape()
 
 
 # ---- LogBook: one pass's keys ------------------------------------------------------------------------------------
-def test_keys_get_the_stage_prefix_unless_they_have_one():
-    book = LogBook("val")
-    assert book.key("acc") == "val/acc" and book.key("custom/acc") == "custom/acc"
+def test_keys_are_published_as_logged_in_every_stage():
+    for stage in ("train", "val", "test"):
+        book = LogBook(stage)
+        log(book, "acc", torch.tensor(1.0), on_step=False, on_epoch=True)
+        log(book, "custom/acc", torch.tensor(1.0), on_step=False, on_epoch=True)
+        assert [key for key, _ in book.reducible()] == ["acc", "custom/acc"]  # Lightning's names: no stage prefix
 
 
 @pytest.mark.parametrize("value, message", [
@@ -132,12 +135,12 @@ def test_what_cannot_be_logged_is_refused(value, message):
 
 def test_step_values_use_the_published_names_and_only_per_step_keys():
     book = LogBook("train")
-    log(book, "a", torch.tensor(1.0))  # per step: train/a
-    log(book, "b", torch.tensor(2.0), on_step=True, on_epoch=True)  # both: train/b_step and train/b_epoch
+    log(book, "a", torch.tensor(1.0))  # per step: a
+    log(book, "b", torch.tensor(2.0), on_step=True, on_epoch=True)  # both: b_step and b_epoch
     log(book, "c", torch.tensor(3.0), on_step=False, on_epoch=True)  # per epoch only
     log(book, "a", torch.tensor(5.0))
-    assert {k: float(v) for k, v in book.step_values().items()} == {"train/a": 5.0, "train/b_step": 2.0}
-    assert [key for key, _ in book.reducible()] == ["train/b", "train/c"]
+    assert {k: float(v) for k, v in book.step_values().items()} == {"a": 5.0, "b_step": 2.0}
+    assert [key for key, _ in book.reducible()] == ["b", "c"]
 
 
 def test_a_users_loss_key_hides_the_built_in_loss():
@@ -145,7 +148,9 @@ def test_a_users_loss_key_hides_the_built_in_loss():
     builtin = book.builtin_loss("train/loss", "train/loss_epoch")
     builtin.add(torch.tensor(9.0))
     assert set(book.step_values()) == {"train/loss"} and not builtin.hidden
-    log(book, "loss", torch.tensor(1.0))  # the user's train/loss: never mixed with the loop's
+    log(book, "loss", torch.tensor(3.0))  # another name: both published
+    assert not builtin.hidden and set(book.step_values()) == {"train/loss", "loss"}
+    log(book, "train/loss", torch.tensor(1.0))  # the user's train/loss: never mixed with the loop's
     assert builtin.hidden and float(book.step_values()["train/loss"]) == 1.0
 
 
@@ -159,7 +164,7 @@ def test_epoch_values_of_an_evaluation_pass_are_weighted_means_as_floats():
     log(book, "n", 1, reduce_fx="sum")
     log(book, "n", 2, reduce_fx="sum")
     values = logs.epoch_values(book)
-    assert values == {"val/acc": pytest.approx((0.5 * 4 + 1.0 * 2) / 6), "val/n": 3.0}
+    assert values == {"acc": pytest.approx((0.5 * 4 + 1.0 * 2) / 6), "n": 3.0}
     assert all(type(v) is float for v in values.values())
 
 
@@ -167,9 +172,9 @@ def test_callbacks_see_the_plain_name_loggers_do_not_and_logger_false_is_for_cal
     logs = buffer()
     log(logs.train, "acc", torch.tensor(1.0), on_step=True, on_epoch=True)
     log(logs.train, "secret", torch.tensor(2.0), logger=False)
-    values = {"train/acc_step": 0.25, "train/acc_epoch": 0.5, "train/secret": 2.0}
-    assert logs.callback_view(values) == {**values, "train/acc": 0.5}  # the epoch value wins
-    assert logs.logger_view(logs.callback_view(values)) == {"train/acc_step": 0.25, "train/acc_epoch": 0.5}
+    values = {"acc_step": 0.25, "acc_epoch": 0.5, "secret": 2.0}
+    assert logs.callback_view(values) == {**values, "acc": 0.5}  # the epoch value wins
+    assert logs.logger_view(logs.callback_view(values)) == {"acc_step": 0.25, "acc_epoch": 0.5}
 
 
 def test_the_log_interval_returns_the_latest_values_and_empties_the_pending_losses():
@@ -208,8 +213,8 @@ def test_a_partial_epoch_resumes_with_bitwise_equal_epoch_values():
     resumed = buffer()
     resumed.load_state_dict(saved)
     assert resumed.epoch_values(resumed.train) == logs.epoch_values(logs.train)
-    assert set(resumed.epoch_values(resumed.train)) == {"train/loss_epoch", "train/acc_epoch"}
-    assert resumed.prog_bar == {"train/acc_step", "train/acc_epoch"}
+    assert set(resumed.epoch_values(resumed.train)) == {"train/loss_epoch", "acc_epoch"}
+    assert resumed.prog_bar == {"acc_step", "acc_epoch"}
 
 
 def test_a_complete_epoch_resumes_into_an_empty_book_at_the_fold_mark():

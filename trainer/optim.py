@@ -25,6 +25,7 @@ class SchedulerConfig:
     monitor: str | None = None
     strict: bool = True  # False: a monitor that is not logged skips the step (one warning), as Lightning
     warned: bool = False  # the warning of strict=False was given
+    name: str | None = None  # LearningRateMonitor's name for its optimizer's rates
 
     @property
     def on_plateau(self) -> bool:
@@ -39,7 +40,7 @@ def _scheduler_config(value: Any) -> SchedulerConfig:
                 f"configure_optimizers returned an lr_scheduler dict with keys {sorted(value)}.",
                 f"give `scheduler` and optionally `interval`, `frequency`, `monitor`. Accepted: {_ACCEPTED}.")
         config = SchedulerConfig(value["scheduler"], value.get("interval", "epoch"), value.get("frequency", 1),
-                                 value.get("monitor"), bool(value.get("strict", True)))
+                                 value.get("monitor"), bool(value.get("strict", True)), name=value.get("name"))
     else:
         config = SchedulerConfig(value)
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
@@ -64,8 +65,11 @@ def _one(result: Any) -> tuple[torch.optim.Optimizer, list[SchedulerConfig]]:
             raise TaskModuleError(f"configure_optimizers returned a dict with keys {sorted(result)}, "
                                   "without 'optimizer'.", f"return {_ACCEPTED}.")
         optimizer = result["optimizer"]
-        if result.get("lr_scheduler") is not None:
-            schedulers = [_scheduler_config(result["lr_scheduler"])]
+        scheduler = result.get("lr_scheduler")
+        if scheduler is not None and not isinstance(scheduler, Mapping) and result.get("monitor") is not None:
+            scheduler = {"scheduler": scheduler, "monitor": result["monitor"]}  # Lightning's top-level "monitor"
+        if scheduler is not None:
+            schedulers = [_scheduler_config(scheduler)]
     elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.optim.Optimizer):
         optimizer, schedulers = result[0], [_scheduler_config(result[1])]
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -272,8 +272,9 @@ class TensorBoardLogger(Logger):
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
         super().on_log(trainer, task, metrics)  # rank 0: collected into the step's event
         if trainer.state.fn == "fit" and self._writer is not None:
+            validating = trainer.state.stage == "val"
             for key, value in metrics.items():
-                if self._tracked(key):
+                if self._tracked(key, validating):
                     self._final[key] = value
                     if math.isfinite(value):
                         best = self._best.get(key)
@@ -301,10 +302,12 @@ class TensorBoardLogger(Logger):
         self._close()
 
     # ---- hyperparameters ----------------------------------------------------------------------------
-    def _tracked(self, key: str) -> bool:
+    def _tracked(self, key: str, validating: bool) -> bool:
+        """An HParams metric: the ones given, else every validation value (named as logged), the training
+        epoch loss and what a callback monitors."""
         if self.hparam_metrics is not None:
             return key in self.hparam_metrics
-        return key.startswith("val/") or key == "train/loss_epoch" or key in self._modes
+        return validating or key.startswith("val/") or key == "train/loss_epoch" or key in self._modes
 
     def _mode(self, key: str) -> str:
         return self._modes.get(key) or guess_mode(key)

@@ -146,12 +146,10 @@ class LogBook:
         self.epoch_level = False  # an epoch-level hook is running: self.log defaults to on_epoch (Lightning)
         self.late: set[str] | None = None  # keys logged after the pass's values were computed (its epoch-end hooks)
 
-    def key(self, name: str) -> str:
-        return name if "/" in name else f"{self.stage}/{name}"
-
     def log(self, name: str, value: Any, **options: Any) -> None:
-        """``self.log(name, value, ...)``: checked, then kept as a tensor (no sync) under its options."""
-        key = self.key(name)
+        """``self.log(name, value, ...)``: checked, then kept as a tensor (no sync) under its options. The name is
+        published as given (Lightning's meaning): ``"val_loss"`` stays ``val_loss``; ``"val/acc"`` groups it."""
+        key = name
         batch_size = options.pop("batch_size", None)
         opts = log_options(key, self.stage, self.epoch_level or self.late is not None, **options)
         if isinstance(value, torch.Tensor):
