@@ -163,7 +163,7 @@ def expected_rates(task, scheduler_steps: int) -> list[float]:
 
 def test_lr_monitor_step_values_match_the_scheduler(tmp_path):
     task = TwoGroupTask("step", momentum=0.9)
-    trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),  # logging_interval None: the scheduler's (step)
+    trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),
                       callbacks=[LearningRateMonitor(log_momentum=True, names="vitals")], **QUIET)
     trainer.fit(task)
     weights, bias = logged(trainer, "vitals/lr/SGD/weights"), logged(trainer, "vitals/lr/SGD/pg1")
