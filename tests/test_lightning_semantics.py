@@ -320,3 +320,27 @@ def test_names_stay_as_logged_in_monitors_metrics_results_and_file_names(tmp_pat
     assert lr_monitor.lrs["lr-SGD"][0] == pytest.approx(0.1)
     # Lightning 2.6.6: [{'test_acc': 0.25}]
     assert trainer.test(task, verbose=False) == [{"test_acc": 0.25}]
+
+
+def test_a_training_step_returning_none_skips_the_batch_and_validation_step_none_turns_validation_off():
+    class SkipsOdd(RegressionTask):
+        def training_step(self, batch, batch_idx):
+            if batch_idx % 2:
+                return None  # Lightning: no backward, no optimizer step for this batch
+            return self.loss(self(batch[0]), batch[1])
+
+    task = SkipsOdd(n=32, batch_size=8, val_n=8)
+    task.validation_step = None  # Lightning's way to turn validation off
+    trainer = Trainer(max_epochs=2, **{**QUIET, "num_sanity_val_steps": 2})
+    trainer.fit(task)
+    assert trainer.state.global_step == 4  # 4 batches per epoch, every other one skipped
+    assert trainer.num_val_batches == 0 and not any(key.startswith("val/") for key in trainer.callback_metrics)
+
+
+def test_callback_metrics_after_test_hold_the_tests_values_only():
+    trainer = Trainer(max_epochs=1, **QUIET)
+    task = RegressionTask(n=16, batch_size=8, val_n=8)
+    trainer.fit(task)
+    assert "train/loss_epoch" in trainer.callback_metrics
+    trainer.test(task, dataloaders=task.val_dataloader(), verbose=False)
+    assert set(trainer.callback_metrics) == {"test/loss"}  # Lightning: the stage's values only

@@ -275,8 +275,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             run.loss_checked = True
         if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
             run.logs.add_loss(outputs if out is loss else loss.detach(), samples)
-        if run.manual:  # the task's step did backward and stepped (ManualOptimizer counts global_step)
-            return outputs
+        if run.manual or loss is None:  # manual: the task's step did backward and stepped (ManualOptimizer counts
+            return outputs  # global_step); None: the task skips this batch (Lightning's meaning), no step
         if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
             st.skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
@@ -393,6 +393,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         """One pass of ``validate``/``test`` (returns ``[metrics]``; ``verbose``: the results table printed) or
         ``predict`` (returns the predictions if ``keep``)."""
         self.callbacks = merge_task_callbacks(self.callbacks, task)
+        if fn != "predict":  # callback_metrics hold this pass's values only, as Lightning's after validate/test
+            self.state.metrics.clear()
         self.run = run = lifecycle.new_run(self, task, fn, data, self.callbacks, self.state, log_dir=self.log_dir,
                                            verbose=verbose)
         with lifecycle.running(run, weights=ckpt_path):
