@@ -162,7 +162,8 @@ class TaskModule(nn.Module):
         (``on_epoch``); both on: ``<name>_step`` and ``<name>_epoch``. ``prog_bar`` shows it on the progress bar,
         ``logger=False`` keeps it out of the loggers (callbacks still read it).
 
-        A name without a ``/`` gets the stage as prefix: ``self.log("acc", a)`` during validation is ``val/acc``.
+        ``name`` is published as given, as in Lightning (``"val_loss"`` is ``val_loss``; ``"val/acc"`` groups it
+        with taskfit's ``val/loss`` in TensorBoard).
         Tensors stay on the device: logging costs no host-device sync (step values are converted at the log
         interval, epoch values once per epoch). ``sync_dist``: epoch values are always reduced over ranks, step
         values never (docs/taskmodule.md).

@@ -30,6 +30,12 @@ class TrainerState:
     skipped_steps: int = 0  # steps skipped for a non-finite loss (nonfinite_loss="skip")
     metrics: dict[str, float] = field(default_factory=dict)  # latest logged value of every key
 
+    @property
+    def checkpoint_epoch(self) -> int:
+        """The epoch a checkpoint of this state belongs to (its file name's ``{epoch}``, Lightning's ``"epoch"``
+        key): between two epochs, the one just completed."""
+        return self.epoch - 1 if self.epoch and not self.batches_done and not self.epoch_done else self.epoch
+
     def state_dict(self) -> dict[str, Any]:
         """The counters for a checkpoint: every field but ``fn``, ``resumed`` and ``data_wait_s`` (a timing)."""
         # Numbers, strings and (metrics) a dict of floats: no deep copy (asdict) needed.

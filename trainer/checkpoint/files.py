@@ -457,11 +457,21 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     ckpt = load_file(path)
     if not isinstance(ckpt, Mapping) or ckpt.get("format") != FORMAT:
         raise CheckpointError(
-            f"{path} holds {'only weights (a state dict)' if _is_state_dict(ckpt) else type(ckpt).__name__}, "
-            "not a taskfit training checkpoint, so training cannot resume from it.",
+            f"{path} holds {_describe(ckpt)}, not a taskfit training checkpoint, so training cannot resume from it.",
             "resume from a file written by taskfit (ModelCheckpoint, trainer.save_checkpoint); to start from "
-            "these weights, load them first: task.load_state_dict(torch.load(path, weights_only=True)).")
-    return {key: value if key == "module" else _in_memory(value) for key, value in ckpt.items()}
+            "these weights, load them first: task = MyTask.load_from_checkpoint(path) (a taskfit or Lightning file) "
+            "or task.load_state_dict(torch.load(path, weights_only=True)) (a state dict), then fit(task).")
+    return {key: value if key == "module" else _in_memory(value) for key, value in ckpt.items()
+            if key != "state_dict"}  # Lightning's name for "module" (the same tensors): not read by a resume
+
+
+def _describe(ckpt: Any) -> str:
+    """What a file that is not a taskfit checkpoint holds, for an error."""
+    if _is_state_dict(ckpt):
+        return "only weights (a state dict)"
+    if isinstance(ckpt, Mapping) and "pytorch-lightning_version" in ckpt:  # its optimizer and loops are Lightning's
+        return f"a Lightning {ckpt['pytorch-lightning_version']} checkpoint"
+    return type(ckpt).__name__
 
 
 def _in_memory(tree: Any) -> Any:

@@ -24,12 +24,13 @@ import torch
 from ..errors import CheckpointError
 
 KEY, ALGORITHM = "checksums", "crc32"
+ALIAS = "state_dict"  # Lightning's name for "module" (checkpointing.py): the same tensors, checked once there
 
 
 def checksums(tree: Mapping[str, Any]) -> dict[str, Any]:
     """The ``checkpoint["checksums"]`` entry of ``tree`` (a checkpoint without that entry)."""
     tensors: dict[str, int] = {}
-    values = _walk(tree, "checkpoint", tensors, {})
+    values = _walk({k: v for k, v in tree.items() if k != ALIAS}, "checkpoint", tensors, {})
     return {"algorithm": ALGORITHM, "tensors": tensors, "values": values}
 
 
@@ -40,7 +41,7 @@ def verify(ckpt: Any, path: str) -> None:
         return  # written before checksums (or by a later algorithm this taskfit does not know): not verified
     expected = recorded.get("tensors") if isinstance(recorded.get("tensors"), Mapping) else {}
     actual: dict[str, int] = {}
-    values = _walk({k: v for k, v in ckpt.items() if k != KEY}, "checkpoint", actual, {})
+    values = _walk({k: v for k, v in ckpt.items() if k not in (KEY, ALIAS)}, "checkpoint", actual, {})
     bad = [name for name, crc in expected.items() if actual.get(name) != crc]
     if bad:
         name, more = bad[0], f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""

@@ -106,7 +106,8 @@ def load_module(cls: type, path: str | os.PathLike, map_location: Any = "cpu", *
     weights = module_state(ckpt, path)
     if is_sharded(path):  # read whole, in this process
         weights = read_shards(path, {"module": weights}, parts=("module",))["module"]
-    recorded = ckpt.get("task", {}).get("hparams", {}) if isinstance(ckpt, Mapping) else {}
+    recorded = {} if not isinstance(ckpt, Mapping) else ckpt["task"].get("hparams", {}) if "task" in ckpt else \
+        ckpt.get("hyper_parameters") or {}  # a Lightning checkpoint records its module's hparams there
     params = inspect.signature(cls.__init__).parameters
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     args = {k: v for k, v in recorded.items()

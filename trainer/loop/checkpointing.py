@@ -83,7 +83,7 @@ def save_checkpoint(run: Run, path: str | os.PathLike, background: bool = False,
                  "loop": {"state": run.state.state_dict()}}
     else:
         state = run_state(run)  # on every rank: the RNG states are gathered
-    checkpoint = _contents(run, state)
+    checkpoint = _contents(run, state, alias_weights=not run.strategy.sharded_checkpoints)
     for fn in run.hooks["on_save_checkpoint"]:  # Lightning's hook: callbacks (not for weights only), the task
         if not weights_only or is_task_hook(fn):
             fn(run.trainer, run.task, checkpoint)
@@ -108,13 +108,19 @@ def _check_losses(run: Run, path: str) -> None:
             f"resume from it with fit(ckpt_path={good[0]!r}) after the fix: {exc.hint}" if good else exc.hint) from None
 
 
-def _contents(run: Run, state: dict[str, Any]) -> dict[str, Any]:
-    """The file: a format header, the run's state, and what describes the run (hparams, config, task class)."""
+def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> dict[str, Any]:
+    """The file: a format header, the run's state, what describes the run (hparams, config, task class), and
+    Lightning's top-level keys, so that scripts and ``on_load_checkpoint`` written for Lightning's files read
+    taskfit's: ``epoch``, ``global_step``, ``hyper_parameters`` and ``state_dict``, the same dict as ``module``
+    (pickled once: no second copy of the weights in the file; not in a sharded directory)."""
     task = run.task
+    hparams = plain_hparams(task)
+    lightning = {"epoch": run.state.checkpoint_epoch, "global_step": run.state.global_step,
+                 "hyper_parameters": hparams, **({"state_dict": state["module"]} if alias_weights else {})}
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
             "hparams": run.trainer.hparams, "config": run.trainer.config,
-            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": plain_hparams(task)}}
+            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams}, **lightning}
 
 
 # ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
