@@ -344,3 +344,18 @@ def test_callback_metrics_after_test_hold_the_tests_values_only():
     assert "train/loss_epoch" in trainer.callback_metrics
     trainer.test(task, dataloaders=task.val_dataloader(), verbose=False)
     assert set(trainer.callback_metrics) == {"test/loss"}  # Lightning: the stage's values only
+
+
+def test_several_evaluation_loaders_are_one_clear_error_before_training():
+    class TwoVal(RegressionTask):
+        def val_dataloader(self):
+            return [super().val_dataloader(), super().val_dataloader()]
+
+    task = TwoVal(n=16, batch_size=8, val_n=8)
+    with pytest.raises(MisconfigurationError, match=r"val_dataloader\(\) returned 2 DataLoaders \(list\); taskfit "
+                                                    r"evaluates one loader per stage"):
+        Trainer(max_epochs=1, **QUIET).fit(task)
+    assert task.global_step == 0
+    with pytest.raises(MisconfigurationError, match=r"test_dataloader\(\) returned 2 DataLoaders \(dict\)"):
+        loader = RegressionTask.val_dataloader(task)
+        Trainer(**QUIET).test(task, dataloaders={"a": loader, "b": loader})

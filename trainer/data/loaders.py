@@ -199,7 +199,7 @@ def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, see
     if total == 0:
         raise empty_train_loader(train)
     val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args) if overfit else \
-        prepare_loader(task.val_dataloader(), train=False, **args)
+        prepare_loader(one_loader(task.val_dataloader(), "val_dataloader"), train=False, **args)
     if val is not None and length(val) == 0:
         warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* values, and "
                       "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "
@@ -211,7 +211,7 @@ def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, see
 def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
     """The loader of a ``validate``/``test``/``predict`` call, sharded over the ranks without duplicates."""
     method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[fn]
-    loader = getattr(task, method)()
+    loader = one_loader(getattr(task, method)(), method)
     if loader is None:
         owner = getattr(task, "owner", type(task).__name__)
         raise TaskModuleError(f"Trainer.{fn} needs data, but {owner}.{method}() returned None.",
@@ -219,6 +219,20 @@ def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
                               f"trainer.{fn}(task, dataloaders=...).")
     return prepare_loader(loader, train=False, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
                           pin_memory=strategy.device.type == "cuda")
+
+
+def one_loader(loader: Any, method: str) -> Any:
+    """``loader``, refused when it is several loaders (a list, tuple or dict of DataLoaders): taskfit evaluates one
+    loader per stage, and iterating the container would treat each loader as a batch."""
+    several = list(loader.values()) if isinstance(loader, Mapping) else loader \
+        if isinstance(loader, (list, tuple)) else None
+    if several and all(isinstance(item, DataLoader) for item in several):
+        raise MisconfigurationError(
+            f"{method}() returned {len(several)} DataLoaders ({type(loader).__name__}); taskfit evaluates one loader "
+            "per stage (Lightning's dataloader_idx is not supported).",
+            "return one DataLoader over torch.utils.data.ConcatDataset([...]), or call trainer.validate/test once "
+            "per loader: trainer.test(task, dataloaders=loader).")
+    return loader
 
 
 def sample_order(loader: Any) -> Sequence[int] | None:
