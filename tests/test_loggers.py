@@ -450,3 +450,35 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
     assert found.data.params["trainer.max_epochs"] == "1" and "task.optimizer.lr" in found.data.params
     history = [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "val/loss")]
     assert history == [(2, pytest.approx(float(rows[-1]["val/loss"])))]
+
+
+def test_loggers_work_outside_a_run_as_lightnings(tmp_path):
+    """Lightning's loggers are usable without a Trainer: version and log_dir are known before the first write,
+    log_hyperparams takes a Namespace, log_metrics a step, TensorBoardLogger.log_graph a model and an input."""
+    import argparse
+
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "csv" / "version_0").mkdir(parents=True)  # an earlier run: the next one is version_1
+    table = CSVLogger(tmp_path / "csv")
+    assert (table.version, table.log_dir) == (1, str(tmp_path / "csv" / "version_1"))
+    table.log_hyperparams(argparse.Namespace(lr=0.1, layers=2))
+    table.log_metrics({"a": 1.0}, step=0)
+    table.log_metrics({"a": 2.0, "b": 5.0}, step=1)
+    table.save()
+    with open(tmp_path / "csv" / "version_1" / "metrics.csv", newline="") as fh:
+        assert [(r["step"], r["a"], r["b"]) for r in csv.DictReader(fh)] == [("0", "1.0", ""), ("1", "2.0", "5.0")]
+    assert yaml.safe_load((tmp_path / "csv" / "version_1" / "hparams.yaml").read_text()) == {"lr": 0.1, "layers": 2}
+
+    board = TensorBoardLogger(tmp_path / "tb", name="exp")
+    assert board.log_dir == str(tmp_path / "tb" / "exp" / "version_0") and board.experiment is not None
+    board.log_metrics({"x": 3.0}, step=5)
+    board.log_graph(torch.nn.Linear(2, 1), torch.zeros(1, 2))
+    board.finalize("success")
+    events = EventAccumulator(board.log_dir)
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("x")] == [(5, 3.0)] and events.Graph() is not None
+    with pytest.warns(UserWarning, match=r"no graph written: give input_array or set model.example_input_array"):
+        board.log_graph(torch.nn.Linear(2, 1))
+    assert CSVLogger().log_dir is None  # no save_dir: the Trainer's default_root_dir decides, at fit

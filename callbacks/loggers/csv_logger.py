@@ -81,16 +81,28 @@ class CSVLogger(Logger):
                         self._written = {k: v for k, v in zip(header, last) if v != ""}
                         self._written[STEP], self._redo_step = step, step
 
-    def log_hyperparams(self, params: dict[str, Any]) -> None:
-        """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything else as text)."""
+    def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
+        """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything else as text);
+        a dict or an ``argparse.Namespace``, as Lightning takes them (outside a run too)."""
         import yaml
 
+        if self._run_dir is None and not self.open_standalone():
+            return
+        params = vars(params) if hasattr(params, "__dict__") and not isinstance(params, dict) else params
         plain = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
                  for k, v in params.items()}
         _replace(os.path.join(self._run_dir, "hparams.yaml"),
                  yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True))
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Values of ``step`` into the row being built (outside a run too: Lightning's ``step=None`` is the
+        row after the last)."""
+        if self._path is None:  # no run: Lightning's use without a Trainer (CSVLogger("logs").log_metrics(...))
+            if not self.open_standalone():
+                return
+            self._path = os.path.join(self._run_dir, "metrics.csv")
+        if step is None:
+            step = self._row_step + 1 if self._row or self._written is not None else 0
         if self._row and (step != self._row_step or not self._row.keys().isdisjoint(metrics)):
             self._write_row()  # a new step, or a key again at the same step (a validate after fit): a new row
         if not self._row and self._written is not None:  # its row is on disk: more values of that step merge in
@@ -113,7 +125,7 @@ class CSVLogger(Logger):
         covers is on disk; a later value of the same step merges into the row."""
         self._write_row(keep=True)
 
-    def finalize(self, status: str) -> None:
+    def finalize(self, status: str = "success") -> None:
         self._write_row()
         self._written = self._redo_step = None  # a test after fit starts a row of its own
 

@@ -137,7 +137,7 @@ class TensorBoardLogger(Logger):
         self.hparam_metrics = modes
         self.hparams = None if hparams is None else dict(hparams)
         self.varying, self.tuned = list(varying), list(tuned)
-        self.histogram_every_n_steps, self.log_graph, self.sub_dir = n, log_graph, sub_dir
+        self.histogram_every_n_steps, self._log_graph, self.sub_dir = n, log_graph, sub_dir
         self.writer_args = {"flush_secs": flush_secs, "max_queue": max_queue, "filename_suffix": filename_suffix}
         self._writer: SummaryWriter | None = None
         self._flushed = 0.0  # time.monotonic() of the last flush
@@ -157,7 +157,10 @@ class TensorBoardLogger(Logger):
     # ---- the writer -------------------------------------------------------------------------------
     @property
     def experiment(self) -> SummaryWriter | None:
-        """The open ``SummaryWriter`` (rank 0, during a run), e.g. for images or text from your own callback."""
+        """The open ``SummaryWriter`` (rank 0, during a run), e.g. for images or text from your own callback;
+        outside a run, with a ``save_dir``, one opened in :attr:`log_dir` (Lightning's use without a Trainer)."""
+        if self._writer is None and self.open_standalone():
+            self._open(self._folder(self._run_dir))
         return self._writer
 
     def writer(self, trainer: Any) -> SummaryWriter | None:
@@ -165,7 +168,13 @@ class TensorBoardLogger(Logger):
         if not trainer.is_main or trainer.log_dir is None:
             return None
         run = self._run_dir if self._active and self._for == trainer.log_dir else trainer.log_dir
-        folder = os.path.join(run, self.sub_dir) if self.sub_dir else run
+        return self._open(self._folder(run))
+
+    def _folder(self, run: str) -> str:
+        return os.path.join(run, self.sub_dir) if self.sub_dir else run
+
+    def _open(self, folder: str) -> SummaryWriter:
+        """The SummaryWriter of ``folder``: the open one, or a new one (the previous one closed)."""
         if self._writer is not None and self._dir == folder:
             return self._writer
         self._close()
@@ -221,16 +230,35 @@ class TensorBoardLogger(Logger):
             self._purge_step = trainer.state.global_step + 1
         self.writer(trainer)
 
-    def log_hyperparams(self, params: dict[str, Any]) -> None:
-        """HParams' session start: :attr:`hparams` if given, else ``params`` (numbers, strings, bools; anything
-        else as text)."""
-        if self._writer is None:
+    def log_hyperparams(self, params: dict[str, Any] | Any, metrics: Any = None) -> None:
+        """HParams' session start: :attr:`hparams` if given, else ``params`` (a dict or an ``argparse.Namespace``;
+        numbers, strings, bools; anything else as text). ``metrics`` (Lightning's initial hp_metric values) are
+        logged at step 0. Outside a run, with a ``save_dir``, a run is opened."""
+        if self.experiment is None:
             return
+        params = vars(params) if hasattr(params, "__dict__") and not isinstance(params, dict) else params
+        if metrics:
+            self.log_metrics(dict(metrics), 0)
         self._hparams = loggable(self.hparams if self.hparams is not None else params)
         self._writer.file_writer.add_summary(session_start(self._hparams), self._hparams_step)
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._collect(step, {tag(key): value for key, value in metrics.items()})
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Values of ``step`` into its event (outside a run too: Lightning's ``step=None`` is the last step)."""
+        if self._writer is None and self.experiment is None:
+            return
+        self._collect(self._step if step is None else step, {tag(key): float(value) for key, value in metrics.items()})
+
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        """Lightning's call: the graph of ``model`` traced on ``input_array`` (default: its
+        ``example_input_array``) into the Graphs tab; a warning when there is no input to trace with."""
+        example = input_array if input_array is not None else getattr(model, "example_input_array", None)
+        if example is None:
+            warnings.warn("TensorBoardLogger.log_graph: no graph written: give input_array or set "
+                          "model.example_input_array (as Lightning warns).", UserWarning, stacklevel=2)
+            return
+        if self.experiment is not None:
+            device = next((p.device for p in model.parameters()), None)
+            _write_graph(self.experiment, model, example if device is None else _to(example, device))
 
     def save(self) -> None:
         """End the pending step's event; send the events when the last send is ``SEND_SECS`` old (epoch ends)."""
@@ -238,7 +266,7 @@ class TensorBoardLogger(Logger):
         if time.monotonic() - self._flushed >= SEND_SECS:  # epochs of a second or two: not every one waits
             self._send()
 
-    def finalize(self, status: str) -> None:
+    def finalize(self, status: str = "success") -> None:
         self._close()
 
     def state_dict(self) -> dict[str, Any]:
@@ -250,8 +278,8 @@ class TensorBoardLogger(Logger):
 
     # ---- hooks --------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
-        example = getattr(task, "example_input_array", None) if self.log_graph else None
-        if self.log_graph and example is None:  # checked on every rank, so that all of them stop
+        example = getattr(task, "example_input_array", None) if self._log_graph else None
+        if self._log_graph and example is None:  # checked on every rank, so that all of them stop
             raise MisconfigurationError(
                 f"TensorBoardLogger(log_graph=True) needs {type(task).__name__}.example_input_array.",
                 "set `self.example_input_array = torch.zeros(1, ...)` (one input batch, as forward takes it) in "
@@ -267,7 +295,7 @@ class TensorBoardLogger(Logger):
         if trainer.config is not None and self._writer is not None:  # the whole config, in the TEXT tab
             self._writer.add_text("config", config_text(trainer.config), self._hparams_step)
         if example is not None and self._writer is not None:
-            _write_graph(self._writer, trainer, task, example)
+            _write_graph(self._writer, task, trainer.strategy.batch_to_device(example))
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
         super().on_log(trainer, task, metrics)  # rank 0: collected into the step's event
@@ -360,12 +388,19 @@ def _defines(task: Any, method: str) -> bool:
     return getattr(type(task), method, None) is not getattr(TaskModule, method)
 
 
-def _write_graph(writer: SummaryWriter, trainer: Any, task: Any, example: Any) -> None:
-    """Trace the model once on ``example`` (RNG state and train/eval mode are restored: the run is unchanged)."""
+def _to(inputs: Any, device: Any) -> Any:
+    """``inputs`` (a tensor, or a tuple/list of them) on ``device``."""
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_to(x, device) for x in inputs)
+    return inputs.to(device) if hasattr(inputs, "to") else inputs
+
+
+def _write_graph(writer: SummaryWriter, task: Any, inputs: Any) -> None:
+    """Trace the model once on ``inputs`` (on its device; RNG state and train/eval mode are restored: the run is
+    unchanged)."""
     import torch
 
-    device = trainer.strategy.device
-    inputs = trainer.strategy.batch_to_device(example)
+    device = next((p.device for p in task.parameters()), torch.device("cpu"))
     training = task.training
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "`torch.jit.trace", DeprecationWarning)  # add_graph traces with jit

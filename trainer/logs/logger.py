@@ -29,6 +29,7 @@ from typing import Any
 
 from ..callback import Callback
 from ..checkpoint.files import write_probe
+from ..cluster import global_rank
 from ..errors import MisconfigurationError, TaskfitError
 
 STATUSES = ("success", "failed", "interrupted")
@@ -107,8 +108,23 @@ class Logger(Callback):
 
     @property
     def log_dir(self) -> str | None:
-        """The directory this logger writes its run into (None before a run and on ranks other than 0)."""
+        """The directory this logger writes its run into: during and after a run, or, with a ``save_dir`` given,
+        the one its first write outside a run would open (Lightning's); else None (and on ranks other than 0)."""
+        if self._run_dir is None and self._save_dir is not None and self.has_directory:
+            return self.directory(None)
         return self._run_dir
+
+    def open_standalone(self) -> bool:
+        """Lightning's loggers also work without a Trainer (``CSVLogger("logs").log_metrics({"a": 1.0})``): a write
+        outside a run opens one in :attr:`log_dir`. Returns whether this logger writes outside a run now (not on
+        ranks other than 0 during a run, nor without a ``save_dir``)."""
+        if self._active or self._run_dir is not None:
+            return self._run_dir is not None and self._for is None  # a standalone run already open
+        if self._save_dir is None or not self.has_directory or global_rank() != 0:
+            return False
+        self._run_dir = self.directory(None)
+        check_writable(self._run_dir, type(self).__name__)
+        return True
 
     @property
     def save_dir(self) -> str | None:
@@ -133,7 +149,7 @@ class Logger(Callback):
         """The run's version: as given, else the number of the ``version_N`` folder it writes (None before)."""
         if self._version is not None:
             return self._version
-        match = re.fullmatch(r"version_(\d+)", os.path.basename(self._run_dir or ""))
+        match = re.fullmatch(r"version_(\d+)", os.path.basename(self.log_dir or ""))
         return int(match.group(1)) if match else None
 
     @property
