@@ -359,3 +359,18 @@ def test_several_evaluation_loaders_are_one_clear_error_before_training():
     with pytest.raises(MisconfigurationError, match=r"test_dataloader\(\) returned 2 DataLoaders \(dict\)"):
         loader = RegressionTask.val_dataloader(task)
         Trainer(**QUIET).test(task, dataloaders={"a": loader, "b": loader})
+
+
+def test_fast_dev_run_gives_a_logger_that_takes_every_call_and_writes_nothing(tmp_path):
+    from taskfit.callbacks import LearningRateMonitor
+
+    class Images(RegressionTask):
+        def training_step(self, batch, batch_idx):
+            self.logger.experiment.add_image("x", torch.zeros(1, 2, 2), self.global_step)  # Lightning code
+            return self.loss(self(batch[0]), batch[1])
+
+    trainer = Trainer(fast_dev_run=2, default_root_dir=str(tmp_path), callbacks=[LearningRateMonitor()],
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Images(n=16, batch_size=4, val_n=8))
+    assert trainer.state.global_step == 2 and type(trainer.logger).__name__ == "DummyLogger"
+    assert not any(tmp_path.iterdir())  # nothing written

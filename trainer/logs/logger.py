@@ -270,6 +270,29 @@ class Logger(Callback):
             self.finalize(status)
 
 
+class DummyLogger(Logger):
+    """``trainer.logger`` under ``fast_dev_run`` (Lightning's): it takes every call and writes nothing, so that a
+    task's ``self.logger.experiment.add_image(...)`` runs unchanged in a quick check."""
+
+    @property
+    def has_directory(self) -> bool:
+        return False
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Nothing is written."""
+
+    @property
+    def experiment(self) -> Any:
+        return _Anything()
+
+
+class _Anything:
+    """Every attribute is a function that does nothing (``experiment.add_image(...)``, ``experiment.log(...)``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
 def _first_directory_logger(trainer: Any) -> Logger | None:
     return next((lg for lg in trainer.loggers if lg.has_directory), None)
 
