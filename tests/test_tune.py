@@ -103,6 +103,30 @@ def test_update_attr_sets_the_task_attribute_and_the_optimizer_factory(tmp_path)
         lr_find(trainer, task, update_attr=True, attr_name="rate")
 
 
+def test_lr_find_takes_a_datamodule_and_updates_a_learning_rate_kept_in_hparams(tmp_path):
+    """Lightning's Tuner.lr_find(model, datamodule=dm): the data from the module, the suggestion into
+    self.hparams.lr, which configure_optimizers reads (lightning_setattr)."""
+    from taskfit import DataModule
+
+    class FromHparams(RegressionTask):
+        def __init__(self, lr: float = 0.5) -> None:
+            super().__init__()  # RegressionTask's own self.lr is not what configure_optimizers reads here
+            self.save_hyperparameters()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+        def train_dataloader(self):
+            raise AssertionError("the data module's loader is used")
+
+    source = RegressionTask()
+    data = DataModule.from_datasets(source.data, batch_size=8)
+    task = FromHparams()
+    finder = lr_find(Trainer(default_root_dir=str(tmp_path), **QUIET), task, num_training=40, update_attr=True,
+                     datamodule=data)
+    assert task.hparams.lr == finder.suggestion() != 0.5
+
+
 def test_a_loss_that_diverges_to_inf_ends_the_test_without_an_error(tmp_path):
     seed_everything(0)
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)

@@ -176,11 +176,11 @@ class RangeTest(Callback):
         return {"lr": self.lrs, "loss": self.losses, "raw": self.raw, "stopped_early": self.stopped_early}
 
 
-def _range_test(inner: Any, task: Any, test: RangeTest) -> dict[str, Any]:
+def _range_test(inner: Any, task: Any, test: RangeTest, data: dict[str, Any]) -> dict[str, Any]:
     """The finder's fit, on every rank (a module-level function: ddp workers unpickle it by reference)."""
     inner.strategy.setup_environment()  # a spawned ddp worker joins its group: the fit then runs here, not again
     try:
-        inner.fit(task)
+        inner.fit(task, **data)
     except NonFiniteLossError:  # the loss diverged to NaN/Inf past the last point the finder recorded
         if not test.stopped_early:
             raise
@@ -195,7 +195,8 @@ def _range_test(inner: Any, task: Any, test: RangeTest) -> dict[str, Any]:
 
 def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, num_training: int = 100,
             mode: str = "exponential", early_stop_threshold: float | None = 4.0, update_attr: bool = False,
-            attr_name: str = "", output_dir: str | None = None) -> LRFinder | None:
+            attr_name: str = "", output_dir: str | None = None, *, train_dataloaders: Any = None,
+            val_dataloaders: Any = None, datamodule: Any = None) -> LRFinder | None:
     """Run a learning-rate range test on ``task`` with ``trainer``'s settings; ``task`` is left exactly as it was.
 
     Args:
@@ -206,11 +207,13 @@ def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, 
         num_training: optimizer steps to take (the curve's points).
         mode: ``"exponential"`` (evenly spaced on a log scale) or ``"linear"``.
         early_stop_threshold: stop once the smoothed loss exceeds this many times its lowest value (None: never).
-        update_attr: set the suggestion on the task: its ``lr``/``learning_rate`` attribute (or ``attr_name``) and
-            the ``lr`` of its ``optimizer=`` factory, so that the next fit uses it.
+        update_attr: set the suggestion on the task: its ``lr``/``learning_rate`` attribute (or ``attr_name``), the
+            entry of that name in ``task.hparams`` (Lightning's ``self.hparams.lr``), and the ``lr`` of its
+            ``optimizer=`` factory, so that the next fit uses it.
         attr_name: the attribute to set with ``update_attr`` (default: ``lr`` or ``learning_rate``).
         output_dir: where the PNG, the TensorBoard event file and the JSON go (None:
             ``<default_root_dir>/lr_find/version_N``).
+        train_dataloaders, val_dataloaders, datamodule: the data, as ``fit`` takes it (default: the task's).
 
     Returns:
         An :class:`LRFinder`; None under ``fast_dev_run`` (as Lightning).
@@ -228,7 +231,8 @@ def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, 
     inner = _finder_trainer(trainer, test, num_training)
     started = time.perf_counter()
     try:
-        results = trainer.strategy.launch(_range_test, inner, task, test)
+        data = {"train_dataloaders": train_dataloaders, "val_dataloaders": val_dataloaders, "datamodule": datamodule}
+        results = trainer.strategy.launch(_range_test, inner, task, test, data)
     finally:  # put back everything the test changed, in this process
         trainer.strategy.load_module_state_dict(task, weights)
         for module, training in zip(task.modules(), modes):
@@ -321,9 +325,10 @@ def _write(finder: LRFinder, seconds: float) -> None:
 
 # ---- the suggestion into the task ------------------------------------------------------------------------------
 def _lr_target(task: Any, attr_name: str) -> str | None:
-    """The attribute ``update_attr`` sets (None: only the optimizer factory's lr), or one clear error."""
+    """The name ``update_attr`` sets, as an attribute of the task and/or an entry of its hparams (Lightning's
+    ``lightning_setattr``); None: only the optimizer factory's lr. Or one clear error."""
     names = [attr_name] if attr_name else ["lr", "learning_rate"]
-    found = next((n for n in names if hasattr(task, n)), None)
+    found = next((n for n in names if hasattr(task, n) or n in task.hparams), None)
     if attr_name and found is None:
         raise MisconfigurationError(f"lr_find(attr_name={attr_name!r}): {type(task).__name__} has no such attribute.",
                                     "name the attribute your configure_optimizers reads the learning rate from.")
@@ -341,8 +346,10 @@ def _factory_lr(task: Any) -> float | None:
 
 def _set_lr(task: Any, attr_name: str, lr: float) -> None:
     name = _lr_target(task, attr_name)
-    if name is not None:
+    if name is not None and hasattr(task, name):
         setattr(task, name, lr)
+    if name is not None and name in task.hparams:  # what configure_optimizers reads as self.hparams.lr
+        task.hparams[name] = lr
     factory = task.__dict__.get("optimizer_factory")
     if _factory_lr(task) is not None:  # TaskModule(optimizer=functools.partial(AdamW, lr=...)): the next fit's lr
         object.__setattr__(task, "optimizer_factory",
