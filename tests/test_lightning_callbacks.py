@@ -282,9 +282,6 @@ def test_save_weights_only(tmp_path):
 def test_lightnings_positional_order_and_refused_values():
     cb = ModelCheckpoint("ckpts", "{epoch}", "val/acc", True)  # dirpath, filename, monitor, verbose
     assert (os.path.basename(cb.dirpath), cb.filename, cb.monitor, cb.verbose) == ("ckpts", "{epoch}", "val/acc", True)
-    with pytest.raises(MisconfigurationError, match=r"save_on_exception=True\) is not supported.*\n  HINT: leave it "
-                                                    r"False: SIGTERM, SIGUSR1 and Ctrl-C already save last\.ckpt"):
-        ModelCheckpoint(save_on_exception=True)
     with pytest.raises(MisconfigurationError, match=r"ModelCheckpoint\(\) got an unknown argument 'every_n_val_epochs'"
                                                     r"\.\n  HINT: did you mean every_n_epochs\?"):
         ModelCheckpoint(every_n_val_epochs=1)  # Lightning 1.x's name

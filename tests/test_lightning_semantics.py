@@ -253,7 +253,6 @@ def test_test_and_validate_print_their_results_only_when_verbose(capsys):
 def test_lightning_names_for_callbacks_data_modules_and_reductions():
     from taskfit import DataModule
     from taskfit.callbacks import EarlyStopping, ModelCheckpoint, ProgressBar
-
     from tasks import regression_data
 
     trainer = Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="train/loss_epoch", patience=5)],
@@ -374,3 +373,26 @@ def test_fast_dev_run_gives_a_logger_that_takes_every_call_and_writes_nothing(tm
     trainer.fit(Images(n=16, batch_size=4, val_n=8))
     assert trainer.state.global_step == 2 and type(trainer.logger).__name__ == "DummyLogger"
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_lightning_1_training_step_with_optimizer_idx_is_explained_before_training():
+    from taskfit import TaskModuleError
+
+    class Old(RegressionTask):
+        def training_step(self, batch, batch_idx, optimizer_idx):
+            return self.loss(self(batch[0]), batch[1])
+
+    with pytest.raises(TaskModuleError, match=r"training_step takes `optimizer_idx`: Lightning 1\.x's way(?s:.*)"
+                                              r"automatic_optimization = False"):
+        Trainer(max_epochs=1, **QUIET).fit(Old(n=16))
+
+
+def test_save_hyperparameters_takes_a_namespace():
+    import argparse
+
+    class FromArgs(RegressionTask):
+        def __init__(self, args: argparse.Namespace) -> None:
+            super().__init__()
+            self.save_hyperparameters(args)
+
+    assert dict(FromArgs(argparse.Namespace(lr=0.3, depth=2)).hparams) == {"lr": 0.3, "depth": 2}

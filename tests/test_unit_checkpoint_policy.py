@@ -20,7 +20,7 @@ TRIGGERS = dict(every_n_train_steps=None, every_n_epochs=1, train_time_interval=
 
 
 def check(**changes):
-    args = dict(mode="min", save_top_k=1, triggers=TRIGGERS, save_last=None, save_on_exception=False, filename=None)
+    args = dict(mode="min", save_top_k=1, triggers=TRIGGERS, save_last=None, filename=None)
     return check_arguments(**{**args, **changes})
 
 
@@ -60,8 +60,6 @@ def test_valid_arguments_give_the_filename_template_without_ckpt():
     (dict(triggers={**TRIGGERS, "every_n_train_steps": True}), ("ModelCheckpoint(every_n_train_steps=True) is not "
                                                                 "valid."), "use a positive integer"),
     (dict(save_last="always"), "ModelCheckpoint(save_last='always') is not valid.", 'or "link".'),
-    (dict(save_on_exception=True), "ModelCheckpoint(save_on_exception=True) is not supported",
-     "SIGTERM, SIGUSR1 and Ctrl-C already save last.ckpt"),
     (dict(filename="last"), "ModelCheckpoint(filename='last') is not valid.", 'other than "last"'),
     (dict(filename="last.ckpt"), "ModelCheckpoint(filename='last.ckpt') is not valid.", "put folders in dirpath"),
     (dict(filename=""), "ModelCheckpoint(filename='') is not valid.", "without folders"),

@@ -3,6 +3,7 @@ from the ``__init__`` arguments; ``save_hyperparameters`` choosing among them; t
 (which load with ``weights_only=True``) and loggers."""
 from __future__ import annotations
 
+import argparse
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -63,9 +64,11 @@ def recorded_init_args(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
     """``save_hyperparameters(*args, ignore=...)``: keep the named init arguments (all by default) but ``ignore``d
-    ones; a mapping argument replaces them (Lightning's ``save_hyperparameters(config)``)."""
+    ones; a mapping or an ``argparse.Namespace`` replaces them (Lightning's ``save_hyperparameters(config)``)."""
     hparams = owner.__dict__["_hparams"]
-    if len(args) == 1 and isinstance(args[0], Mapping):
+    if len(args) == 1 and isinstance(args[0], argparse.Namespace):
+        chosen = vars(args[0]).copy()
+    elif len(args) == 1 and isinstance(args[0], Mapping):
         chosen = dict(args[0])
     else:
         names = [n for a in args for n in ([a] if isinstance(a, str) else a)]

@@ -6,6 +6,7 @@ arguments mean what they mean there; where taskfit differs, docs/migrating-light
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import difflib
 import os
@@ -25,6 +26,8 @@ from ...loop.checkpointing import save_checkpoint
 from .policy import Ranking, check_arguments, format_filename, seconds, versioned
 
 __all__ = ["ModelCheckpoint", "format_filename"]
+
+LOOP_KEYS = ("epoch", "step")  # always monitor candidates, as in Lightning: the loop's counters, logged or not
 
 
 def _unwritable(folder: str) -> str | None:
@@ -47,11 +50,13 @@ class ModelCheckpoint(Callback):
         dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``).
         filename: name template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` gives
             ``epoch=003-val_acc=0.91``.
-        monitor: logged key that ranks the files (e.g. ``"val/loss"``); None keeps the newest.
+        monitor: logged key that ranks the files (e.g. ``"val/loss"``; ``"epoch"`` and ``"step"`` are always
+            available); None keeps the newest.
         verbose: print each monitored save, as Lightning logs it.
         save_last: keep ``last.ckpt``, the newest state (``"link"``: the same; None/False: none).
         save_top_k: how many ranked files to keep (-1: all, 0: none).
-        save_on_exception: only False (a preemption signal saves ``last.ckpt`` instead).
+        save_on_exception: when fit raises, save the state it stopped in to a file named by ``filename``, and
+            ``last.ckpt`` (single-process runs; a preemption signal saves ``last.ckpt`` at a step boundary anyway).
         save_weights_only: files hold the weights only (inference; a resume needs a full checkpoint).
         mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
         auto_insert_metric_name: write ``name=`` before each field of ``filename``.
@@ -64,8 +69,15 @@ class ModelCheckpoint(Callback):
             is skipped (0: every epoch).
 
     After fit: ``best_model_path``, ``best_model_score``, ``best_k_models`` (monitored runs only, as Lightning),
-    ``last_model_path``. Every rank runs this callback (a save gathers RNG states); only rank 0 touches files.
+    ``last_model_path``; :meth:`to_yaml` writes ``best_k_models``. Every rank runs this callback (a save gathers RNG
+    states); only rank 0 touches files. A subclass may change Lightning's name parts below.
     """
+
+    CHECKPOINT_JOIN_CHAR = "-"  # before a version: epoch=0-v1.ckpt
+    CHECKPOINT_EQUALS_CHAR = "="  # after an inserted name: epoch=0
+    CHECKPOINT_NAME_LAST = "last"  # a template too: "{epoch}-last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
 
     monitors_epoch_values = True  # ranks by what the epoch logged (hooks.hook_table)
     order = 1000  # last of the defaults: a checkpoint must hold every other callback's state after this hook
@@ -79,23 +91,25 @@ class ModelCheckpoint(Callback):
                  save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True, *,
                  min_epoch_interval: float | datetime.timedelta = 1.0) -> None:
         stem = check_arguments(mode, save_top_k, {"every_n_train_steps": every_n_train_steps, "every_n_epochs":
-                               every_n_epochs}, save_last, save_on_exception, filename)
+                               every_n_epochs}, save_last, filename)
         self.train_time_interval = seconds("train_time_interval", train_time_interval, "save at every step",
                                             allow_none=True)
         self.min_epoch_interval = seconds("min_epoch_interval", min_epoch_interval,
                                            "save every epoch, as Lightning does")
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             every_n_epochs = 1  # Lightning: no trigger given means every epoch; a step or time trigger replaces it
-        self.dirpath_arg = os.path.abspath(os.fspath(dirpath)) if dirpath is not None else None
+        self.dirpath_arg = os.path.abspath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
         self.dirpath: str | None = self.dirpath_arg
         self.filename, self.monitor, self.mode, self.save_top_k = stem, monitor, mode, save_top_k
         self.verbose, self.save_last, self.save_weights_only = bool(verbose), bool(save_last), bool(save_weights_only)
+        self.save_on_exception = bool(save_on_exception)
         self.auto_insert_metric_name, self.enable_version_counter = auto_insert_metric_name, enable_version_counter
         self.every_n_train_steps, self._every_n_epochs = every_n_train_steps or None, every_n_epochs or 0
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self._ranking = Ranking(mode, by_recency=monitor is None, k=save_top_k)
         self.best_model_path, self.last_model_path = "", ""
         self.current_score: torch.Tensor | None = None  # the score of the latest ranked save (monitored runs)
+        self._score_set, self._set_score = False, None  # best_model_score as assigned, until the next ranked save
         self._evicted: dict[str, float] = {}  # files out of the top k whose removal may not have run yet
         self._monitor_step = -1  # the global step at which the monitored key was last logged
         self._new_fit(-1)
@@ -106,6 +120,7 @@ class ModelCheckpoint(Callback):
         self._awaiting, self._last_time = -1, time.monotonic()  # _awaiting: a step save waiting for its validation
         self._epoch_saves = self._skipped = 0  # due epoch saves and those skipped (in memory only)
         self._skipped_since_save = self._pending = self._validated = self._warned_unscored = False
+        self._prepared_step, self._fit_last, self._fitting = -1, "", False  # last.ckpt named at / written by this fit
 
     # ---- what Lightning's ModelCheckpoint exposes ---------------------------------------------------------
     @property
@@ -120,9 +135,17 @@ class ModelCheckpoint(Callback):
 
     @property
     def best_model_score(self) -> torch.Tensor | None:
+        """The score of ``best_model_path`` (None without a monitor), or what was assigned since the last ranked save
+        (Lightning code sets it, e.g. when it restores a callback by hand)."""
+        if self._score_set:
+            return self._set_score
         if self.monitor is None or self.best_model_path not in self._ranking.kept:
             return None
         return torch.tensor(self._ranking.kept[self.best_model_path])
+
+    @best_model_score.setter
+    def best_model_score(self, value: torch.Tensor | float | None) -> None:
+        self._score_set, self._set_score = True, None if value is None else torch.as_tensor(value)
 
     @property
     def kth_best_model_path(self) -> str:
@@ -149,7 +172,9 @@ class ModelCheckpoint(Callback):
                                   "pass ModelCheckpoint(dirpath=...) / Trainer(default_root_dir=...) elsewhere.")
         if not trainer.state.resumed:  # a fresh run ranks its own files (a resume restored them)
             self._ranking.kept, self.best_model_path, self.current_score = {}, "", None
+            self._score_set = False
         self._new_fit(trainer.state.global_step)  # a resume: the resumed step
+        self._fitting = True
 
     def needs_batch_hooks(self, trainer: Any) -> bool:
         return self.every_n_train_steps is not None or self.train_time_interval is not None
@@ -164,7 +189,8 @@ class ModelCheckpoint(Callback):
         if self.train_time_interval is not None and not due:
             due = self._time_due(trainer, step)
         if due and step != self._saved_step and not trainer.fast_dev_run:
-            if self.monitor is not None and self._monitor_step != step and self._validates_now(trainer, batch_idx):
+            if self.monitor not in (None, *LOOP_KEYS) and self._monitor_step != step and \
+                    self._validates_now(trainer, batch_idx):
                 self._pending, self._awaiting = True, step  # this step's validation brings its score
                 self._last_time = time.monotonic()
             else:
@@ -238,7 +264,7 @@ class ModelCheckpoint(Callback):
     def _check_monitor(self, trainer: Any) -> None:
         """At the end of a completed epoch after a validation (or without validation data), the monitored key must
         have been logged: anything a validation or an epoch logs has been by then. Else one error, before saving."""
-        if self.monitor is None or self.monitor in trainer.state.metrics or (
+        if self.monitor in (None, *LOOP_KEYS) or self.monitor in trainer.state.metrics or (
                 trainer.num_val_batches and not self._validated):
             return
         logged = sorted(trainer.state.metrics)
@@ -250,16 +276,44 @@ class ModelCheckpoint(Callback):
 
     def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
         """A save that failed in the background (a full disk): forget the files that are not on disk, so that
-        ``best_k_models``, ``best_model_path`` and the folder agree (the previous best is still there)."""
-        if not trainer.is_main:
+        ``best_k_models``, ``best_model_path`` and the folder agree (the previous best is still there). Then
+        ``save_on_exception``'s file."""
+        if trainer.is_main:
+            kept = {**self._evicted, **self._ranking.kept}  # a file whose removal was skipped is still ranked
+            self._ranking.kept = {p: s for p, s in kept.items() if checkpoint_exists(p)}
+            self.best_model_path, self._score_set = self._ranking.best(), False
+            if self.last_model_path and not checkpoint_exists(self.last_model_path):
+                self.last_model_path = ""
+        fitting, self._fitting = self._fitting, False
+        st = trainer.state
+        if not (self.save_on_exception and fitting and st.fn == "fit" and not trainer.fast_dev_run
+                and st.stage != "sanity" and st.global_step not in (self._saved_step, self._prepared_step)):
+            return  # as Lightning: nothing to add when this step's state is already saved
+        if trainer.strategy.world_size > 1:  # a save is collective: the other ranks may not be in this hook
+            warnings.warn(f"ModelCheckpoint(save_on_exception=True) saved nothing for this {type(exception).__name__}: "
+                          "under ddp a save needs every rank. HINT: the saves before the error are in "
+                          f"{self.dirpath}; save more often (every_n_train_steps) to lose less.", stacklevel=2)
             return
-        kept = {**self._evicted, **self._ranking.kept}  # a file whose removal was skipped is still ranked
-        self._ranking.kept = {p: s for p, s in kept.items() if checkpoint_exists(p)}
-        self.best_model_path = self._ranking.best()
-        if self.last_model_path and not checkpoint_exists(self.last_model_path):
-            self.last_model_path = ""
+        self._exception_save(trainer, exception)
+
+    def _exception_save(self, trainer: Any, exception: BaseException) -> None:
+        """Lightning's ``save_on_exception``: the state as it is, to ``filename`` (unranked; a missing key is 0, no
+        version counter) and to ``last.ckpt``. A save that fails is a warning: the error to report is ``exception``."""
+        values = collections.defaultdict(int, self._candidates(trainer))
+        name = format_filename(self.filename, values, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+        path = os.path.join(self.dirpath or os.path.join(trainer.log_dir, "checkpoints"), name + self.FILE_EXTENSION)
+        try:
+            self._write(trainer, path, background=False)
+            if self.save_last:
+                atomic_copy(path, self.prepare_last(trainer))
+        except Exception as exc:  # noqa: BLE001 - the exception already propagating is the one to report
+            warnings.warn(f"ModelCheckpoint(save_on_exception=True) could not save to {path}: {exc!r}.", stacklevel=3)
+            return
+        echo(f"An {type(exception).__name__} was raised with message: {exception}, saved checkpoint to {path}",
+             name="taskfit.checkpoint")
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
+        self._fitting = False
         step = trainer.state.global_step
         if step != self._saved_step and not trainer.fast_dev_run:
             if self._skipped_since_save:  # the ranked file too: best_model_path must be the final state
@@ -269,7 +323,7 @@ class ModelCheckpoint(Callback):
         if self._skipped and trainer.is_main:
             echo(f"ModelCheckpoint: {self._skipped} of {self._epoch_saves} epoch-end saves skipped (epochs shorter "
                  f"than min_epoch_interval={self.min_epoch_interval} s); the final state is in "
-                 f"{'last.ckpt' if self.save_last else 'the ranked file'}. "
+                 f"{os.path.basename(self.last_model_path) if self.save_last else 'the ranked file'}. "
                  "ModelCheckpoint(min_epoch_interval=0) saves every epoch, as Lightning does.",
                  name="taskfit.checkpoint")
 
@@ -282,9 +336,26 @@ class ModelCheckpoint(Callback):
 
     # ---- saving -------------------------------------------------------------------------------------------
     def prepare_last(self, trainer: Any) -> str:
-        """The ``last.ckpt`` path, recorded as :attr:`last_model_path` before the file is written."""
-        self.last_model_path = os.path.join(self.dirpath or os.path.join(trainer.log_dir, "checkpoints"), "last.ckpt")
+        """The ``last.ckpt`` path, recorded as :attr:`last_model_path` before the file is written. As Lightning's: a
+        checkpoint named ``last.ckpt`` there that this callback did not write (a fresh fit in a used folder) is kept,
+        and this run's is ``last-v1.ckpt``; a resumed fit restored :attr:`last_model_path` and overwrites its own."""
+        values = collections.defaultdict(int, self._candidates(trainer))
+        name = format_filename(self.CHECKPOINT_NAME_LAST, values, self.auto_insert_metric_name,
+                               self.CHECKPOINT_EQUALS_CHAR)
+        own = self.last_model_path
+        self.last_model_path = versioned(
+            self.dirpath or os.path.join(trainer.log_dir, "checkpoints"), name,
+            lambda p: p == own or not checkpoint_exists(p), self.enable_version_counter, self.FILE_EXTENSION,
+            self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION)
+        self._prepared_step = trainer.state.global_step
         return self.last_model_path
+
+    def _written_last(self, trainer: Any) -> None:
+        """After a last-file write was queued: the previous one this fit wrote goes once it is in place, when the
+        name changed (a ``CHECKPOINT_NAME_LAST`` with fields, e.g. ``"last-{epoch}"``), as in Lightning."""
+        old, self._fit_last = self._fit_last, self.last_model_path
+        if old and old != self._fit_last and old not in self._ranking.kept and trainer.is_main:
+            trainer.checkpoint_writer.submit(remove_files, [old])
 
     def _write(self, trainer: Any, path: str, background: bool) -> None:
         if self.save_weights_only:
@@ -296,23 +367,25 @@ class ModelCheckpoint(Callback):
         if self.save_last:
             self._write(trainer, self.prepare_last(trainer), background=True)
             self._last_written = trainer.state.global_step
+            self._written_last(trainer)
 
     def save(self, trainer: Any) -> None:
         """Save now: a ranked file if it makes the top k, and ``last.ckpt``; then delete what fell out of the top k.
         Serialised now; the fsync, rename, ``last.ckpt`` copy and removals follow in that order on
         ``trainer.checkpoint_writer``'s thread, so the loop does not wait for the disk."""
-        before = (dict(self._ranking.kept), self.best_model_path, self.current_score, self.last_model_path)
+        before = (dict(self._ranking.kept), self.best_model_path, self.current_score, self.last_model_path,
+                  self._score_set)
         try:
             self._save(trainer)
         except BaseException:  # nothing of this save is on disk: the bookkeeping must not name its files
-            self._ranking.kept, self.best_model_path, self.current_score, self.last_model_path = before
+            self._ranking.kept, self.best_model_path, self.current_score, self.last_model_path, self._score_set = \
+                before
             raise
         self._last_time = time.monotonic()
 
     def _save(self, trainer: Any) -> None:
         st = trainer.state
-        score = float(st.global_step) if self.monitor is None else \
-            st.metrics[self.monitor] if self.monitor in st.metrics and self._monitor_step == st.global_step else None
+        score = self._score(trainer)
         if score is None:
             self._unscored(trainer)
             return
@@ -320,7 +393,7 @@ class ModelCheckpoint(Callback):
         if self.save_top_k != 0 and self._ranking.qualifies(score):
             path = self._new_path(trainer)
             evicted = self._ranking.admit(path, score)
-            self.best_model_path = self._ranking.best()
+            self.best_model_path, self._score_set = self._ranking.best(), False
             self.current_score = torch.tensor(score) if self.monitor is not None else None
             top = len(scores) + 1 if self.save_top_k == -1 else self.save_top_k
             best = self._ranking.kept[self.best_model_path]
@@ -335,6 +408,8 @@ class ModelCheckpoint(Callback):
                 trainer.checkpoint_writer.submit(atomic_copy, path, last)  # a copy: one damage never hits both
         elif last:
             self._write(trainer, last, background=True)
+        if last:
+            self._written_last(trainer)
         evicted = [old for old in evicted if os.path.dirname(old) == self.dirpath
                    and old not in (path, self.last_model_path)]
         # Until their removal has run (after the new file is in place), evicted files and their scores are kept
@@ -345,6 +420,23 @@ class ModelCheckpoint(Callback):
             trainer.checkpoint_writer.submit(remove_files, evicted)  # old files go only once their replacement is in
         self._saved_step, self._skipped_since_save, self._pending = st.global_step, False, False
         self._last_written = st.global_step if last else self._last_written
+
+    def _candidates(self, trainer: Any) -> dict[str, Any]:
+        """Lightning's monitor candidates: the logged values, ``epoch`` and ``step`` (as logged, else the loop's;
+        between two epochs, at the end of fit, the epoch it completed)."""
+        st, metrics = trainer.state, trainer.state.metrics
+        return {**metrics, "epoch": int(metrics.get("epoch", st.checkpoint_epoch)),
+                "step": int(metrics.get("step", st.global_step))}
+
+    def _score(self, trainer: Any) -> float | None:
+        """This state's score: its global step without a monitor, ``epoch``/``step`` always, a logged key when it
+        was logged at this step (else None: the state has no score of its own)."""
+        st = trainer.state
+        if self.monitor is None:
+            return float(st.global_step)
+        if self.monitor in LOOP_KEYS:
+            return float(self._candidates(trainer)[self.monitor])
+        return st.metrics[self.monitor] if self.monitor in st.metrics and self._monitor_step == st.global_step else None
 
     def _unscored(self, trainer: Any) -> None:
         """This state has no score of its own (e.g. a step save between validations): last.ckpt only, and the
@@ -369,11 +461,9 @@ class ModelCheckpoint(Callback):
             echo(f"Epoch {st.epoch:d}, global step {st.global_step:d}: {message}", name="taskfit.checkpoint")
 
     def _new_path(self, trainer: Any) -> str:
-        st = trainer.state  # between two epochs (the end of fit): named after the epoch it completed
-        epoch = st.epoch - 1 if st.epoch and not st.batches_done and not st.epoch_done else st.epoch
-        values = {**st.metrics, "epoch": epoch, "step": st.global_step}
+        values = self._candidates(trainer)
         try:
-            name = format_filename(self.filename, values, self.auto_insert_metric_name)
+            name = format_filename(self.filename, values, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
         except KeyError as exc:
             raise MisconfigurationError(
                 f"ModelCheckpoint(filename={self.filename!r}) uses {exc.args[0]!r}, which is not logged; "
@@ -383,7 +473,23 @@ class ModelCheckpoint(Callback):
         # monitor the previous newest); any other file keeps its name and the new one gets -v1, -v2...
         replaceable = {self._ranking.would_evict(), self.best_model_path if self.monitor is None else ""} - {""}
         return versioned(self.dirpath, name, lambda p: p in replaceable or not (
-            os.path.exists(p) or p in self._ranking.kept), self.enable_version_counter)
+            os.path.exists(p) or p in self._ranking.kept), self.enable_version_counter, self.FILE_EXTENSION,
+            self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION)
+
+    def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
+        """Write :attr:`best_k_models` as YAML ``{path: score}`` to ``filepath`` (default:
+        ``<dirpath>/best_k_models.yaml``), as Lightning's ``to_yaml``."""
+        import yaml
+
+        if filepath is None:
+            if self.dirpath is None:
+                raise MisconfigurationError(
+                    "ModelCheckpoint.to_yaml() has no file to write to: no filepath was given and dirpath is not "
+                    "known before fit.", "pass the file, to_yaml(\"best_k_models.yaml\"), or call it after "
+                    "trainer.fit (or give ModelCheckpoint(dirpath=...)).")
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        with open(filepath, "w", encoding="utf-8") as fp:
+            yaml.dump({path: score.item() for path, score in self.best_k_models.items()}, fp)
 
     # ---- state in the checkpoint -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -400,5 +506,5 @@ class ModelCheckpoint(Callback):
             self.last_model_path = state.get("last_model_path", "")
             return
         self._ranking.kept = {str(k): float(v) for k, v in state.get("best_k_models", {}).items()}
-        self.best_model_path = state.get("best_model_path", "")
+        self.best_model_path, self._score_set = state.get("best_model_path", ""), False
         self.last_model_path = state.get("last_model_path", "")

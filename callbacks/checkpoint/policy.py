@@ -9,6 +9,7 @@ import datetime
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from ...errors import MisconfigurationError
@@ -16,23 +17,25 @@ from ...errors import MisconfigurationError
 _FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
 
 
-def format_filename(template: str, values: dict[str, Any], auto_insert_metric_name: bool = True) -> str:
+def format_filename(template: str, values: Mapping[str, Any], auto_insert_metric_name: bool = True,
+                    equals: str = "=") -> str:
     """A file name (without ``.ckpt``) from a Lightning template, as Lightning's ``format_checkpoint_name`` writes it.
 
     Each ``{name}`` or ``{name:spec}`` is ``format(values[name], spec)``; with ``auto_insert_metric_name`` it is
-    preceded by ``name=`` (``"{epoch:03d}"`` -> ``"epoch=009"``). One difference: a ``/`` in an inserted name is
+    preceded by ``name=`` (``"{epoch:03d}"`` -> ``"epoch=009"``; ``equals``: Lightning's ``CHECKPOINT_EQUALS_CHAR``
+    in place of ``=``). One difference: a ``/`` in an inserted name is
     written ``_`` (``"{val/acc:.2f}"`` -> ``"val_acc=0.91"``), where Lightning would start a sub-folder. A name
     missing from ``values`` raises ``KeyError`` (Lightning would write 0).
     """
     def field(match: re.Match) -> str:
         name, spec = match.group(1).strip(), match.group(2) or ""
         value = format(values[name], spec)
-        return f"{name.replace('/', '_')}={value}" if auto_insert_metric_name else value
+        return f"{name.replace('/', '_')}{equals}{value}" if auto_insert_metric_name else value
 
     return _FIELD.sub(field, template)
 
 
-def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_last: Any, save_on_exception: Any,
+def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_last: Any,
                     filename: str | None) -> str:
     """One error for an argument ModelCheckpoint cannot take; returns the filename template without ``.ckpt``."""
     if mode not in ("min", "max"):
@@ -48,12 +51,6 @@ def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_l
     if save_last not in (True, False, None, "link"):
         raise MisconfigurationError(f"ModelCheckpoint(save_last={save_last!r}) is not valid.",
                                     'use True (keep last.ckpt), False or None (none), or "link".')
-    if save_on_exception:
-        raise MisconfigurationError(
-            "ModelCheckpoint(save_on_exception=True) is not supported: a state saved in the middle of a failed "
-            "step could not be resumed exactly.",
-            "leave it False: SIGTERM, SIGUSR1 and Ctrl-C already save last.ckpt at the next step boundary "
-            "(Trainer(preempt_signals=...)), and every save before the error is on disk.")
     stem = "{epoch}-{step}" if filename is None else filename[:-5] if filename.endswith(".ckpt") else filename
     if not stem or stem == "last" or os.sep in _FIELD.sub("", stem):
         raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not valid.",
@@ -98,13 +95,15 @@ def seconds(name: str, value: Any, zero: str, allow_none: bool = False) -> float
     return float(value)
 
 
-def versioned(dirpath: str, name: str, free: Callable[[str], bool], counter: bool) -> str:
+def versioned(dirpath: str, name: str, free: Callable[[str], bool], counter: bool, extension: str = ".ckpt",
+              join: str = "-", start: int = 1) -> str:
     """``dirpath/name.ckpt``, or with ``enable_version_counter`` the first of ``name-v1.ckpt``, ``name-v2.ckpt``...
-    that is ``free`` (Lightning's version counter: a file from another save is never overwritten)."""
-    path, version = os.path.join(dirpath, name + ".ckpt"), 0
+    that is ``free`` (Lightning's version counter: a file from another save is never overwritten). ``extension``,
+    ``join`` and ``start``: Lightning's ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` and ``STARTING_VERSION``."""
+    path, version = os.path.join(dirpath, name + extension), start
     while counter and not free(path):
+        path = os.path.join(dirpath, f"{name}{join}v{version}{extension}")
         version += 1
-        path = os.path.join(dirpath, f"{name}-v{version}.ckpt")
     return path
 
 

@@ -43,12 +43,17 @@ def last_candidates(root: str | os.PathLike) -> tuple[list[str], list[tuple[str,
 
 
 def folder_candidates(folder: str, skipped: list[tuple[str, str]] | None = None) -> list[str]:
-    """``folder``'s checkpoints, ``last.ckpt`` first, then the others newest first (absolute paths); a
-    ``last.ckpt`` that is not one is added to ``skipped`` with the reason, when the folder holds any other."""
+    """``folder``'s checkpoints, its last ones first (``last.ckpt``, and ``last-v1.ckpt``... that a fresh fit
+    writes beside an older run's: the newest first, as Lightning picks), then the others newest first (absolute
+    paths); a ``last.ckpt`` that is not one is added to ``skipped`` with the reason, when the folder holds any
+    other."""
     last = os.path.abspath(os.path.join(folder, LAST))
-    others = [p for p in _newest_first(folder) if p != last]
+    newest = _newest_first(folder)
+    lasts = [p for p in newest if _LAST_NAMES.fullmatch(os.path.basename(p))]
+    others = [p for p in newest if p not in lasts]
     if checkpoint_exists(last):
-        return [last] + others
+        return lasts + others
+    others = lasts + others
     if skipped is not None:
         if is_sharded(last):  # a directory of that name, without its marker
             skipped.append((last, INCOMPLETE))
@@ -61,6 +66,7 @@ def folder_candidates(folder: str, skipped: list[tuple[str, str]] | None = None)
     return others
 
 
+_LAST_NAMES = re.compile(r"last(-v\d+)?\.ckpt")
 INCOMPLETE = "incomplete (no COMPLETE marker; its write or copy stopped half-way)"
 
 

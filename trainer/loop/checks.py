@@ -91,6 +91,12 @@ def check_task(task: Any, stage: str, data: Any = None) -> None:
             raise TaskModuleError(f"{type(task).__name__} does not define `{method}`, which {stage} needs.",
                                   f"add `{_signature(method)}` to your TaskModule.")
     warn_misspelt_hooks(task)
+    if stage == "fit" and own_step and "optimizer_idx" in inspect.signature(type(task).training_step).parameters:
+        raise TaskModuleError(  # Lightning 2 refuses it too, with the same advice
+            f"{type(task).__name__}.training_step takes `optimizer_idx`: Lightning 1.x's way to step several "
+            "optimizers, which Lightning 2 and taskfit do not call.",
+            "set `self.automatic_optimization = False`, remove optimizer_idx, and step each optimizer yourself in "
+            "training_step: `opt_g, opt_d = self.optimizers()` (docs/steps.md, manual optimization).")
     sig = inspect.signature(type(task).loss)
     required = [p for p in sig.parameters.values()
                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
