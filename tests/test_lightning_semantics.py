@@ -396,3 +396,29 @@ def test_save_hyperparameters_takes_a_namespace():
             self.save_hyperparameters(args)
 
     assert dict(FromArgs(argparse.Namespace(lr=0.3, depth=2)).hparams) == {"lr": 0.3, "depth": 2}
+
+
+def test_submodules_in_eval_mode_stay_so_through_fit_validation_and_predict():
+    seen = []
+
+    class Frozen(RegressionTask):
+        def training_step(self, batch, batch_idx):
+            seen.append((self.net[0].training, self.net[1].training))
+            return self.loss(self(batch[0]), batch[1])
+
+    task = Frozen(n=16, batch_size=8, val_n=8)
+    task.net[0].eval()  # e.g. a frozen BatchNorm or Dropout while fine-tuning
+    with pytest.warns(UserWarning, match=r"1 submodule\(s\) of Frozen are in eval mode at the start of training "
+                                         r"\(net\.0\); they stay in eval mode through fit, as in Lightning 2\.6"):
+        trainer = Trainer(max_epochs=2, **{**QUIET, "num_sanity_val_steps": 1})
+        trainer.fit(task)
+    assert seen == [(False, True)] * 4  # after the sanity check and each validation too
+    trainer.predict(task, dataloaders=task.val_dataloader())
+    assert (task.net[0].training, task.net[1].training, task.training) == (False, True, True)
+
+    task.eval()  # all of it, as load_from_checkpoint returns a task: trained in train mode, with a warning
+    seen.clear()
+    with pytest.warns(UserWarning, match=r"Frozen was in eval mode \(task.eval\(\), or load_from_checkpoint\) when "
+                                         r"fit started, so fit put it in train mode"):
+        Trainer(max_epochs=1, **QUIET).fit(task)
+    assert seen == [(True, True)] * 2

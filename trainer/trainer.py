@@ -340,8 +340,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         st, run = self.state, self.run
         set_epoch(run.train_dataloader, st.epoch, run.data_seed, st.batches_done)
         st.stage = "train"
-        self._epoch_hooks("on_train_epoch_start")
-        run.model.train()  # once per epoch (and after each validation), not per step
+        self._epoch_hooks("on_train_epoch_start")  # (each submodule keeps its mode: loop/modes.py)
         return run.train_dataloader, run.num_train_batches, run.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
@@ -387,7 +386,6 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         run.preemption.agree(self.state)
         run.call_hooks("on_validation_end")
         self.state.stage = "train"
-        run.model.train()
 
     def _run_eval(self, fn: str, task: TaskModule, data: DataSource, ckpt_path: str | None,
                   keep: bool = True, verbose: bool = True) -> list[Any] | None:

@@ -15,6 +15,7 @@ from ..logs.metrics import metric_values
 from ..module import TaskModule, predict_inputs
 from ..strategies.base import Strategy
 from ..strategies.wrapped_step import Step, ThroughWrapper, own_step
+from . import modes
 from .checks import check_loss
 from .hooks import is_task_hook
 from .precision import warn_once
@@ -88,6 +89,7 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     run.call_hooks(f"on_{name}_epoch_start")
     book = logs.enter(stage)
     metrics, module = run.metrics.get(stage, {}), run.strategy.eval_module(run.model)
+    kept = modes.capture(run.task)
     values = evaluate(run.task, module, loader, limit, prefix=stage,
                       strategy=run.strategy, precision=run.precision, logs=logs, metrics=metrics,
                       data_seed=run.data_seed, trainer=run.trainer, on_start=table[f"on_{name}_batch_start"],
@@ -101,7 +103,7 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     for metric in metrics.values():
         metric.reset()
     logs.enter("train")
-    module.train()  # as Lightning after validation and test (fsdp: frees the parameters gathered for the pass)
+    modes.restore(module, run.task, kept)  # each submodule's own mode back, as Lightning after validation and test
     return values
 
 
@@ -163,11 +165,11 @@ def predict_pass(run: Run, loader: Any, limit: float, keep: bool = True) -> list
     """``on_predict_epoch_start``, :func:`predict` with the batch hooks, ``on_predict_epoch_end``."""
     run.call_hooks("on_predict_epoch_start")
     hooks, task = run.hooks, run.task
-    trainer = run.trainer
-    result = predict(task, run.strategy.eval_module(run.model), loader, limit, strategy=run.strategy,
-                     precision=run.precision, keep=keep,
+    trainer, module, kept = run.trainer, run.strategy.eval_module(run.model), modes.capture(task)
+    result = predict(task, module, loader, limit, strategy=run.strategy, precision=run.precision, keep=keep,
                      on_batch_start=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_start"]],
                      on_batch_end=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_end"]])
+    modes.restore(module, task, kept)
     run.call_hooks("on_predict_epoch_end")
     return result
 

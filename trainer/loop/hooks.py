@@ -68,7 +68,7 @@ DATAMODULE_HOOKS: tuple[str, ...] = ("prepare_data", "setup", "teardown", "on_ex
 NOT_CALLED: dict[str, str] = {
     "on_validation_model_eval": "the Trainer calls module.eval() before validation; change a submodule's mode "
                                 "in on_validation_epoch_start",
-    "on_validation_model_train": "the Trainer calls module.train() after validation",
+    "on_validation_model_train": "after validation the Trainer puts each submodule back in the mode it had",
     "on_validation_model_zero_grad": "the gradients are left as the step made them (zeroed before the next group)",
     "on_test_model_eval": "the Trainer calls module.eval() before test",
     "on_test_model_train": "nothing runs after test",

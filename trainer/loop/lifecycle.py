@@ -23,6 +23,7 @@ from ..optim import Schedulers, parse_optimizers
 from ..seed import deterministic_algorithms, run_seed, seed_everything
 from ..state import TrainerState
 from ..strategies.model_memory import prepare_module
+from . import modes
 from .cadence import ValidationSchedule
 from .checkpointing import load_weights, open_checkpoint, restore
 from .hooks import Hook, hook_table, publish_late, warn_uncalled
@@ -104,6 +105,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     """Optimizers, schedulers, the step, the loaders and their schedule, the per-fit choices of the step (hooks around
     zero_grad and backward only where defined), then the checkpoint to resume from."""
     trainer, task, strategy, hooks = run.trainer, run.task, run.strategy, run.hooks
+    modes.check_fit_start(task, warn=strategy.is_main)  # each submodule trains in its own mode (Lightning 2.6)
     run.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
     run.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not run.manual)
     run.optimizer = run.optimizers[0]
