@@ -213,7 +213,9 @@ def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, 
         attr_name: the attribute to set with ``update_attr`` (default: ``lr`` or ``learning_rate``).
         output_dir: where the PNG, the TensorBoard event file and the JSON go (None:
             ``<default_root_dir>/lr_find/version_N``).
-        train_dataloaders, val_dataloaders, datamodule: the data, as ``fit`` takes it (default: the task's).
+        train_dataloaders: the training data, as ``fit`` takes it (default: the task's).
+        val_dataloaders: the validation data, as ``fit`` takes it (unused: the test does not validate).
+        datamodule: a DataModule to take the data from, as ``fit`` takes it.
 
     Returns:
         An :class:`LRFinder`; None under ``fast_dev_run`` (as Lightning).
