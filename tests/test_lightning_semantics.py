@@ -422,3 +422,18 @@ def test_submodules_in_eval_mode_stay_so_through_fit_validation_and_predict():
                                          r"fit started, so fit put it in train mode"):
         Trainer(max_epochs=1, **QUIET).fit(task)
     assert seen == [(True, True)] * 2
+
+
+def test_a_key_logged_in_training_step_and_again_in_an_epoch_hook_is_two_values_as_lightning():
+    class Twice(RegressionTask):
+        def training_step(self, batch, batch_idx):
+            loss = self.loss(self(batch[0]), batch[1])
+            self.log("k", 2.0)  # per step (training's default)
+            return loss
+
+        def on_train_epoch_end(self):
+            self.log("k", 7.0)  # an epoch value under the same name: Lightning keys them by hook
+
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1, **QUIET)
+    trainer.fit(Twice(n=16, batch_size=8))
+    assert trainer.callback_metrics["k"] == 7.0  # the later one, as Lightning's callback_metrics

@@ -32,6 +32,8 @@ def test_strategy_names_pick_the_right_strategy(quiet):
     assert isinstance(ddp, DDPStrategy) and (ddp.world_size, ddp.rank, ddp.backend) == (2, 0, "gloo")
     assert ddp.is_main and ddp.device == torch.device("cpu") and not dist.is_initialized()  # joins only in launch
     assert isinstance(Trainer(accelerator="cpu", devices=2, **quiet).strategy, DDPStrategy)  # auto, 2 devices
+    spawn = Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, **quiet).strategy  # Lightning's name
+    assert isinstance(spawn, DDPStrategy) and spawn.world_size == 2
     if not torch.cuda.is_available():
         with pytest.warns(UserWarning, match=r"strategy='dp' needs CUDA GPUs; this run uses one device \(cpu\)"):
             dp = Trainer(strategy="dp", **quiet).strategy

@@ -13,6 +13,8 @@ from ..errors import MisconfigurationError
 from .options import LogOptions, check_same, log_options
 
 LOSS = " loss"  # the key of the loop's own loss series (no name given to self.log can become it)
+EPOCH_HOOK = " (epoch hook)"  # after a name logged from an epoch-level hook: its own series, as Lightning keys each
+# value by the hook that logged it (a key logged per step in training_step and again in on_train_epoch_end is two)
 LEGACY = LogOptions(on_step=True, on_epoch=True)  # a book saved before self.log had options: name and name_epoch
 
 
@@ -149,9 +151,10 @@ class LogBook:
     def log(self, name: str, value: Any, **options: Any) -> None:
         """``self.log(name, value, ...)``: checked, then kept as a tensor (no sync) under its options. The name is
         published as given (Lightning's meaning): ``"val_loss"`` stays ``val_loss``; ``"val/acc"`` groups it."""
-        key = name
+        epoch_hook = self.epoch_level or self.late is not None
+        key = name + EPOCH_HOOK if epoch_hook else name
         batch_size = options.pop("batch_size", None)
-        opts = log_options(key, self.stage, self.epoch_level or self.late is not None, **options)
+        opts = log_options(name, self.stage, epoch_hook, **options)
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise MisconfigurationError(
@@ -159,7 +162,7 @@ class LogBook:
                     "log a reduced value, e.g. `self.log(name, value.mean())`.")
             value = value.detach().reshape(())
         elif all(hasattr(value, a) for a in ("update", "compute", "reset")):  # a torchmetrics Metric
-            step_name, epoch_name = opts.names(key)
+            step_name, epoch_name = opts.names(name)
             if key not in self.metric_objects:
                 self._register(opts, step_name, epoch_name)
             self.metric_objects[key] = (value, epoch_name)  # computed (torchmetrics syncs ranks) once per pass
@@ -167,7 +170,7 @@ class LogBook:
             if step_name is not None and isinstance(batch_value, torch.Tensor) and batch_value.numel() == 1:
                 series = self.series.get(key)
                 if series is None:
-                    series = self.series[key] = StepSeries(opts, key)
+                    series = self.series[key] = StepSeries(opts, name)
                     series.epoch_name = None  # the epoch value is the metric's compute()
                 series.add(batch_value.detach().reshape(()))
             if self.late is not None:
@@ -177,15 +180,18 @@ class LogBook:
             raise MisconfigurationError(
                 f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor or a number.",
                 "log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once per pass).")
-        self.add(key, value, opts, batch_size)
+        self.add(key, value, opts, batch_size, name)
 
-    def add(self, key: str, value: Any, options: LogOptions, batch_size: int | None = None) -> None:
+    def add(self, key: str, value: Any, options: LogOptions, batch_size: int | None = None,
+            name: str | None = None) -> None:
+        """``value`` into the series of ``key``, published as ``name`` (default: the key)."""
         series = self.series.get(key)
         if series is None:
-            series = self.series[key] = Series(options, key) if options.on_epoch else StepSeries(options, key)
+            name = key if name is None else name
+            series = self.series[key] = Series(options, name) if options.on_epoch else StepSeries(options, name)
             self._register(options, series.step_name, series.epoch_name)
         elif series.options is not options:
-            check_same(key, series.options, options)
+            check_same(name or key, series.options, options)
         series.add(value, 1.0 if options.reduce_fx == "sum" else self.weight if batch_size is None else batch_size)
         if self.late is not None:
             self.late.add(key)

@@ -22,9 +22,11 @@ def _fsdp(accelerator: str, devices: Any) -> Strategy:
     return FSDPStrategy(accelerator, devices)
 
 
+# "ddp_spawn" is Lightning's name for what taskfit's ddp does when not under torchrun: it starts its workers as fresh
+# processes (spawn.py) and brings rank 0's result back to the launching one.
 STRATEGIES: dict[str, Callable[[str, Any], Strategy]] = {"single": Strategy, "dp": DataParallelStrategy, "ddp": _ddp,
-                                                         "fsdp": _fsdp}
-_MULTIPROCESS = ("ddp", "fsdp")  # the strategies that run one process per device (and under torchrun)
+                                                         "ddp_spawn": _ddp, "fsdp": _fsdp}
+_MULTIPROCESS = ("ddp", "ddp_spawn", "fsdp")  # the strategies that run one process per device (and under torchrun)
 
 
 def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
@@ -37,7 +39,8 @@ def select_strategy(strategy: Any, accelerator: str, devices: Any) -> Strategy:
         return strategy
     if not isinstance(strategy, str) or strategy not in ("auto", *STRATEGIES):
         raise MisconfigurationError(f"Unknown strategy {strategy!r}.",
-                                    'use "auto", "single", "dp", "ddp" or "fsdp" (or pass a Strategy instance).')
+                                    'use "auto", "single", "dp", "ddp" (or Lightning\'s "ddp_spawn", the same) or '
+                                    '"fsdp" (or pass a Strategy instance).')
     launcher = detect()
     distributed = launcher is not None and launcher.world_size > 1
     if strategy == "auto":
