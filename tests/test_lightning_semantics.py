@@ -437,3 +437,18 @@ def test_a_key_logged_in_training_step_and_again_in_an_epoch_hook_is_two_values_
     trainer = Trainer(max_epochs=1, log_every_n_steps=1, **QUIET)
     trainer.fit(Twice(n=16, batch_size=8))
     assert trainer.callback_metrics["k"] == 7.0  # the later one, as Lightning's callback_metrics
+
+
+def test_state_status_finished_and_interrupted_as_lightning():
+    trainer = Trainer(max_epochs=1, **QUIET)
+    assert trainer.state.status == "initializing" and not trainer.state.finished
+    trainer.fit(RegressionTask(n=16))
+    assert trainer.state.finished and not trainer.interrupted
+
+    class Fails(RegressionTask):
+        def training_step(self, batch, batch_idx):
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        trainer.fit(Fails(n=16))
+    assert trainer.state.status == "interrupted" and trainer.interrupted and not trainer.state.finished

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # Fields that describe this process's call, not the training run: never written into a checkpoint.
-_NOT_SAVED = ("fn", "resumed", "data_wait_s")
+_NOT_SAVED = ("fn", "resumed", "data_wait_s", "status")
 
 
 @dataclass
@@ -17,6 +17,7 @@ class TrainerState:
     """
 
     fn: str = ""  # the entry point running: "fit", "validate", "test" or "predict" ("" before the first)
+    status: str = "initializing"  # Lightning's: "running", then "finished" or "interrupted" (an error, Ctrl-C)
     stage: str = "idle"  # "sanity", "train", "val", "test", "predict" or "idle"
     epoch: int = 0
     global_step: int = 0
@@ -29,6 +30,11 @@ class TrainerState:
     data_wait_s: float = 0.0  # seconds this fit's loop has waited for training batches
     skipped_steps: int = 0  # steps skipped for a non-finite loss (nonfinite_loss="skip")
     metrics: dict[str, float] = field(default_factory=dict)  # latest logged value of every key
+
+    @property
+    def finished(self) -> bool:
+        """The last entry point ran to its end (Lightning's ``trainer.state.finished``)."""
+        return self.status == "finished"
 
     @property
     def checkpoint_epoch(self) -> int:

@@ -54,9 +54,12 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
         seed_everything(trainer.seed)
     with deterministic_algorithms(trainer.deterministic):  # the process's setting comes back after
         try:
+            run.state.status = "running"
             yield _attach(run, trainer, weights)
             run.call_hooks("teardown", run.fn)
+            run.state.status = "finished"
         except BaseException as exc:
+            run.state.status = "interrupted"
             run.checkpoint_writer.close_quietly()  # finish the background files before reporting
             run.call_hooks("on_exception", exc)
             raise

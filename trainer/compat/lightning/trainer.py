@@ -72,6 +72,8 @@ class LightningNames:
     global_step = property(lambda self: self.state.global_step, doc="``state.global_step`` (Lightning's name).")
     sanity_checking = property(lambda self: self.state.stage == "sanity", doc="The sanity check is running.")
     training = property(lambda self: self.state.stage == "train", doc="A training epoch is running.")
+    interrupted = property(lambda self: self.state.status == "interrupted",
+                           doc="The last entry point ended with an error or Ctrl-C (``state.status``).")
     lightning_module = property(lambda self: self.task, doc="The TaskModule of the current or last run.")
     datamodule = property(lambda self: getattr(self.data, "datamodule", None), doc="The run's DataModule, or None.")
     world_size = property(lambda self: self.strategy.world_size, doc="The number of processes.")
