@@ -452,3 +452,58 @@ def test_state_status_finished_and_interrupted_as_lightning():
     with pytest.raises(ValueError, match="boom"):
         trainer.fit(Fails(n=16))
     assert trainer.state.status == "interrupted" and trainer.interrupted and not trainer.state.finished
+
+
+def test_lightnings_bug_report_template_runs_with_its_imports_changed(tmp_path):
+    """Lightning's BoringModel bug-report program, only the imports changed; Lightning 2.6.6 on the same seed
+    returned [{'test_loss': 2.1341631412506104}] and callback_metrics ['test_loss']."""
+    from taskfit import TaskModule as LightningModule
+    from torch.utils.data import DataLoader, Dataset
+
+    class RandomDataset(Dataset):
+        def __init__(self, size, length):
+            self.len = length
+            self.data = torch.randn(length, size)
+
+        def __getitem__(self, index):
+            return self.data[index]
+
+        def __len__(self):
+            return self.len
+
+    class BoringModel(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(32, 2)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = self(batch).sum()
+            self.log("train_loss", loss)
+            return {"loss": loss}
+
+        def validation_step(self, batch, batch_idx):
+            loss = self(batch).sum()
+            self.log("valid_loss", loss)
+
+        def test_step(self, batch, batch_idx):
+            loss = self(batch).sum()
+            self.log("test_loss", loss)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    train_data = DataLoader(RandomDataset(32, 64), batch_size=2)
+    val_data = DataLoader(RandomDataset(32, 64), batch_size=2)
+    test_data = DataLoader(RandomDataset(32, 64), batch_size=2)
+    model = BoringModel()
+    trainer = Trainer(default_root_dir=str(tmp_path), limit_train_batches=1, limit_val_batches=1,
+                      limit_test_batches=1, num_sanity_val_steps=0, max_epochs=1, enable_model_summary=False,
+                      enable_progress_bar=False)
+    trainer.fit(model, train_dataloaders=train_data, val_dataloaders=val_data)
+    assert trainer.test(model, dataloaders=test_data, verbose=False) == [{"test_loss": pytest.approx(2.1341631412506104,
+                                                                                                     abs=1e-6)}]
+    assert sorted(trainer.callback_metrics) == ["test_loss"]
