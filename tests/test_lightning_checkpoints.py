@@ -76,3 +76,14 @@ def test_a_lightning_checkpoint_is_not_a_training_state_to_resume(tmp_path):
     with pytest.raises(CheckpointError, match=r"holds a Lightning 2\.6\.6 checkpoint, not a taskfit training "
                                               r"checkpoint(?s:.*)MyTask\.load_from_checkpoint\(path\)"):
         Trainer(max_epochs=3, default_root_dir=str(tmp_path), **QUIET).fit(Blob(hidden=5), ckpt_path=LIGHTNING_CKPT)
+
+
+def test_a_background_save_keeps_state_dict_and_module_one_object(tmp_path):
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
+    task = Blob()
+    trainer.fit(task)
+    path = tmp_path / "bg.ckpt"
+    trainer.save_checkpoint(path, background=True)
+    trainer.checkpoint_writer.wait()
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["state_dict"] is ckpt["module"]  # staged once, pickled once

@@ -30,9 +30,11 @@ class StagingBuffers:
     def stage(self, tree: Any) -> Any:
         """``tree`` with every tensor replaced by a copy in a staging buffer; dicts, lists, tuples and sets are rebuilt,
         anything else is kept (the checkpoint holds plain values only: ``check_plain``). Tensors that share a
-        storage keep sharing one, as ``torch.save`` would write them. The buffers of storages that are not in
-        ``tree`` any more are let go, so the buffers hold one copy of the current state."""
+        storage keep sharing one, as ``torch.save`` would write them, and a dict met twice is staged once (the
+        checkpoint's ``state_dict`` is its ``module``). The buffers of storages that are not in ``tree`` any more
+        are let go, so the buffers hold one copy of the current state."""
         used: dict[tuple[Any, ...], torch.UntypedStorage] = {}
+        staged_dicts: dict[int, Any] = {}
         self.event = None
 
         def walk(obj: Any) -> Any:
@@ -40,7 +42,9 @@ class StagingBuffers:
             if issubclass(kind, torch.Tensor):
                 return self._tensor(obj, used)
             if kind is dict or kind is OrderedDict:
-                out = kind((k, walk(v)) for k, v in obj.items())
+                if id(obj) in staged_dicts:
+                    return staged_dicts[id(obj)]
+                out = staged_dicts[id(obj)] = kind((k, walk(v)) for k, v in obj.items())
                 if hasattr(obj, "_metadata"):  # a module's state dict: its version records load_state_dict reads
                     out._metadata = obj._metadata  # type: ignore[attr-defined]
                 return out
