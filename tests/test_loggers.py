@@ -473,6 +473,8 @@ def test_loggers_work_outside_a_run_as_lightnings(tmp_path):
 
     board = TensorBoardLogger(tmp_path / "tb", name="exp")
     assert board.log_dir == str(tmp_path / "tb" / "exp" / "version_0") and board.experiment is not None
+    board.log_hyperparams({"lr": 0.2})
+    assert yaml.safe_load((Path(board.log_dir) / "hparams.yaml").read_text()) == {"lr": 0.2}  # as Lightning's
     board.log_metrics({"x": 3.0}, step=5)
     board.log_graph(torch.nn.Linear(2, 1), torch.zeros(1, 2))
     board.finalize("success")

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from ...arguments import arguments_checked
-from ...logs.logger import Logger, check_writable
+from ...logs.logger import Logger, check_writable, hparams_dict, replace_file, write_hparams_yaml
 
 STEP, EPOCH = "step", "epoch"  # the first columns: the global step of the row, and the epoch it belongs to
 _LIGHTNING_ONLY = {"flush_logs_every_n_steps": "remove it: taskfit's CSVLogger writes each step's row as soon as the "
@@ -72,7 +72,7 @@ class CSVLogger(Logger):
                     step = trainer.state.global_step
                     kept = [r for r in rows if not r or not r[0].isdigit() or int(r[0]) <= step]
                     if len(kept) != len(rows):
-                        _replace(path, _table(header, kept))
+                        replace_file(path, _table(header, kept))
                     last = kept[-1] if kept else []
                     if last and last[0].isdigit() and int(last[0]) == step:
                         # The checkpoint's step has its row already; what the resumed fit logs at that step again
@@ -84,15 +84,9 @@ class CSVLogger(Logger):
     def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
         """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything else as text);
         a dict or an ``argparse.Namespace``, as Lightning takes them (outside a run too)."""
-        import yaml
-
         if self._run_dir is None and not self.open_standalone():
             return
-        params = vars(params) if hasattr(params, "__dict__") and not isinstance(params, dict) else params
-        plain = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
-                 for k, v in params.items()}
-        _replace(os.path.join(self._run_dir, "hparams.yaml"),
-                 yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True))
+        write_hparams_yaml(self._run_dir, hparams_dict(params))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Values of ``step`` into the row being built (outside a run too: Lightning's ``step=None`` is the
@@ -145,7 +139,7 @@ class CSVLogger(Logger):
         if replace_last and rows:
             rows.pop()
         self._header = (self._header or [STEP, EPOCH]) + [key for key in new if key not in (STEP, EPOCH)]
-        _replace(self._path, _table(self._header, rows + [[str(row.get(key, "")) for key in self._header]]))
+        replace_file(self._path, _table(self._header, rows + [[str(row.get(key, "")) for key in self._header]]))
 
 
 def _read(path: str) -> tuple[list[str], list[list[str]]]:
@@ -167,13 +161,3 @@ def _line(values: list[Any]) -> str:
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerow(values)
     return out.getvalue()
-
-
-def _replace(path: str, text: str) -> None:
-    """Write ``path`` through a temporary file and an atomic rename: a crash leaves the old file or the new."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

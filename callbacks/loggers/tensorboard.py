@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...arguments import arguments_checked
 from ...errors import MisconfigurationError
-from ...logs.logger import Logger, check_writable
+from ...logs.logger import Logger, check_writable, hparams_dict, write_hparams_yaml
 from ...module import TaskModule
 from .tensorboard_hparams import BEST, config_text, experiment, loggable, metric_order, session_end, session_start
 
@@ -236,7 +236,8 @@ class TensorBoardLogger(Logger):
         logged at step 0. Outside a run, with a ``save_dir``, a run is opened."""
         if self.experiment is None:
             return
-        params = vars(params) if hasattr(params, "__dict__") and not isinstance(params, dict) else params
+        params = hparams_dict(params)
+        write_hparams_yaml(self._run_dir, params)  # Lightning's file beside the event files
         if metrics:
             self.log_metrics(dict(metrics), 0)
         self._hparams = loggable(self.hparams if self.hparams is not None else params)

@@ -293,6 +293,31 @@ class _Anything:
         return lambda *args, **kwargs: None
 
 
+def hparams_dict(params: Any) -> dict[str, Any]:
+    """``log_hyperparams``' argument as a dict: a mapping, or an ``argparse.Namespace`` (Lightning takes both)."""
+    return dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, dict) else dict(params)
+
+
+def write_hparams_yaml(folder: str, params: dict[str, Any]) -> None:
+    """``<folder>/hparams.yaml`` (Lightning's file, which its loggers write beside their runs): numbers, strings,
+    bools and null as they are, anything else as text."""
+    import yaml
+
+    plain = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
+    replace_file(os.path.join(folder, "hparams.yaml"),
+                 yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True))
+
+
+def replace_file(path: str, text: str) -> None:
+    """Write ``path`` through a temporary file and an atomic rename: a crash leaves the old file or the new."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def _first_directory_logger(trainer: Any) -> Logger | None:
     return next((lg for lg in trainer.loggers if lg.has_directory), None)
 
