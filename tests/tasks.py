@@ -131,15 +131,20 @@ class RankProbe(Callback):
 
 
 class KillAt(Callback):
-    """SIGKILL this process when global step ``step`` ends (nothing can close files, runs or threads)."""
+    """SIGKILL this process when global step ``step`` ends (nothing can close files, runs or threads). ``settled``:
+    first wait until the background checkpoint writes already started are on disk (a test of what a resume does
+    with them, not of a kill during a write: on a busy machine the write of the step before could still run)."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, settled: bool = False) -> None:
+        self.step, self.settled = step, settled
 
     def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         if trainer.state.global_step == self.step:
             import os
             import signal
+
+            if self.settled:
+                trainer.checkpoint_writer.wait()
 
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -168,7 +168,7 @@ def test_csv_of_a_fit_resumed_at_an_epochs_last_step_has_each_step_once(tmp_path
                        callbacks=[ModelCheckpoint(every_n_train_steps=every, every_n_epochs=None, save_top_k=-1),
                                   *extra], enable_progress_bar=False, enable_model_summary=False)
 
-    killed = trainer(KillAt(kill))
+    killed = trainer(KillAt(kill, settled=True))  # the checkpoint of step 6 is on disk
     pid = os.fork()
     if pid == 0:  # the child trains until it kills itself; it never returns into pytest
         try:
