@@ -80,9 +80,9 @@ def main() -> None:
     seed_everything(0)  # before the task is built: its initial weights
     cosine = functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=epochs)  # stepped once per epoch
     task = DigitsTask(scheduler=cosine)
-    trainer.fit(task)
+    fitted = trainer.fit(task)  # the fit's last values (after test, trainer.callback_metrics holds the test's)
     tested = trainer.test(task, ckpt_path="best")[0]  # held-out images, never trained on or used to choose
-    print(f"validation accuracy: {trainer.state.metrics['val/acc']:.4f}, test accuracy: {tested['test/acc']:.4f}  "
+    print(f"validation accuracy: {fitted['val/acc']:.4f}, test accuracy: {tested['test/acc']:.4f}  "
           f"(run directory: {trainer.log_dir})")
 
 

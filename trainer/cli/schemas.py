@@ -136,7 +136,7 @@ class LearningRateMonitorConf:
     logging_interval: Optional[str] = None
     log_momentum: bool = False
     log_weight_decay: bool = False
-    names: str = "vitals"
+    names: str = "lightning"  # conf/callbacks/lr_monitor.yaml chooses "vitals" for the command
 
 
 @dataclass
