@@ -6,6 +6,7 @@ logger writes its vitals (``vitals/lr/SGD/pg0``), grouped after train/ and val/ 
 """
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -78,7 +79,18 @@ class LearningRateMonitor(Callback):
                 name = kind if seen[kind] == 1 else f"{kind}-{seen[kind] - 1}"
                 name = f"lr-{name}" if self.names == "lightning" else name
             groups = optimizer.param_groups
+            given = [g["name"] for g in groups if g.get("name")]
+            if len(given) != len(set(given)):
+                raise MisconfigurationError(
+                    f"An optimizer ({type(optimizer).__name__}) has several parameter groups with the same \"name\" "
+                    f"({sorted({n for n in given if given.count(n) > 1})}): their learning rates would be logged "
+                    "under one key.", "give each parameter group its own name (Lightning refuses this too).")
             self._keys[interval] += [(optimizer, i, self._group_name(name, groups, i)) for i in range(len(groups))]
+        if self.log_momentum and self.names == "lightning" and any(
+                "momentum" not in o.defaults and "betas" not in o.defaults for o in trainer.optimizers):
+            warnings.warn("LearningRateMonitor(log_momentum=True): an optimizer has no momentum (nor betas), so its "
+                          "momentum is logged as 0, as Lightning does. HINT: log_momentum=False if that is not "
+                          "wanted.", RuntimeWarning, stacklevel=2)
         named = [name for keys in self._keys.values() for _, _, name in keys]
         self.lrs = {name: [] for name in named}
         self.last_momentum_values = {f"{name}-momentum": None for name in named}

@@ -263,3 +263,28 @@ def test_a_resumed_fit_with_mlflow_alone_continues_its_run_and_directory(tmp_pat
     assert "taskfit.killed" not in run.data.tags  # it was closed: FINISHED, not left RUNNING
     assert [m.step for m in mlflow.tracking.MlflowClient(uri).get_metric_history(run.info.run_id,
                                                                                "train/loss_epoch")] == [2, 4]
+
+
+def test_lr_monitor_refuses_two_param_groups_of_one_name_and_says_when_momentum_is_zero(tmp_path):
+    class Groups(RegressionTask):
+        def __init__(self, names, optimizer=torch.optim.SGD):
+            super().__init__(n=16)
+            self.names, self.optimizer = names, optimizer
+
+        def configure_optimizers(self):
+            weight, bias = self.net[1].weight, self.net[1].bias
+            return self.optimizer([{"params": [weight], "name": self.names[0]},
+                                   {"params": [bias], "name": self.names[1]}], lr=0.1)
+
+    def fit(task, monitor):
+        Trainer(max_epochs=1, log_every_n_steps=1, default_root_dir=str(tmp_path), logger=CSVLogger(),
+                callbacks=[monitor], **QUIET).fit(task)
+
+    with pytest.raises(MisconfigurationError, match=r"An optimizer \(SGD\) has several parameter groups with the same "
+                                                    r"\"name\" \(\['head'\]\)"):
+        fit(Groups(["head", "head"]), LearningRateMonitor())
+    monitor = LearningRateMonitor(log_momentum=True)
+    with pytest.warns(RuntimeWarning, match=r"an optimizer has no momentum \(nor betas\), so its momentum is logged "
+                                            r"as 0, as Lightning does"):
+        fit(Groups(["weight", "bias"], torch.optim.Adagrad), monitor)
+    assert monitor.last_momentum_values == {"lr-Adagrad/weight-momentum": 0.0, "lr-Adagrad/bias-momentum": 0.0}
