@@ -433,3 +433,11 @@ def test_hparams_varying_keys_metric_order_and_the_config_text(tmp_path):
         TensorBoardLogger(hparams=["lr"])
     with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(varying='lr'\) is not valid"):
         TensorBoardLogger(varying="lr")
+
+
+def test_hparams_columns_put_validation_values_named_as_logged_before_training_ones():
+    from taskfit.callbacks.loggers.tensorboard_hparams import metric_order
+
+    keys = ["train/loss_epoch", "val_acc", "val/loss", "lr", "val_loss", "val/acc"]
+    assert metric_order(keys, ["val_loss"], {"val_acc", "val_loss", "val/loss", "val/acc"}) == [
+        "val_loss", "val/loss", "val/acc", "val_acc", "train/loss_epoch", "lr"]

@@ -152,6 +152,7 @@ class TensorBoardLogger(Logger):
         self._modes: dict[str, str] = {}
         self._monitors: list[str] = []
         self._final: dict[str, float] = {}
+        self._validation_keys: set[str] = set()  # keys published during validation (HParams' column order)
         self._best: dict[str, float] = {}
 
     # ---- the writer -------------------------------------------------------------------------------
@@ -285,7 +286,7 @@ class TensorBoardLogger(Logger):
                 f"TensorBoardLogger(log_graph=True) needs {type(task).__name__}.example_input_array.",
                 "set `self.example_input_array = torch.zeros(1, ...)` (one input batch, as forward takes it) in "
                 "your TaskModule's __init__, or pass log_graph=False.")
-        self._final, self._best = {}, {}
+        self._final, self._best, self._validation_keys = {}, {}, set()
         self._modes = {k: m for k, m in ((getattr(cb, "monitor", None), getattr(cb, "mode", None))
                                          for cb in trainer.callbacks) if isinstance(k, str) and m in ("min", "max")}
         self._monitors = list(self._modes)
@@ -305,6 +306,8 @@ class TensorBoardLogger(Logger):
             for key, value in metrics.items():
                 if self._tracked(key, validating):
                     self._final[key] = value
+                    if validating:
+                        self._validation_keys.add(key)
                     if math.isfinite(value):
                         best = self._best.get(key)
                         better = min if self._mode(key) == "min" else max
@@ -350,7 +353,7 @@ class TensorBoardLogger(Logger):
         step = trainer.state.global_step
         self._collect(step, {f"{BEST}{key}": value for key, value in self._best.items()})
         self._send()
-        names = metric_order(self._final, self._monitors) if self.hparam_metrics is None else \
+        names = metric_order(self._final, self._monitors, self._validation_keys) if self.hparam_metrics is None else \
             [key for key in self.hparam_metrics if key in self._final]  # the order the user gave
         metrics = [column for key in names for column in ((key, key), (f"{BEST}{key}", f"best {key}"))]
         if _defines(task, "test_dataloader"):  # columns for a trainer.test that may follow, in this run

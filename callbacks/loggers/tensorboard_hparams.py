@@ -31,13 +31,17 @@ def tuned_keys(hparams: Mapping[str, Any], command_line: Iterable[str]) -> list[
     return [key for key in hparams if key in given or "optimizer" in key.split(".")]
 
 
-def metric_order(keys: Iterable[str], monitors: Sequence[str]) -> list[str]:
-    """The monitored keys first (in ``monitors``' order), then ``val/loss``, the other ``val/*``, ``train/*``, the
-    rest: the first columns of the table are what the run is judged by."""
+def metric_order(keys: Iterable[str], monitors: Sequence[str], validation: Iterable[str] = ()) -> list[str]:
+    """The monitored keys first (in ``monitors``' order), then ``val/loss``, the other validation values (``val/*``
+    and the keys in ``validation``: named as logged, e.g. ``val_acc``), ``train/*``, the rest: the first columns
+    of the table are what the run is judged by."""
+    validation = set(validation)
+
     def rank(key: str) -> tuple[int, int, str]:
         if key in monitors:
             return 0, monitors.index(key), key
-        group = 1 if key == "val/loss" else 2 if key.startswith("val/") else 3 if key.startswith("train/") else 4
+        group = 1 if key == "val/loss" else 2 if key.startswith("val/") or key in validation else \
+            3 if key.startswith("train/") else 4
         return group, 0, key
 
     return sorted(keys, key=rank)
