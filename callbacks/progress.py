@@ -124,7 +124,8 @@ class ProgressBar(Callback):
         if not self._terminal(trainer):
             return
         stage = {"fit": "val", "validate": "val", "test": "test", "predict": "predict"}[fn]
-        total = getattr(trainer, f"num_{stage}_batches", None)
+        total = getattr(trainer, f"num_{stage}_batches", None)  # in fit: the batches of each validation loader
+        total = sum(total) if isinstance(total, list) and all(isinstance(n, int) for n in total) else total
         self._eval_bar = _bar(self, trainer, total=total if isinstance(total, int) else None,
                               desc=_TITLES.get(fn, "Validation"), leave=False, delay=EVAL_DELAY_S, values=False)
 

@@ -333,7 +333,7 @@ def test_a_training_step_returning_none_skips_the_batch_and_validation_step_none
     trainer = Trainer(max_epochs=2, **{**QUIET, "num_sanity_val_steps": 2})
     trainer.fit(task)
     assert trainer.state.global_step == 4  # 4 batches per epoch, every other one skipped
-    assert trainer.num_val_batches == 0 and not any(key.startswith("val/") for key in trainer.callback_metrics)
+    assert trainer.num_val_batches == [] and not any(key.startswith("val/") for key in trainer.callback_metrics)
 
 
 def test_callback_metrics_after_test_hold_the_tests_values_only():
@@ -345,19 +345,43 @@ def test_callback_metrics_after_test_hold_the_tests_values_only():
     assert set(trainer.callback_metrics) == {"test/loss"}  # Lightning: the stage's values only
 
 
-def test_several_evaluation_loaders_are_one_clear_error_before_training():
-    class TwoVal(RegressionTask):
-        def val_dataloader(self):
-            return [super().val_dataloader(), super().val_dataloader()]
+def test_several_evaluation_loaders_run_in_turn_with_dataloader_idx_as_lightning():
+    """Two validation, test and predict loaders (x = 0..7 and 100..107 in batches of 4); the values Lightning 2.6.6
+    gave for the same program are in the asserts."""
+    from torch.utils.data import DataLoader, TensorDataset
 
-    task = TwoVal(n=16, batch_size=8, val_n=8)
-    with pytest.raises(MisconfigurationError, match=r"val_dataloader\(\) returned 2 DataLoaders \(list\); taskfit "
-                                                    r"evaluates one loader per stage"):
-        Trainer(max_epochs=1, **QUIET).fit(task)
-    assert task.global_step == 0
-    with pytest.raises(MisconfigurationError, match=r"test_dataloader\(\) returned 2 DataLoaders \(dict\)"):
-        loader = RegressionTask.val_dataloader(task)
-        Trainer(**QUIET).test(task, dataloaders={"a": loader, "b": loader})
+    def loader(start):
+        x = torch.arange(start, start + 8, dtype=torch.float32).unsqueeze(1)
+        return DataLoader(TensorDataset(x, x * 2), batch_size=4)
+
+    seen = []
+
+    class Two(Line):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            seen.append((batch_idx, dataloader_idx))
+            self.log("val_x", batch[0].mean())
+
+        def test_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log("test_x", batch[0].mean())
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return batch[0].sum() + 100 * dataloader_idx
+
+        def val_dataloader(self):
+            return [loader(0), loader(100)]
+
+    trainer = Trainer(max_epochs=1, **{**QUIET, "num_sanity_val_steps": 1, "limit_val_batches": 1})
+    task = Two()
+    trainer.fit(task)
+    assert seen == [(0, 0), (0, 1), (0, 0), (0, 1)]  # the sanity check's batch of each, then the validation's
+    assert trainer.num_val_batches == [1, 1]
+    assert {k: v for k, v in trainer.state.metrics.items() if "dataloader_idx" in k} == {
+        "val_x/dataloader_idx_0": 1.5, "val_x/dataloader_idx_1": 101.5}
+    assert trainer.validate(task, verbose=False) == [{"val_x/dataloader_idx_0": 1.5}, {"val_x/dataloader_idx_1": 101.5}]
+    assert trainer.test(task, dataloaders=[loader(0), loader(100)], verbose=False) == [
+        {"test_x/dataloader_idx_0": 3.5}, {"test_x/dataloader_idx_1": 103.5}]
+    predictions = trainer.predict(task, dataloaders={"a": loader(0), "b": loader(100)})
+    assert [[float(x) for x in part] for part in predictions] == [[6.0, 22.0], [506.0, 522.0]]
 
 
 def test_fast_dev_run_gives_a_logger_that_takes_every_call_and_writes_nothing(tmp_path):

@@ -173,9 +173,10 @@ class TaskModule(nn.Module):
             raise MisconfigurationError(
                 f"self.log({name!r}, ...) was called outside a Trainer run.",
                 "call self.log only from methods the Trainer calls (forward, loss, split_batch, the steps, hooks).")
-        trainer.logs.current.log(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
-                                 reduce_fx=reduce_fx, batch_size=batch_size, rank_zero_only=rank_zero_only,
-                                 enable_graph=enable_graph, sync_dist_group=sync_dist_group)
+        trainer.logs.current.log(name, value, add_dataloader_idx, prog_bar=prog_bar, logger=logger, on_step=on_step,
+                                 on_epoch=on_epoch, reduce_fx=reduce_fx, batch_size=batch_size,
+                                 rank_zero_only=rank_zero_only, enable_graph=enable_graph,
+                                 sync_dist_group=sync_dist_group)
 
     def log_dict(self, dictionary: Mapping[str, Any], prog_bar: bool = False, logger: bool | None = None,
                  on_step: bool | None = None, on_epoch: bool | None = None,

@@ -11,6 +11,7 @@ folders; Lightning's names and argument checks come from compat/lightning/traine
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -374,7 +375,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self.state.stage = "sanity"
         run.call_hooks("on_sanity_check_start")
         with isolated_rng():  # what the sanity check draws does not shift training's random numbers (Lightning's)
-            sanity_pass(run, min(self.num_sanity_val_steps, run.num_val_batches))
+            sanity_pass(run, self.num_sanity_val_steps)  # batches of each validation loader
         run.call_hooks("on_sanity_check_end")
         self.state.stage = "idle"
 
@@ -382,7 +383,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         run = self.run
         self.state.stage = "val"
         run.call_hooks("on_validation_start")
-        run.publish(evaluation_pass(run, "val", run.val_loader, run.num_val_batches))
+        run.publish(evaluation_pass(run, "val", run.val_loader, math.inf))  # limit_val_batches of each loader
         run.preemption.agree(self.state)
         run.call_hooks("on_validation_end")
         self.state.stage = "train"
@@ -473,7 +474,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     val_loader = _run_part("val_loader", "The fit's validation loader, or None.")
     predict_dataloader = _run_part("predict_dataloader", "The loader of the current or last predict.")
     num_train_batches = _run_part("num_train_batches", "Training batches per epoch.", empty=0)
-    num_val_batches = _run_part("num_val_batches", "Validation batches per pass.", empty=0)
+    num_val_batches = _run_part("num_val_batches", "Validation batches of each loader per pass (Lightning's list; "
+                                "[] without validation).", empty=[])
     val_schedule = _run_part("val_schedule", "When the fit validates (loop/cadence.py).")
 
     # ---- a self-launched ddp fit (strategies/spawn.py): what the parent process sees of rank 0's run -----------

@@ -187,8 +187,9 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
 
 
 def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int, strategy: Any,
-                ignore_signals: tuple[str, ...] = ()) -> tuple[Any, float, Any, float]:
-    """``(train loader, its batches per epoch, val loader or None, its batches)`` for fit, after ``limit_*_batches``;
+                ignore_signals: tuple[str, ...] = ()) -> tuple[Any, float, Any, list[float]]:
+    """``(train loader, its batches per epoch, val loader or None, the batches of each validation loader)`` for fit,
+    after ``limit_*_batches``;
     ``task`` is where the loaders come from (the task, or a ``DataSource``: loaders passed, a DataModule).
 
     With ``overfit_batches`` the training batches, unshuffled, are also the validation batches."""
@@ -199,40 +200,67 @@ def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, see
     if total == 0:
         raise empty_train_loader(train)
     val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args) if overfit else \
-        prepare_loader(one_loader(task.val_dataloader(), "val_dataloader"), train=False, **args)
+        prepare_evaluation(task.val_dataloader(), **args)
     if val is not None and length(val) == 0:
         warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* values, and "
                       "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "
                       "empty and its batch_size/drop_last, or return None from val_dataloader().", stacklevel=4)
-    num_val = 0 if val is None else limit_batches(length(val), limits["val"])
-    return train, limit_batches(total, limits["train"]), val if num_val else None, num_val
+    num_val = [] if val is None else evaluation_batches(val, limits["val"])
+    return train, limit_batches(total, limits["train"]), val if any(num_val) else None, num_val if any(num_val) \
+        else []
 
 
 def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
     """The loader of a ``validate``/``test``/``predict`` call, sharded over the ranks without duplicates."""
     method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[fn]
-    loader = one_loader(getattr(task, method)(), method)
+    loader = getattr(task, method)()
     if loader is None:
         owner = getattr(task, "owner", type(task).__name__)
         raise TaskModuleError(f"Trainer.{fn} needs data, but {owner}.{method}() returned None.",
                               f"define `def {method}(self): return DataLoader(...)`, or pass the loader: "
                               f"trainer.{fn}(task, dataloaders=...).")
-    return prepare_loader(loader, train=False, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
-                          pin_memory=strategy.device.type == "cuda")
+    return prepare_evaluation(loader, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
+                              pin_memory=strategy.device.type == "cuda")
 
 
-def one_loader(loader: Any, method: str) -> Any:
-    """``loader``, refused when it is several loaders (a list, tuple or dict of DataLoaders): taskfit evaluates one
-    loader per stage, and iterating the container would treat each loader as a batch."""
+class SequentialLoaders:
+    """Several evaluation loaders (a list, tuple or dict of DataLoaders from ``val_dataloader()``...), evaluated one
+    after the other, as Lightning's "sequential" mode: each batch goes to the step with its loader's index
+    (``dataloader_idx``), and ``limit_*_batches`` applies to each loader."""
+
+    def __init__(self, loaders: list[Any]) -> None:
+        self.loaders = loaders
+
+    def __len__(self) -> int:
+        return sum(len(loader) for loader in self.loaders)  # TypeError (inf in length()) when one has no length
+
+
+def evaluation_loaders(loader: Any) -> Any:
+    """``loader``, or :class:`SequentialLoaders` when it is several DataLoaders (one in a list is itself)."""
     several = list(loader.values()) if isinstance(loader, Mapping) else loader \
         if isinstance(loader, (list, tuple)) else None
-    if several and all(isinstance(item, DataLoader) for item in several):
-        raise MisconfigurationError(
-            f"{method}() returned {len(several)} DataLoaders ({type(loader).__name__}); taskfit evaluates one loader "
-            "per stage (Lightning's dataloader_idx is not supported).",
-            "return one DataLoader over torch.utils.data.ConcatDataset([...]), or call trainer.validate/test once "
-            "per loader: trainer.test(task, dataloaders=loader).")
-    return loader
+    if not several or not all(isinstance(item, DataLoader) for item in several):
+        return loader
+    return several[0] if len(several) == 1 else SequentialLoaders(several)
+
+
+def parts(loader: Any) -> list[Any]:
+    """The loaders an evaluation pass runs: the loaders of a :class:`SequentialLoaders`, else ``[loader]``."""
+    return loader.loaders if isinstance(loader, SequentialLoaders) else [loader]
+
+
+def evaluation_batches(loader: Any, limit: int | float) -> list[float]:
+    """The batches an evaluation pass runs of each loader of ``loader``: ``limit`` (``limit_*_batches``) applied to
+    each (Lightning's ``num_val_batches``, a list)."""
+    return [limit_batches(length(part), limit) for part in parts(loader)]
+
+
+def prepare_evaluation(loader: Any, **args: Any) -> Any:
+    """:func:`prepare_loader` for evaluation, for each of several loaders."""
+    loader = evaluation_loaders(loader)
+    if isinstance(loader, SequentialLoaders):
+        return SequentialLoaders([prepare_loader(part, train=False, **args) for part in loader.loaders])
+    return prepare_loader(loader, train=False, **args)
 
 
 def sample_order(loader: Any) -> Sequence[int] | None:
@@ -253,7 +281,7 @@ def stateful(loader: Any) -> bool:
 def restore_position(train: Any, val: Any, data: Mapping[str, Any]) -> None:
     """Continue the saved data position: the run's seed for the resumable samplers, the saved state of a
     stateful training loader (which then resumes mid-epoch by itself)."""
-    for loader in (train, val):
+    for loader in (train, *parts(val)):
         sampler = getattr(loader, "sampler", None)
         if isinstance(sampler, ResumableSampler):
             sampler.seed = int(data["seed"])

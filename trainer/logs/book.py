@@ -142,16 +142,24 @@ class LogBook:
         self.stage, self.buffer = stage, buffer
         self.weight = 1.0  # the Trainer sets each batch's size here: epoch means are sample-weighted
         self.batch_idx = 0  # the evaluation batch being logged (an error names it: loop/user_errors.py)
+        self.dataloader_idx: int | None = None  # the loader being evaluated, when there are several
         self.series: dict[str, Any] = {}  # key -> Series / StepSeries
         self.prog_bar: set[str] = set()  # published names shown on the progress bar
         self.metric_objects: dict[str, tuple[Any, str | None]] = {}  # key -> (Metric, epoch name): computed per pass
         self.epoch_level = False  # an epoch-level hook is running: self.log defaults to on_epoch (Lightning)
         self.late: set[str] | None = None  # keys logged after the pass's values were computed (its epoch-end hooks)
 
-    def log(self, name: str, value: Any, **options: Any) -> None:
+    @property
+    def suffix(self) -> str:
+        """``/dataloader_idx_<i>`` while loader ``i`` of several is evaluated (Lightning's names), else ``""``."""
+        return "" if self.dataloader_idx is None else f"/dataloader_idx_{self.dataloader_idx}"
+
+    def log(self, name: str, value: Any, add_dataloader_idx: bool = True, **options: Any) -> None:
         """``self.log(name, value, ...)``: checked, then kept as a tensor (no sync) under its options. The name is
         published as given (Lightning's meaning): ``"val_loss"`` stays ``val_loss``; ``"val/acc"`` groups it."""
         epoch_hook = self.epoch_level or self.late is not None
+        if add_dataloader_idx:
+            name += self.suffix
         key = name + EPOCH_HOOK if epoch_hook else name
         batch_size = options.pop("batch_size", None)
         opts = log_options(name, self.stage, epoch_hook, **options)
@@ -199,7 +207,7 @@ class LogBook:
     def _register(self, options: LogOptions, step_name: str | None, epoch_name: str | None) -> None:
         """A new key: its names claim a built-in one (the loss: never mixed), the bar, the loggers, the alias."""
         names = {step_name, epoch_name} - {None}
-        builtin = self.series.get(LOSS)
+        builtin = self.series.get(LOSS + self.suffix)
         if builtin is not None and names & {builtin.step_name, builtin.epoch_name}:
             builtin.hidden = True  # the user's self.log of the loss key replaces the built-in one (all its names)
         if options.prog_bar:
@@ -208,11 +216,12 @@ class LogBook:
             self.buffer.register(options, step_name, epoch_name, names)
 
     def builtin_loss(self, step_name: str | None, epoch_name: str) -> Series:
-        """The loop's own loss series (``train/loss``, ``train/loss_epoch``; ``val/loss``): a user's self.log of
-        one of its names hides it."""
-        series = self.series.get(LOSS)
+        """The loop's own loss series (``train/loss``, ``train/loss_epoch``; ``val/loss``, per loader
+        ``val/loss/dataloader_idx_<i>``): a user's self.log of one of its names hides it."""
+        key = LOSS + self.suffix
+        series = self.series.get(key)
         if series is None:
-            series = self.series[LOSS] = Series(LogOptions(True, True), builtin=(step_name, epoch_name))
+            series = self.series[key] = Series(LogOptions(True, True), builtin=(step_name, epoch_name))
             series.hidden = any(name in (step_name, epoch_name) for s in self.series.values() if not s.builtin
                                 for name in (s.step_name, s.epoch_name))
         return series

@@ -3,12 +3,13 @@ over all ranks) and a predict pass, each with the task's own step or the default
 them. Plain functions of what they use; the Trainer calls them with itself (``run_entry``, ``evaluation_pass``)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..data.loaders import batch_size_of, eval_loader, length, limit_batches, sample_order, set_epoch
+from ..data.loaders import batch_size_of, eval_loader, length, limit_batches, parts, sample_order, set_epoch
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
 from ..logs.metrics import metric_values
@@ -36,9 +37,9 @@ def eval_step(task: TaskModule, module: torch.nn.Module, stage: str, metrics: di
     if defines(task, name):
         return own_step(task, name) if module is task else ThroughWrapper(module, task, name)
     if stage == "predict":
-        return lambda batch, batch_idx: module(predict_inputs(task, batch))
+        return lambda batch, batch_idx, dataloader_idx=0: module(predict_inputs(task, batch))
 
-    def forward_loss_metrics(batch: Any, batch_idx: int) -> torch.Tensor:
+    def forward_loss_metrics(batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         inputs, targets = task.split_batch(batch)
         outputs = module(inputs)
         for metric in metrics.values():
@@ -52,25 +53,35 @@ def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
     ``on_<stage>_start``, the pass, ``on_<stage>_end``."""
     stage = STAGES[fn]
     loader = eval_loader(run.data, fn, run.data_seed, run.strategy)
-    limit = limit_batches(length(loader), run.trainer.limits[stage])
     run.state.stage = stage
     run.predict_dataloader = loader if fn == "predict" else None
     run.call_hooks(f"on_{HOOK[stage]}_start")
     if fn == "predict":
-        result = predict_pass(run, loader, limit, keep)
+        result = predict_pass(run, loader, keep)
     else:
-        values = evaluation_pass(run, stage, loader, limit)
+        values = evaluation_pass(run, stage, loader, math.inf)
         run.publish(run.logs.to_floats(values))
-        result = [{k: v for k, v in values.items() if k not in run.logs.eval_step_names}]  # as Lightning
+        shown = {k: v for k, v in values.items() if k not in run.logs.eval_step_names}  # as Lightning
+        result = [per_loader(shown, idx, len(parts(loader))) for idx in range(len(parts(loader)))]
     run.call_hooks(f"on_{HOOK[stage]}_end")
     run.state.stage = "idle"
     return result
 
 
+def per_loader(values: dict[str, float], idx: int, count: int) -> dict[str, float]:
+    """The result ``validate``/``test`` return for loader ``idx`` of ``count``: its ``/dataloader_idx_<idx>`` values
+    and the values of no loader in particular (``configure_metrics``, ``add_dataloader_idx=False``), as Lightning's."""
+    if count == 1:
+        return values
+    own = f"/dataloader_idx_{idx}"
+    return {k: v for k, v in values.items() if k.endswith(own) or "/dataloader_idx_" not in k}
+
+
 def sanity_pass(run: Run, limit: float) -> None:
-    """The sanity check's validation batches, with the hooks Lightning calls there (``trainer.sanity_checking``),
-    except the callbacks' ``on_validation_start``/``on_validation_end``: those mean a real validation in taskfit
-    (ModelCheckpoint, EarlyStopping and the loggers react to them). Nothing is published."""
+    """The sanity check's validation batches (at most ``limit`` of each loader), with the hooks Lightning calls
+    there (``trainer.sanity_checking``), except the callbacks' ``on_validation_start``/``on_validation_end``: those
+    mean a real validation in taskfit (ModelCheckpoint, EarlyStopping and the loggers react to them). Nothing is
+    published."""
     task_only = {name: [fn for fn in run.hooks[name] if is_task_hook(fn)]
                  for name in ("on_validation_start", "on_validation_end")}
     for fn in task_only["on_validation_start"]:
@@ -81,7 +92,8 @@ def sanity_pass(run: Run, limit: float) -> None:
 
 
 def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: bool = False) -> dict[str, float]:
-    """One validation/test pass with Lightning's hooks: ``on_<stage>_epoch_start``, per batch
+    """One validation/test pass (at most ``limit`` batches of each loader, and ``limit_*_batches``) with Lightning's
+    hooks: ``on_<stage>_epoch_start``, per batch
     ``on_<stage>_batch_start/end``, the pass's values computed into ``state.metrics`` (callback_metrics; not in the
     sanity check), ``on_<stage>_epoch_end`` (its torchmetrics not yet reset; what it logs joins the values), then
     the metrics reset. Returns the values, as floats."""
@@ -93,7 +105,7 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     values = evaluate(run.task, module, loader, limit, prefix=stage,
                       strategy=run.strategy, precision=run.precision, logs=logs, metrics=metrics,
                       data_seed=run.data_seed, trainer=run.trainer, on_start=table[f"on_{name}_batch_start"],
-                      on_end=table[f"on_{name}_batch_end"])
+                      on_end=table[f"on_{name}_batch_end"], fraction=run.trainer.limits[stage])
     if not sanity:
         run.state.metrics.update(logs.callback_view(values))
     book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
@@ -109,36 +121,45 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
 
 def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, prefix: str,
              strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any], data_seed: int,
-             trainer: Any = None, on_start: list[Any] | None = None, on_end: list[Any] | None = None
-             ) -> dict[str, float]:
-    """At most ``limit`` batches of ``loader``: ``{prefix}/loss`` (what the step returned: the loss, or a dict's
-    ``"loss"``), ``self.log`` values and ``metrics``, as floats (the metrics computed, not reset)."""
+             trainer: Any = None, on_start: list[Any] | None = None, on_end: list[Any] | None = None,
+             fraction: int | float = 1.0) -> dict[str, float]:
+    """At most ``limit`` batches of each loader of ``loader`` (and ``fraction``, its ``limit_*_batches``):
+    ``{prefix}/loss`` (what the step returned: the loss, or a dict's ``"loss"``), ``self.log`` values and
+    ``metrics``, as floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
+    after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each name (the loss's
+    too) gets ``/dataloader_idx_<i>``."""
     module.eval()
     book = logs.current
-    set_epoch(loader, 0, data_seed)
     step = eval_step(task, module, prefix, metrics)
     source = {"val": "validation_step", "test": "test_step"}[prefix]
     source = source if defines(task, source) else "loss"
-    builtin = book.builtin_loss(None, f"{prefix}/loss")
+    several = len(parts(loader)) > 1
     with torch.no_grad():
-        for i, batch in enumerate(loader):
-            if i >= limit:
-                break
-            batch = strategy.batch_to_device(batch)
-            book.weight = batch_size_of(batch)
-            book.batch_idx = i
-            for fn in on_start or ():
-                fn(trainer, task, batch, i)
-            with precision.autocast:
-                out = step(batch, i)
-            for fn in on_end or ():
-                fn(trainer, task, out, batch, i)
-            loss = out.get("loss") if isinstance(out, Mapping) else out
-            if source != "loss" and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-                continue  # a step of its own may return nothing to log (it logs with self.log)
-            if i == 0:  # the sanity check may run before any training step: check the loss here too
-                check_loss(loss, task, training=False, source=source)
-            builtin.add(loss.detach(), book.weight)
+        for idx, part in enumerate(parts(loader)):
+            book.dataloader_idx = idx if several else None
+            extra = (idx,) if several else ()  # Lightning passes dataloader_idx only with several loaders
+            set_epoch(part, 0, data_seed)
+            builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
+            cap = min(limit, limit_batches(length(part), fraction))
+            for i, batch in enumerate(part):
+                if i >= cap:
+                    break
+                batch = strategy.batch_to_device(batch)
+                book.weight = batch_size_of(batch)
+                book.batch_idx = i
+                for fn in on_start or ():
+                    fn(trainer, task, batch, i, *extra)
+                with precision.autocast:
+                    out = step(batch, i, *extra)
+                for fn in on_end or ():
+                    fn(trainer, task, out, batch, i, *extra)
+                loss = out.get("loss") if isinstance(out, Mapping) else out
+                if source != "loss" and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+                    continue  # a step of its own may return nothing to log (it logs with self.log)
+                if i == 0:  # the sanity check may run before any training step: check the loss here too
+                    check_loss(loss, task, training=False, source=source)
+                builtin.add(loss.detach(), book.weight)
+    book.dataloader_idx = None
     steps = book.step_values()  # on_step=True values: the last batch's, published, not in validate()'s result
     logs.eval_step_names = set(steps)
     values = {**logs.reduce(book), **steps, **book.compute_metrics()}
@@ -161,22 +182,30 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     return logs.to_floats(values)
 
 
-def predict_pass(run: Run, loader: Any, limit: float, keep: bool = True) -> list[Any] | None:
-    """``on_predict_epoch_start``, :func:`predict` with the batch hooks, ``on_predict_epoch_end``."""
+def predict_pass(run: Run, loader: Any, keep: bool = True) -> list[Any] | None:
+    """``on_predict_epoch_start``, :func:`predict` with the batch hooks (of each loader: then a list per loader, and
+    ``dataloader_idx`` for the step and hooks, as Lightning's), ``on_predict_epoch_end``."""
     run.call_hooks("on_predict_epoch_start")
     hooks, task = run.hooks, run.task
     trainer, module, kept = run.trainer, run.strategy.eval_module(run.model), modes.capture(task)
-    result = predict(task, module, loader, limit, strategy=run.strategy, precision=run.precision, keep=keep,
-                     on_batch_start=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_start"]],
-                     on_batch_end=[lambda *a, fn=fn: fn(trainer, task, *a) for fn in hooks["on_predict_batch_end"]])
+    several = len(parts(loader)) > 1
+    results = []
+    for idx, part in enumerate(parts(loader)):
+        extra = (idx,) if several else ()  # dataloader_idx, for the step and the batch hooks
+        start = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_start"]]
+        end = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_end"]]
+        results.append(predict(task, module, part, limit_batches(length(part), run.trainer.limits["predict"]),
+                               strategy=run.strategy, precision=run.precision, keep=keep, on_batch_start=start,
+                               on_batch_end=end, dataloader_idx=extra))
     modes.restore(module, task, kept)
+    result = (results if keep else None) if several else results[0]
     run.call_hooks("on_predict_epoch_end")
     return result
 
 
 def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, strategy: Strategy,
             precision: Any, on_batch_end: list[Any], keep: bool = True,
-            on_batch_start: list[Any] | None = None) -> list[Any] | None:
+            on_batch_start: list[Any] | None = None, dataloader_idx: tuple[int, ...] = ()) -> list[Any] | None:
     """``predict_step(batch, batch_idx)``, or ``module(inputs)``, for at most ``limit`` batches of ``loader``; each
     batch's prediction goes to the ``on_predict_batch_end`` hooks, and is kept only when ``keep``. Under ddp the
     kept predictions of every rank come back in dataset order (see :func:`in_dataset_order`)."""
@@ -191,7 +220,7 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
             for fn in on_batch_start or ():
                 fn(batch, i)
             with precision.autocast:
-                out = step(batch, i)
+                out = step(batch, i, *dataloader_idx)
             for fn in on_batch_end:
                 fn(out, batch, i)
             if keep:

@@ -123,7 +123,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
         run.data, trainer.limits, bool(trainer.overfit_batches), run.data_seed, strategy, trainer.preempt_signals)
     if "validation_step" in vars(task) and task.validation_step is None:  # Lightning: `task.validation_step = None`
-        run.val_loader, run.num_val_batches = None, 0  # turns validation off (the sanity check too)
+        run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
     run.val_schedule = ValidationSchedule(trainer.val_check_interval, trainer.check_val_every_n_epoch,
                                           run.num_train_batches, run.val_loader is not None)
     run.before_step_work = run.precision.scaler is not None or bool(hooks["on_before_optimizer_step"])

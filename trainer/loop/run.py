@@ -57,7 +57,7 @@ class Run:
     train_dataloader: Any = None
     num_train_batches: float = 0
     val_loader: Any = None
-    num_val_batches: float = 0
+    num_val_batches: list[float] = dataclasses.field(default_factory=list)  # of each validation loader
     val_schedule: ValidationSchedule | None = None
     # The step's callables, chosen once per fit (setup_fit): the plain call when no hook is defined
     training_step: Callable[[Any, int], Any] | None = None  # steps.training_step (forward and loss) under autocast
