@@ -92,9 +92,16 @@ class LearningRateMonitor(Callback):
                           "momentum is logged as 0, as Lightning does. HINT: log_momentum=False if that is not "
                           "wanted.", RuntimeWarning, stacklevel=2)
         named = [name for keys in self._keys.values() for _, _, name in keys]
-        self.lrs = {name: [] for name in named}
-        self.last_momentum_values = {f"{name}-momentum": None for name in named}
-        self.last_weight_decay_values = {f"{name}-weight_decay": None for name in named}
+        self.lrs = {self._key("lr", name): [] for name in named}
+        self.last_momentum_values = {self._key("momentum", name): None for name in named}
+        self.last_weight_decay_values = {self._key("weight_decay", name): None for name in named}
+
+    def _key(self, kind: str, name: str) -> str:
+        """The published name of a group's ``kind`` (``"lr"``, ``"momentum"``, ``"weight_decay"``): Lightning's
+        ``lr-SGD``, ``lr-SGD-momentum``; the vitals' ``vitals/lr/SGD/pg0``, ``vitals/momentum/SGD/pg0``."""
+        if self.names == "vitals":
+            return f"{MONITORS}/{kind}/{name}"
+        return name if kind == "lr" else f"{name}-{kind}"
 
     def _group_name(self, name: str, groups: list[dict[str, Any]], i: int) -> str:
         """``lr-SGD``, ``lr-SGD/pg2``, ``lr-SGD/<"name">`` (Lightning: a suffix only for several or named groups,
@@ -112,20 +119,17 @@ class LearningRateMonitor(Callback):
         for optimizer, i, name in self._keys[interval]:
             group = optimizer.param_groups[i]  # looked up: load_state_dict replaces the group dicts
             momentum = group.get("momentum", group.get("betas", (None,))[0])
-            decay = group.get("weight_decay")
-            if self.names == "vitals":
-                out[f"{MONITORS}/lr/{name}"] = float(group["lr"])  # a Python float (or a CPU tensor): no sync
-                if self.log_momentum and momentum is not None:
-                    out[f"{MONITORS}/momentum/{name}"] = float(momentum)
-                if self.log_weight_decay and decay is not None:
-                    out[f"{MONITORS}/weight_decay/{name}"] = float(decay)
-                continue
-            out[name] = float(group["lr"])
-            self.lrs[name].append(out[name])
-            if self.log_momentum:
-                out[f"{name}-momentum"] = self.last_momentum_values[f"{name}-momentum"] = float(momentum or 0.0)
-            if self.log_weight_decay and decay is not None:
-                out[f"{name}-weight_decay"] = self.last_weight_decay_values[f"{name}-weight_decay"] = float(decay)
+            if momentum is None and self.names == "lightning":
+                momentum = 0.0  # Lightning logs 0 for an optimizer without momentum (on_fit_start warned)
+            key = self._key("lr", name)
+            out[key] = float(group["lr"])  # a Python float (or a CPU tensor): no device sync
+            self.lrs[key].append(out[key])
+            if self.log_momentum and momentum is not None:
+                key = self._key("momentum", name)
+                out[key] = self.last_momentum_values[key] = float(momentum)
+            if self.log_weight_decay and group.get("weight_decay") is not None:
+                key = self._key("weight_decay", name)
+                out[key] = self.last_weight_decay_values[key] = float(group["weight_decay"])
         return out
 
     def on_log_interval(self, trainer: Any, task: Any) -> None:

@@ -27,7 +27,7 @@ from .data.loaders import batch_size_of, empty_train_loader, length, limit_batch
 from .datamodule import DataModule, DataSource
 from .init_args import flatten, plain_hparams
 from .logs.buffer import LogBuffer
-from .logs.logger import DummyLogger
+from .logs.logger import DUMMY_LOGGER
 from .loop import lifecycle, user_errors
 from .loop.cadence import accumulation_group
 from .loop.checkpointing import load_run_state, preempt, run_state, save_checkpoint
@@ -435,7 +435,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         """The loggers among the callbacks; under ``fast_dev_run`` without one, Lightning's ``[DummyLogger()]``
         (``self.logger.experiment.add_image(...)`` runs and writes nothing)."""
         loggers = [cb for cb in self.callbacks if isinstance(cb, Logger)]
-        return [DummyLogger()] if self.fast_dev_run and not loggers else loggers
+        return [DUMMY_LOGGER] if self.fast_dev_run and not loggers else loggers
 
     @property
     def logger(self) -> Logger | None:  # the first logger: ``trainer.logger.experiment`` is TensorBoard's writer

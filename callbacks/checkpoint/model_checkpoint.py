@@ -299,9 +299,8 @@ class ModelCheckpoint(Callback):
     def _exception_save(self, trainer: Any, exception: BaseException) -> None:
         """Lightning's ``save_on_exception``: the state as it is, to ``filename`` (unranked; a missing key is 0, no
         version counter) and to ``last.ckpt``. A save that fails is a warning: the error to report is ``exception``."""
-        values = collections.defaultdict(int, self._candidates(trainer))
-        name = format_filename(self.filename, values, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
-        path = os.path.join(self.dirpath or os.path.join(trainer.log_dir, "checkpoints"), name + self.FILE_EXTENSION)
+        name = self._format(self.filename, collections.defaultdict(int, self._candidates(trainer)))
+        path = os.path.join(self._folder(trainer), name + self.FILE_EXTENSION)
         try:
             self._write(trainer, path, background=False)
             if self.save_last:
@@ -339,14 +338,10 @@ class ModelCheckpoint(Callback):
         """The ``last.ckpt`` path, recorded as :attr:`last_model_path` before the file is written. As Lightning's: a
         checkpoint named ``last.ckpt`` there that this callback did not write (a fresh fit in a used folder) is kept,
         and this run's is ``last-v1.ckpt``; a resumed fit restored :attr:`last_model_path` and overwrites its own."""
-        values = collections.defaultdict(int, self._candidates(trainer))
-        name = format_filename(self.CHECKPOINT_NAME_LAST, values, self.auto_insert_metric_name,
-                               self.CHECKPOINT_EQUALS_CHAR)
+        name = self._format(self.CHECKPOINT_NAME_LAST, collections.defaultdict(int, self._candidates(trainer)))
         own = self.last_model_path
-        self.last_model_path = versioned(
-            self.dirpath or os.path.join(trainer.log_dir, "checkpoints"), name,
-            lambda p: p == own or not checkpoint_exists(p), self.enable_version_counter, self.FILE_EXTENSION,
-            self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION)
+        self.last_model_path = self._versioned(self._folder(trainer), name,
+                                               lambda p: p == own or not checkpoint_exists(p))
         self._prepared_step = trainer.state.global_step
         return self.last_model_path
 
@@ -463,7 +458,7 @@ class ModelCheckpoint(Callback):
     def _new_path(self, trainer: Any) -> str:
         values = self._candidates(trainer)
         try:
-            name = format_filename(self.filename, values, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+            name = self._format(self.filename, values)
         except KeyError as exc:
             raise MisconfigurationError(
                 f"ModelCheckpoint(filename={self.filename!r}) uses {exc.args[0]!r}, which is not logged; "
@@ -472,9 +467,20 @@ class ModelCheckpoint(Callback):
         # A name may be reused for the file this save replaces (Lightning: the k-th best it evicts; without a
         # monitor the previous newest); any other file keeps its name and the new one gets -v1, -v2...
         replaceable = {self._ranking.would_evict(), self.best_model_path if self.monitor is None else ""} - {""}
-        return versioned(self.dirpath, name, lambda p: p in replaceable or not (
-            os.path.exists(p) or p in self._ranking.kept), self.enable_version_counter, self.FILE_EXTENSION,
-            self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION)
+        return self._versioned(self.dirpath, name, lambda p: p in replaceable or not (
+            os.path.exists(p) or p in self._ranking.kept))
+
+    def _folder(self, trainer: Any) -> str:
+        return self.dirpath or os.path.join(trainer.log_dir, "checkpoints")
+
+    def _format(self, template: str, values: Any) -> str:
+        """A file name (without the extension) from ``template``, with this callback's name parts."""
+        return format_filename(template, values, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+
+    def _versioned(self, folder: str, name: str, free: Any) -> str:
+        """``folder/name`` + extension, or its first free ``-v1``, ``-v2``... (``enable_version_counter``)."""
+        return versioned(folder, name, free, self.enable_version_counter, self.FILE_EXTENSION,
+                         self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION)
 
     def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
         """Write :attr:`best_k_models` as YAML ``{path: score}`` to ``filepath`` (default:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...arguments import arguments_checked
+from ...data.loaders import batch_to_device
 from ...errors import MisconfigurationError
 from ...logs.logger import Logger, check_writable, hparams_dict, write_hparams_yaml
 from ...module import TaskModule
@@ -246,7 +247,7 @@ class TensorBoardLogger(Logger):
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Values of ``step`` into its event (outside a run too: Lightning's ``step=None`` is the last step)."""
-        if self._writer is None and self.experiment is None:
+        if self.experiment is None:  # (the open writer, or one opened outside a run)
             return
         self._collect(self._step if step is None else step, {tag(key): float(value) for key, value in metrics.items()})
 
@@ -260,7 +261,7 @@ class TensorBoardLogger(Logger):
             return
         if self.experiment is not None:
             device = next((p.device for p in model.parameters()), None)
-            _write_graph(self.experiment, model, example if device is None else _to(example, device))
+            _write_graph(self.experiment, model, example if device is None else batch_to_device(example, device))
 
     def save(self) -> None:
         """End the pending step's event; send the events when the last send is ``SEND_SECS`` old (epoch ends)."""
@@ -390,13 +391,6 @@ def summary_writer(trainer: Any) -> SummaryWriter | None:
 
 def _defines(task: Any, method: str) -> bool:
     return getattr(type(task), method, None) is not getattr(TaskModule, method)
-
-
-def _to(inputs: Any, device: Any) -> Any:
-    """``inputs`` (a tensor, or a tuple/list of them) on ``device``."""
-    if isinstance(inputs, (list, tuple)):
-        return type(inputs)(_to(x, device) for x in inputs)
-    return inputs.to(device) if hasattr(inputs, "to") else inputs
 
 
 def _write_graph(writer: SummaryWriter, task: Any, inputs: Any) -> None:

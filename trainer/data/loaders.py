@@ -206,8 +206,9 @@ def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, see
                       "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "
                       "empty and its batch_size/drop_last, or return None from val_dataloader().", stacklevel=4)
     num_val = [] if val is None else evaluation_batches(val, limits["val"])
-    return train, limit_batches(total, limits["train"]), val if any(num_val) else None, num_val if any(num_val) \
-        else []
+    if not any(num_val):  # no loader, or limit_val_batches=0: no validation
+        val, num_val = None, []
+    return train, limit_batches(total, limits["train"]), val, num_val
 
 
 def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
@@ -247,6 +248,13 @@ def evaluation_loaders(loader: Any) -> Any:
 def parts(loader: Any) -> list[Any]:
     """The loaders an evaluation pass runs: the loaders of a :class:`SequentialLoaders`, else ``[loader]``."""
     return loader.loaders if isinstance(loader, SequentialLoaders) else [loader]
+
+
+def indexed_parts(loader: Any) -> list[tuple[Any, tuple[int, ...]]]:
+    """Each loader an evaluation pass runs, with what its step and batch hooks get after ``batch_idx``: ``(i,)``
+    (Lightning's ``dataloader_idx``) when there are several loaders, else ``()``."""
+    loaders = parts(loader)
+    return [(part, (idx,) if len(loaders) > 1 else ()) for idx, part in enumerate(loaders)]
 
 
 def evaluation_batches(loader: Any, limit: int | float) -> list[float]:

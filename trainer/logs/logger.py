@@ -293,6 +293,9 @@ class _Anything:
         return lambda *args, **kwargs: None
 
 
+DUMMY_LOGGER = DummyLogger()  # stateless: one for every fast_dev_run (trainer.logger may be read every step)
+
+
 def hparams_dict(params: Any) -> dict[str, Any]:
     """``log_hyperparams``' argument as a dict: a mapping, or an ``argparse.Namespace`` (Lightning takes both)."""
     return dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, dict) else dict(params)

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..data.loaders import batch_size_of, eval_loader, length, limit_batches, parts, sample_order, set_epoch
+from ..data.loaders import (
+    batch_size_of,
+    eval_loader,
+    indexed_parts,
+    length,
+    limit_batches,
+    parts,
+    sample_order,
+    set_epoch,
+)
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
 from ..logs.metrics import metric_values
@@ -133,11 +142,9 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     step = eval_step(task, module, prefix, metrics)
     source = {"val": "validation_step", "test": "test_step"}[prefix]
     source = source if defines(task, source) else "loss"
-    several = len(parts(loader)) > 1
     with torch.no_grad():
-        for idx, part in enumerate(parts(loader)):
-            book.dataloader_idx = idx if several else None
-            extra = (idx,) if several else ()  # Lightning passes dataloader_idx only with several loaders
+        for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,) only with several loaders, as Lightning
+            book.dataloader_idx = extra[0] if extra else None
             set_epoch(part, 0, data_seed)
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
@@ -188,17 +195,15 @@ def predict_pass(run: Run, loader: Any, keep: bool = True) -> list[Any] | None:
     run.call_hooks("on_predict_epoch_start")
     hooks, task = run.hooks, run.task
     trainer, module, kept = run.trainer, run.strategy.eval_module(run.model), modes.capture(task)
-    several = len(parts(loader)) > 1
     results = []
-    for idx, part in enumerate(parts(loader)):
-        extra = (idx,) if several else ()  # dataloader_idx, for the step and the batch hooks
+    for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,), for the step and the batch hooks
         start = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_start"]]
         end = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_end"]]
         results.append(predict(task, module, part, limit_batches(length(part), run.trainer.limits["predict"]),
                                strategy=run.strategy, precision=run.precision, keep=keep, on_batch_start=start,
                                on_batch_end=end, dataloader_idx=extra))
     modes.restore(module, task, kept)
-    result = (results if keep else None) if several else results[0]
+    result = (results if keep else None) if len(results) > 1 else results[0]
     run.call_hooks("on_predict_epoch_end")
     return result
 
