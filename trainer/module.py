@@ -15,7 +15,7 @@ from .checkpoint.lookup import load_module
 from .cluster import global_rank
 from .errors import MisconfigurationError, TaskModuleError
 from .init_args import AttributeDict, recorded_init_args, select_hparams
-from .optim import gradient_clipper
+from .optim import gradient_clipper, plain_scheduler_step
 
 # torch.compiler.disable, applied at the first call: the decorator imports torch._dynamo (about a second), which
 # `import taskfit` should not pay. torch.optim defers it the same way, with this helper; where a torch lacks it,
@@ -506,10 +506,7 @@ class TaskModule(nn.Module):
     @default_hook
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         """Step ``scheduler`` (ReduceLROnPlateau with its monitored ``metric``)."""
-        if metric is None:
-            scheduler.step()
-        else:
-            scheduler.step(metric)
+        plain_scheduler_step(scheduler, metric)
 
     def _running_trainer(self, what: str) -> Any:
         if self.trainer is None:

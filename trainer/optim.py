@@ -182,10 +182,7 @@ def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float],
     """Step one scheduler; ReduceLROnPlateau gets its monitored value from ``metrics``. ``task_step``: the task's
     ``lr_scheduler_step(scheduler, metric)`` (Lightning's override), called instead of ``scheduler.step``."""
     if not config.on_plateau:
-        if task_step is not None:
-            task_step(config.scheduler, None)
-        else:
-            config.scheduler.step()
+        (task_step or plain_scheduler_step)(config.scheduler, None)
         return
     value = metrics.get(config.monitor)
     if value is None and not config.strict:
@@ -200,10 +197,16 @@ def step_scheduler(config: SchedulerConfig, metrics: Mapping[str, float],
             f"ReduceLROnPlateau monitors {config.monitor!r}, which has not been logged.",
             f"set 'monitor' to one of {sorted(metrics) or 'the logged keys'} in configure_optimizers, or add "
             "'strict': False to its scheduler dict to skip its steps while the key is missing.")
-    if task_step is not None:
-        task_step(config.scheduler, value)
+    (task_step or plain_scheduler_step)(config.scheduler, value)
+
+
+def plain_scheduler_step(scheduler: Any, metric: Any) -> None:
+    """``scheduler.step()``, or ``scheduler.step(metric)`` for a monitored one: what Lightning's default
+    ``lr_scheduler_step`` does."""
+    if metric is None:
+        scheduler.step()
     else:
-        config.scheduler.step(value)
+        scheduler.step(metric)
 
 
 def gradient_clipper(optimizer: torch.optim.Optimizer, value: float | None,

@@ -151,7 +151,7 @@ class MLFlowLogger(Logger):
             run_id = (recorded or {}).get("run_id") or self._run_id
             if run_id is not None:
                 self._continue(run_id, trainer.state.global_step if recorded else None)
-                self._experiment, self._monitors_wait = self._client.get_run(run_id).info.experiment_id, False
+                self._monitors_wait = False
             else:
                 tags = resolve_tags({**self.tags, "taskfit.log_dir": str(self._run_dir)})
                 self._experiment = self._experiment_id()
@@ -204,7 +204,7 @@ class MLFlowLogger(Logger):
         """Write into the existing run ``run_id`` (a resumed fit's, or ``MLFlowLogger(run_id=...)``). A run still
         ``RUNNING`` was left so by a process that died without closing it (SIGKILL, out of memory): say so."""
         run = self._client.get_run(run_id)
-        self._run_id = run_id
+        self._run_id, self._experiment = run_id, run.info.experiment_id
         if resumed_at is None:
             self._client.update_run(run_id, status="RUNNING")
             return

@@ -53,7 +53,7 @@ from ..version import __version__
 from .hooks import is_task_hook
 from .run import Run
 
-__all__ = ["save_checkpoint", "preempt", "open_checkpoint", "restore", "load_weights", "resolve", "run_state",
+__all__ = ["save_checkpoint", "preempt", "open_checkpoint", "restore", "load_weights", "run_state",
            "load_run_state"]
 
 
@@ -124,14 +124,6 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
 
 
 # ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
-def resolve(run: Run, ckpt_path: Any, fresh: bool = False) -> str | None:
-    """A path for ``ckpt_path``: "last", "best" (see docs/checkpointing.md) or a file path. With ``fresh`` (fit),
-    "last" with nothing to resume is None (a fresh start), with one warning, as in Lightning: the first start of a
-    job and its restarts run the same command. Nothing is read (:func:`_resolve_all` lists the fallbacks)."""
-    candidates, _ = _resolve_all(run, ckpt_path, fresh)
-    return candidates[0] if candidates else None
-
-
 def _resolve_all(run: Run, ckpt_path: Any, fresh: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
     """The checkpoints ``ckpt_path`` may load, best first, and ``(path, why)`` of those already skipped. A path or
     "best" is one file; "last" is the ``last.ckpt`` this Trainer wrote, else the one found under the run
