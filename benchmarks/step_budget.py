@@ -59,12 +59,13 @@ def reduced_step(batch_size: bool = False, step_function: bool = False, keep_los
 
 def loop_without(*pieces: str) -> Callable:
     """``Trainer._fit`` with the named pieces of its batch loop removed ("clock": the DataLoader wait timing,
-    "stop checks": after_step (step ReduceLROnPlateau, stop, preemption) and max_steps after each optimizer step)."""
+    "stop checks": the step ReduceLROnPlateau, stop, preemption and max_steps checks after each optimizer step)."""
     from taskfit import trainer as module
 
     source = textwrap.dedent(inspect.getsource(module.Trainer._fit))
     cuts = {"clock": [("st.data_wait_s += clock() - waited", "pass"), ("waited = clock()\n", "pass\n")],
-            "stop checks": [("(self.after_step() or self._max_steps_reached)", "st.should_stop")]}
+            "stop checks": [("if (run.preemption.should_break(st) and self._can_stop) or st.global_step >= max_steps:",
+                             "if st.should_stop:")]}
     for piece in pieces:
         for old, new in cuts[piece]:
             if old not in source:  # the loop changed: say so rather than time the unchanged loop

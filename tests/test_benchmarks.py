@@ -117,6 +117,18 @@ def test_step_budget_prices_each_piece_of_the_step_on_the_same_work():
     assert all(re.fullmatch(r"[+-]\d+\.\d\d", row.split("|")[4].strip()) for row in rows[:-1]), out
 
 
+def test_revisions_times_this_checkout_against_a_git_revision_in_its_own_package():
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("benchmarks/revisions.py reads revisions from git: not a git checkout")
+    out = _run("benchmarks/revisions.py", "HEAD", "--procs", "1", "--runs", "1", "--epochs", "2")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")
+            and not line.startswith("| revision")}
+    assert set(rows) == {"this checkout", "HEAD"}, out  # each timed from its own copy (the child checks which)
+    for row in rows.values():
+        ratio, trainer_ms, hand_ms = (float(row.split("|")[i]) for i in (2, 4, 5))
+        assert ratio > 0 and trainer_ms > 0 and hand_ms > 0, row
+
+
 def test_tuning_benchmark_prices_averaging_and_the_profiler():
     out = _run("benchmarks/tuning.py", "--reps", "1", "--epochs", "1")
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}

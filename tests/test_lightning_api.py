@@ -203,8 +203,9 @@ def test_a_hook_nobody_defines_is_not_in_the_table_and_costs_no_call():
     for hook in ("on_before_zero_grad", "on_before_backward", "on_after_backward", "on_validation_batch_end",
                  "on_train_batch_start", "setup"):
         assert trainer.hooks[hook] == [], hook
-    # the step calls the optimizer's and the precision's own methods: no wrapper in between
-    assert trainer.run.zero_grad == trainer.optimizer.zero_grad and trainer.run.backward == trainer.precision.backward
+    # the step calls the optimizer's and the tensor's own methods: no wrapper in between
+    assert trainer.run.zero_grad == trainer.optimizer.zero_grad and trainer.run.backward is torch.Tensor.backward
+    assert trainer.run.optimizer_step == trainer.optimizer.step
 
 
 def test_lightning_hooks_taskfit_does_not_call_are_named_in_one_warning():

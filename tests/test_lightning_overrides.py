@@ -144,7 +144,8 @@ def test_a_task_that_overrides_nothing_gets_the_plain_calls():
     trainer.fit(RegressionTask())
     run = trainer.run
     assert run.task_optimizer_step is None and run.zero_grad == trainer.optimizer.zero_grad
-    assert run.backward == trainer.precision.backward and run.schedulers.lr_scheduler_step is None
+    assert run.backward is torch.Tensor.backward and run.optimizer_step == trainer.optimizer.step
+    assert run.schedulers.lr_scheduler_step is None
 
 
 def test_manual_optimization_names_the_automatic_overrides_it_does_not_call():

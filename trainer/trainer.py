@@ -1,12 +1,13 @@
 """Trainer: the loop, top to bottom, in this one file; its configuration, and the current run (loop/run.py).
 
-One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``precision.step`` -> ``optimizer.step``.
+One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``optimizer.step`` (16-mixed: through
+``precision.step``, the GradScaler's).
 The step is the one written by hand: batch to the device (not on the CPU), zero_grad at a group's start, forward
 and loss under autocast, backward, every ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step. No
 device value is read per step: the loss is converted once per ``log_every_n_steps`` (the one CPU-GPU sync).
-The step's callables (``run.zero_grad``, ``run.training_step``, ``run.backward``, ``run.clip_gradients``) are
-fields of loop/run.py's Run, chosen once per fit in loop/lifecycle.py's ``setup_fit``. docs/concepts.md maps the
-folders; Lightning's names and argument checks come from compat/lightning/trainer.py.
+The step's callables (``run.zero_grad``, ``run.training_step``, ``run.backward``, ``run.clip_gradients``,
+``run.optimizer_step``) are fields of loop/run.py's Run, chosen once per fit in loop/lifecycle.py's ``setup_fit``.
+docs/concepts.md maps the folders; Lightning's names and argument checks come from compat/lightning/trainer.py.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
 from .loop.precision import normalize_precision
 from .loop.preemption import normalize_signals, requeue_setting
 from .loop.run import Run
-from .loop.steps import batch_outputs, defines, detached, step_loss
+from .loop.steps import batch_outputs, defines, step_loss
 from .module import TaskModule
 from .profilers.choice import profiler_for
 from .state import TrainerState
@@ -207,6 +208,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             st = self.state
             run.call_hooks("on_fit_start")
             on_start, on_end = drop_idle_batch_hooks(run.hooks, self)  # a per-batch call only where it does work
+            max_steps = math.inf if self.max_steps is None else self.max_steps
             if self.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
             self._epoch_hooks("on_train_start")
@@ -228,15 +230,16 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                     if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
                         self._log_interval()  # every log_every_n_steps optimizer steps
                     st.batches_done = batch_idx + 1
-                    if on_end:  # Lightning's outputs: a mapping with "loss" ({} from a manual step returning None)
-                        outputs = batch_outputs(outputs)
-                        for fn in on_end:
-                            fn(self, task, outputs, batch, batch_idx)
+                    for fn in on_end:  # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
+                        fn(self, task, outputs, batch, batch_idx)
                     if validating and run.val_schedule.due(st.epoch, batch_idx):
                         self._validate()  # after the batch's hooks, as Lightning
-                    if st.global_step != step and (self.after_step() or self._max_steps_reached):
-                        completed = st.batches_done >= n
-                        break
+                    if st.global_step != step:  # the batch stepped: step-interval ReduceLROnPlateau (it may read
+                        if run.schedulers.plateau_per_step:  # a value logged in this step), then leave the epoch?
+                            run.schedulers.after_step(st.global_step, run.logs.monitored(st.metrics), plateau=True)
+                        if (run.preemption.should_break(st) and self._can_stop) or st.global_step >= max_steps:
+                            completed = st.batches_done >= n
+                            break
                     waited = clock()
                 else:
                     if run.val_schedule.at_exhaustion and st.batches_done and validating:
@@ -259,9 +262,10 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                               "default). HINT: pass Trainer(max_epochs=N) or max_steps=N.", stacklevel=5)
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
-        """One batch: the step (steps.py), backward, an optimizer step when its group is complete; outputs, detached."""
+        """One batch: the step (steps.py), backward, an optimizer step when its group is complete. Returns what
+        on_train_batch_end gets (Lightning's mapping with the detached loss)."""
         run, st = self.run, self.state
-        task, optimizer, precision = run.task, run.optimizer, run.precision
+        task, optimizer = run.task, run.optimizer
         run.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
         k = self.accumulate_grad_batches
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, run.num_train_batches)
@@ -270,42 +274,36 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         if batch_idx % k == 0 and not run.manual:  # a group's first batch: zero_grad before the forward, where a
             run.zero_grad(set_to_none=True)  # hand-written loop puts it (manual: the task does); + on_before_zero_grad
         out = run.training_step(batch, batch_idx)  # under autocast (forward and loss only: lifecycle.setup_fit)
-        loss = out if type(out) is torch.Tensor else step_loss(out, task, run.manual)
-        outputs = out.detach() if type(out) is torch.Tensor else detached(out)  # what on_train_batch_end gets
+        if type(out) is torch.Tensor:  # the usual step: a loss, detached once for the log and the batch hooks
+            loss, outputs = out, {"loss": out.detach()}
+        else:  # the task's mapping (or None): steps.py
+            loss, outputs = step_loss(out, task, run.manual), batch_outputs(out)
         if not run.loss_checked and loss is not None:
             check_loss(loss, task, not run.manual, "training_step" if defines(task, "training_step") else "loss")
             run.loss_checked = True
         if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
-            run.logs.add_loss(outputs if out is loss else loss.detach(), samples)
+            run.logs.add_loss(outputs["loss"], samples)
         if run.manual or loss is None:  # manual: the task's step did backward and stepped (ManualOptimizer counts
             return outputs  # global_step); None: the task skips this batch (Lightning's meaning), no step
         if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
             st.skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
             return outputs
-        run.backward(loss if group == 1 else loss / group)  # precision.backward (+ the backward hooks, if any)
+        run.backward(loss if group == 1 else loss / group)  # loss.backward() (+ the backward hooks, if any)
         if not steps:
             return outputs
         if run.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
             run.before_optimizer_step(optimizer)
         if run.clip_gradients is not None:
             run.clip_gradients()
-        if run.task_optimizer_step is None:  # False: the GradScaler skipped a step whose gradients overflowed
-            stepped = precision.step(optimizer)
+        if run.task_optimizer_step is None:  # optimizer.step (None), or through the GradScaler: False when it
+            stepped = run.optimizer_step() is not False  # skipped a step whose gradients overflowed
         else:  # the task's optimizer_step (Lightning's override, loop/overrides.py): it steps through precision
             stepped = run.task_optimizer_step(loss)
         st.global_step += 1
         if stepped and run.schedulers.per_step:
             run.schedulers.after_step(st.global_step, st.metrics)
         return outputs
-
-    def after_step(self) -> bool:
-        """After a batch that stepped, its hooks and validation: step-interval ReduceLROnPlateau (it may monitor
-        a value logged in this step), then whether to leave the epoch (a stop, once min_* are reached, or a signal)."""
-        run = self.run
-        if run.schedulers.plateau_per_step:
-            run.schedulers.after_step(self.state.global_step, run.logs.monitored(self.state.metrics), plateau=True)
-        return run.preemption.should_break(self.state) and self._can_stop
 
     def _log_interval(self) -> None:
         """This step's training values as floats (one tolist(): the sync point), ranks agree on stops, hooks."""

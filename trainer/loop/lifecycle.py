@@ -117,6 +117,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     # Lightning's overrides of the automatic step (overrides.py): the plain calls unless the task writes its own
     run.clip_gradients = clip_call(task, run.optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
+    run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders

@@ -1,7 +1,8 @@
 """The TaskModule's overrides of the automatic step that Lightning calls (``optimizer_step``, ``optimizer_zero_grad``,
 ``backward``, ``configure_gradient_clipping``; ``lr_scheduler_step`` goes to optim.Schedulers), each found once per
 fit and made into the callable the step calls. A task that overrides none of them gets the plain calls of a
-hand-written loop (``optimizer.zero_grad``, ``precision.backward``, ``precision.step``): nothing is added per step.
+hand-written loop (``optimizer.zero_grad``, ``loss.backward``, ``optimizer.step``; with a GradScaler the precision's
+scaled backward and step): nothing is added per step.
 
 Lightning runs the forward and backward inside ``optimizer.step(closure)``; taskfit has run them when the task's
 ``optimizer_step`` is called, and its closure returns that step's loss. What a warm-up or a skipped step does with it
@@ -30,9 +31,10 @@ def zero_grad_call(task: Any, state: Any, optimizer: torch.optim.Optimizer) -> C
 
 
 def backward_call(task: Any, precision: Precision) -> Callable[..., None]:
-    """``precision.backward``, or the task's ``backward(loss)`` with the loss scaled as precision's would be."""
+    """``precision.backward_call()`` (``Tensor.backward`` unless a GradScaler scales the loss), or the task's
+    ``backward(loss)`` with the loss scaled as precision's would be."""
     if not overrides(task, "backward"):
-        return precision.backward
+        return precision.backward_call()
 
     def task_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         task.backward(loss if precision.scaler is None else precision.scaler.scale(loss), *args, **kwargs)

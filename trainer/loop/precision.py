@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Any, Callable
 
@@ -62,6 +63,16 @@ class Precision:
             with self.autocast:
                 return step(*args)
         return step_under_autocast
+
+    def backward_call(self) -> Callable[..., None]:
+        """What the step calls for backward: ``torch.Tensor.backward`` itself in full and bf16 precision (no frame
+        of taskfit's per step), :meth:`backward` with a GradScaler."""
+        return torch.Tensor.backward if self.scaler is None else self.backward
+
+    def step_call(self, optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
+        """What the step calls to step ``optimizer``: its ``step`` itself without a GradScaler (no frame of taskfit's
+        between the loop and the optimizer), else :meth:`step` for it. Returns False only for a skipped step."""
+        return optimizer.step if self.scaler is None else functools.partial(self.step, optimizer)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward(*args, **kwargs)``, scaled under 16-mixed (``retain_graph=True`` from manual_backward)."""

@@ -66,21 +66,14 @@ def step_loss(out: Any, task: TaskModule, manual: bool) -> torch.Tensor | None:
         "on_train_batch_end as `outputs`).")
 
 
-def batch_outputs(outputs: Any) -> dict[str, Any]:
-    """``on_train_batch_end``'s ``outputs`` as Lightning passes them: ``{"loss": loss}`` for a loss, the step's dict,
-    ``{}`` for a manual step that returned nothing. Built only when a batch-end hook is defined."""
-    if isinstance(outputs, torch.Tensor):
-        return {"loss": outputs}
-    return dict(outputs) if isinstance(outputs, Mapping) else {} if outputs is None else {"loss": outputs}
-
-
-def detached(out: Any) -> Any:
-    """A step's outputs for the batch hooks: tensors detached (a mapping's values too)."""
-    if isinstance(out, torch.Tensor):
-        return out.detach()
+def batch_outputs(out: Any) -> dict[str, Any]:
+    """What a training step returned, as Lightning's ``on_train_batch_end`` gets it, detached: ``{"loss": loss}``
+    for a loss, the step's mapping (its tensors detached), ``{}`` for a step that returned nothing."""
     if isinstance(out, Mapping):
         return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-    return out
+    if out is None:
+        return {}
+    return {"loss": out.detach() if isinstance(out, torch.Tensor) else out}
 
 
 class ManualOptimizer:
