@@ -32,12 +32,11 @@ PACKAGE_DIRS = {"trainer": "taskfit", "callbacks": "taskfit/callbacks", "example
 def child(settings_name: str, runs: int, epochs: int) -> None:
     """In the revision's process: ``runs`` interleaved fits; prints their (Trainer s, hand s) per epoch as JSON."""
     sys.path.insert(0, HERE)
+    import taskfit
     import torch
     from interleaved import run_interleaved
     from overhead import BREAKDOWN
     from workloads import WORKLOADS, make_data
-
-    import taskfit
 
     torch.set_num_threads(1)
     spec = WORKLOADS["tiny MLP"]
