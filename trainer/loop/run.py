@@ -62,10 +62,9 @@ class Run:
     # The step's callables, chosen once per fit (setup_fit): the plain call when no hook is defined
     training_step: Callable[[Any, int], Any] | None = None  # steps.training_step (forward and loss) under autocast
     zero_grad: Callable[..., None] | None = None  # optimizer.zero_grad (or the task's), with_hooks around it if any
-    backward: Callable[..., None] | None = None  # Tensor.backward, precision.backward with a GradScaler (or the
-    # task's), with_hooks around it if any
-    optimizer_step: Callable[[], Any] | None = None  # optimizer.step, precision.step with a GradScaler (False:
-    # it skipped the step)
+    # Tensor.backward (precision.backward with a GradScaler) or the task's backward, with_hooks around it if any:
+    backward: Callable[..., None] | None = None
+    optimizer_step: Callable[[], Any] | None = None  # optimizer.step; precision.step with a GradScaler (False: skipped)
     clip_gradients: Callable[[], None] | None = None  # optim.gradient_clipper (None without clipping), or the task's
     task_optimizer_step: Callable[[torch.Tensor], bool] | None = None  # the task's optimizer_step, else None
     before_step_work: bool = False  # a GradScaler to unscale or on_before_optimizer_step hooks
