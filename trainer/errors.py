@@ -5,6 +5,10 @@ lists them all (a test keeps that page in step with the code).
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
+
 
 class TaskfitError(Exception):
     """Base class of every error taskfit raises on purpose."""
@@ -28,3 +32,13 @@ class NonFiniteLossError(TaskfitError, FloatingPointError):
 
 class CheckpointError(TaskfitError, RuntimeError):
     """A checkpoint is missing, corrupt, unsafe or does not fit the module."""
+
+
+def find_in_chain(exc: BaseException, kind: type[E] | tuple[type[E], ...], *, contexts: bool = False) -> E | None:
+    """The first exception of ``kind`` in ``exc``'s chain of ``__cause__`` (also ``__context__``, the exception being
+    handled when it was raised, with ``contexts=True``), ``exc`` itself first; None when there is none. Hydra and
+    OmegaConf wrap the error that explains a failure (e.g. a TaskfitError inside an InstantiationException)."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, kind):
+        seen = seen.__cause__ or (seen.__context__ if contexts else None)
+    return seen

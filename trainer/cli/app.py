@@ -31,7 +31,7 @@ from ..callbacks import TensorBoardLogger
 from ..checkpoint.dirs import checkpoint_exists
 from ..checkpoint.lookup import last_checkpoint
 from ..cluster import global_rank
-from ..errors import CheckpointError, MisconfigurationError, TaskfitError
+from ..errors import CheckpointError, MisconfigurationError, TaskfitError, find_in_chain
 from ..seed import seed_everything
 from ..tools import lr_finder
 from . import config_errors, modes, sweep
@@ -81,9 +81,7 @@ def build_callbacks(config: dict[str, Any]) -> list[Any]:
             try:
                 built.append(instantiate(node, _convert_="all"))
             except Exception as exc:  # the callback refused an argument: name the config node that holds it
-                cause: BaseException | None = exc
-                while cause is not None and not isinstance(cause, MisconfigurationError):
-                    cause = cause.__cause__
+                cause = find_in_chain(exc, MisconfigurationError)
                 if cause is None:
                     raise
                 raise MisconfigurationError(f"Config {group}.{name} is not valid: {cause.what}",
@@ -394,9 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if user_wants_traceback:
             raise
-        cause: BaseException | None = exc
-        while cause is not None and not isinstance(cause, TaskfitError):  # e.g. inside InstantiationException
-            cause = cause.__cause__
+        cause = find_in_chain(exc, TaskfitError)  # e.g. inside Hydra's InstantiationException
         if cause is not None:
             _fail(cause)
         if isinstance(exc, (HydraException, OmegaConfBaseException)):

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import MisconfigurationError
+from ..errors import MisconfigurationError, find_in_chain
 
 # The root of conf/config.yaml (tests/test_config.py keeps this in step with the composed config).
 ROOT_KEYS = ("name", "mode", "ckpt_path", "test", "predict", "lr_find", "task", "trainer", "callbacks", "logger",
@@ -138,9 +138,7 @@ def yaml_error(exc: BaseException) -> MisconfigurationError | None:
     """A YAML syntax error in a config file (anywhere in ``exc``'s causes): the file, the line and the problem."""
     import yaml
 
-    seen: BaseException | None = exc
-    while seen is not None and not isinstance(seen, yaml.YAMLError):
-        seen = seen.__cause__ or seen.__context__
+    seen = find_in_chain(exc, yaml.YAMLError, contexts=True)
     if seen is None:
         return None
     mark = getattr(seen, "problem_mark", None)
@@ -160,9 +158,7 @@ def yaml_error(exc: BaseException) -> MisconfigurationError | None:
 def unreadable_config(exc: BaseException) -> MisconfigurationError | None:
     """A config file that is not UTF-8 text (a binary file named ``.yaml``): Hydra's UnicodeDecodeError, with the
     file it was reading (``full_path`` in its ``load_config``), as one error naming the group and option."""
-    seen: BaseException | None = exc
-    while seen is not None and not isinstance(seen, UnicodeDecodeError):
-        seen = seen.__cause__ or seen.__context__
+    seen = find_in_chain(exc, UnicodeDecodeError, contexts=True)
     if seen is None:
         return None
     path, tb = None, seen.__traceback__
