@@ -132,6 +132,29 @@ class SimpleProfiler(Callback):
         """A mark: ``stage`` runs after ``hook``'s list; ``opened``: it is a new stage (counted once), not a mark
         inside the running one. The torch profiler labels each opened stage in its trace."""
 
+    def _time_entry(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                    record: Callable[[float, float], None]) -> Any:
+        """``fn(*args)`` timed as one entry of the tables (a hook, an import): ``record(own, elapsed)`` gets its time
+        without the entries nested in it, and with them; the bookkeeping around the call is the profiler's own."""
+        if not self._installed:
+            return fn(*args)
+        entered = clock()
+        self._depth += 1
+        self._children.append(0.0)
+        start = clock()
+        try:
+            return fn(*args)
+        finally:
+            end = clock()
+            own = end - start - self._children.pop()
+            self._depth -= 1
+            record(own, end - start)
+            left = clock()
+            self._children[-1] += left - entered
+            self._own += (start - entered) + (left - end)
+            if not self._depth:
+                self._inside += left - entered
+
     def _add(self, stage: str, seconds: float, count: bool = False) -> None:
         row = self.stages.setdefault(stage, [0, 0.0])
         row[1] += seconds
@@ -227,29 +250,13 @@ class _Timed:
         self.stage = "checkpoint" if isinstance(owner, ModelCheckpoint) else "callback hooks"
 
     def __call__(self, *args: Any) -> Any:
-        p = self.profiler
-        if not p._installed:
-            return self.fn(*args)
-        entered = clock()
-        p._depth += 1
-        p._children.append(0.0)
-        start = clock()
-        try:
-            return self.fn(*args)
-        finally:
-            end = clock()
-            elapsed = end - start
-            own = elapsed - p._children.pop()
-            p._depth -= 1
-            row = p.hook_times.setdefault(self.name, [0, 0.0])
-            row[0] += 1
-            row[1] += own
-            p._add(self.stage, own, count=True)
-            left = clock()
-            p._children[-1] += left - entered
-            p._own += (start - entered) + (left - end)
-            if not p._depth:
-                p._inside += left - entered
+        return self.profiler._time_entry(self.fn, args, self._record)
+
+    def _record(self, own: float, elapsed: float) -> None:
+        row = self.profiler.hook_times.setdefault(self.name, [0, 0.0])
+        row[0] += 1
+        row[1] += own
+        self.profiler._add(self.stage, own, count=True)
 
 
 class _ImportClock:
@@ -301,25 +308,13 @@ class _ImportClock:
 
     def _timed(self, name: str, run: Any, module: Any) -> Any:
         p = self.profiler
-        if not p._installed:
-            return run(module)
-        entered = clock()
-        p._depth += 1
-        p._children.append(0.0)
-        self._outer += 1
-        start = clock()
-        try:
-            return run(module)
-        finally:
-            end = clock()
-            self._outer -= 1
-            own = end - start - p._children.pop()
-            p._depth -= 1
+
+        def record(own: float, elapsed: float) -> None:
             p._add("imports", own, count=True)
-            if not self._outer:
-                p.imports[name] = p.imports.get(name, 0.0) + end - start
-            left = clock()
-            p._children[-1] += left - entered
-            p._own += (start - entered) + (left - end)
-            if not p._depth:
-                p._inside += left - entered
+            if self._outer == 1:  # the outermost import: its whole time, the modules it imported included
+                p.imports[name] = p.imports.get(name, 0.0) + elapsed
+        self._outer += 1
+        try:
+            return p._time_entry(run, (module,), record)
+        finally:
+            self._outer -= 1
