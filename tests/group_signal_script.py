@@ -68,7 +68,10 @@ class Preempt(Callback):
     def _kill_worker():
         children = _children(os.getpid())
         if children:
-            os.kill(children[0], signal.SIGKILL)
+            try:  # an epoch's workers may have just exited between the scan and the kill: the group is still signalled
+                os.kill(children[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         os.killpg(os.getpgrp(), signal.SIGTERM)
 
 

@@ -167,18 +167,22 @@ def train(scenario: str, root: str, name: str, resume: bool, extra: list, refere
 
 def start_child(fn, log: str) -> int:
     """Fork a child that runs ``fn`` in a process group of its own (with its DataLoader workers, as a job under a
-    scheduler), its output in ``log``; it exits with fn's SystemExit code, 0, or 1 on an error. Returns its pid."""
+    scheduler), its output in ``log``; it exits with fn's SystemExit code, 0, or 1 on an error. Returns its pid.
+
+    ``code`` is 0 only once ``fn`` has returned: torch's SIGCHLD handler raises again for each worker that dies, and
+    a second such error while the first is being printed skips the ``except`` clause (status 0, nothing printed)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        code = 0
+        code = 1
         try:
             os.setpgrp()
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             fn()
+            code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
