@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-E = TypeVar("E", bound=BaseException)
+_E = TypeVar("_E", bound=BaseException)
 
 
 class TaskfitError(Exception):
@@ -34,7 +34,7 @@ class CheckpointError(TaskfitError, RuntimeError):
     """A checkpoint is missing, corrupt, unsafe or does not fit the module."""
 
 
-def find_in_chain(exc: BaseException, kind: type[E] | tuple[type[E], ...], *, contexts: bool = False) -> E | None:
+def find_in_chain(exc: BaseException, kind: type[_E] | tuple[type[_E], ...], *, contexts: bool = False) -> _E | None:
     """The first exception of ``kind`` in ``exc``'s chain of ``__cause__`` (also ``__context__``, the exception being
     handled when it was raised, with ``contexts=True``), ``exc`` itself first; None when there is none. Hydra and
     OmegaConf wrap the error that explains a failure (e.g. a TaskfitError inside an InstantiationException)."""
