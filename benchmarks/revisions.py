@@ -56,8 +56,12 @@ def package(revision: str | None, into: str) -> str:
     if revision is not None:
         source = os.path.join(into, "src")
         os.makedirs(source)
-        archive = subprocess.run(["git", "-C", ROOT, "archive", revision, *PACKAGE_DIRS], capture_output=True,
-                                 check=True).stdout
+        proc = subprocess.run(["git", "-C", ROOT, "archive", revision, *PACKAGE_DIRS], capture_output=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"revisions.py: git cannot read revision {revision!r} here: "
+                             f"{proc.stderr.decode(errors='replace').strip()}\nHINT: name a commit, tag or branch "
+                             "of this repository (`git log --oneline` lists them).")
+        archive = proc.stdout
         subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
     for folder, target in PACKAGE_DIRS.items():
         shutil.copytree(os.path.join(source, folder), os.path.join(into, "pkg", target),

@@ -129,6 +129,15 @@ def test_revisions_times_this_checkout_against_a_git_revision_in_its_own_package
         assert ratio > 0 and trainer_ms > 0 and hand_ms > 0, row
 
 
+def test_revisions_names_a_revision_git_cannot_read_before_any_run():
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("benchmarks/revisions.py reads revisions from git: not a git checkout")
+    proc = subprocess.run([sys.executable, "benchmarks/revisions.py", "no-such-revision"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "git cannot read revision 'no-such-revision'" in proc.stderr and "HINT:" in proc.stderr, proc.stderr
+
+
 def test_tuning_benchmark_prices_averaging_and_the_profiler():
     out = _run("benchmarks/tuning.py", "--reps", "1", "--epochs", "1")
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
