@@ -11,6 +11,7 @@ import torch
 
 from ..data.loaders import (
     batch_size_of,
+    epoch_batches,
     eval_loader,
     indexed_parts,
     length,
@@ -113,7 +114,7 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     kept = modes.capture(run.task)
     values = evaluate(run.task, module, loader, limit, prefix=stage,
                       strategy=run.strategy, precision=run.precision, logs=logs, metrics=metrics,
-                      data_seed=run.data_seed, trainer=run.trainer, on_start=table[f"on_{name}_batch_start"],
+                      trainer=run.trainer, on_start=table[f"on_{name}_batch_start"],
                       on_end=table[f"on_{name}_batch_end"], fraction=run.trainer.limits[stage])
     if not sanity:
         run.state.metrics.update(logs.callback_view(values))
@@ -129,8 +130,8 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
 
 
 def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, prefix: str,
-             strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any], data_seed: int,
-             trainer: Any = None, on_start: list[Any] | None = None, on_end: list[Any] | None = None,
+             strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any], trainer: Any = None,
+             on_start: list[Any] | None = None, on_end: list[Any] | None = None,
              fraction: int | float = 1.0) -> dict[str, float]:
     """At most ``limit`` batches of each loader of ``loader`` (and ``fraction``, its ``limit_*_batches``):
     ``{prefix}/loss`` (what the step returned: the loss, or a dict's ``"loss"``), ``self.log`` values and
@@ -145,12 +146,10 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     with torch.no_grad():
         for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,) only with several loaders, as Lightning
             book.dataloader_idx = extra[0] if extra else None
-            set_epoch(part, 0, data_seed)
+            set_epoch(part, 0)
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
-            for i, batch in enumerate(part):
-                if i >= cap:
-                    break
+            for i, batch in enumerate(epoch_batches(part, cap)):  # no fetch past cap; one ahead without a length
                 batch = strategy.batch_to_device(batch)
                 book.weight = batch_size_of(batch)
                 book.batch_idx = i
@@ -218,9 +217,7 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     predictions: list[Any] = []
     step = eval_step(task, module, "predict", {})
     with torch.no_grad():
-        for i, batch in enumerate(loader):
-            if i >= limit:
-                break
+        for i, batch in enumerate(epoch_batches(loader, limit)):
             batch = strategy.batch_to_device(batch)
             for fn in on_batch_start or ():
                 fn(batch, i)

@@ -20,7 +20,7 @@ from ..logs.logger import run_directory
 from ..logs.metrics import build_metrics
 from ..module import TaskModule, rank_zero_only
 from ..optim import Schedulers, parse_optimizers
-from ..seed import deterministic_algorithms, run_seed, seed_everything
+from ..seed import deterministic_algorithms, run_seed, seed_everything, seeds_workers
 from ..state import TrainerState
 from ..strategies.model_memory import prepare_module
 from . import modes
@@ -51,7 +51,7 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
     trainer, strategy, task, datamodule = run.trainer, run.strategy, run.task, run.data.datamodule
     strategy.setup_environment()
     if trainer.seed is not None:
-        seed_everything(trainer.seed)
+        seed_everything(trainer.seed, workers=seeds_workers())  # as a seed_everything call set it
     with deterministic_algorithms(trainer.deterministic):  # the process's setting comes back after
         try:
             run.state.status = "running"
