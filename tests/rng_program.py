@@ -1,8 +1,9 @@
 """One seeded Lightning program, run by Lightning 2.6.6 or, renamed as docs/migrating-lightning.md says, by taskfit:
 what it ends with (the weights, ``torch.rand(1)`` after ``fit``, ``validate`` and ``test``) must be the same.
 
-    python tests/rng_program.py lightning shuffle workers   # prints the JSON of what it observed
-    python tests/rng_program.py taskfit noshuffle noworkers
+    python tests/rng_program.py lightning shuffled-workers   # prints the JSON of what it observed
+    python tests/rng_program.py taskfit stream               # SETTINGS names the others
+    python tests/rng_program.py record tests/data/lightning_rng.json   # Lightning's values of every setting
 
 A small MLP with dropout (so every draw from the global RNG moves the masks), a training loader that is shuffled or
 not, with 2 workers or none, whose dataset adds noise in ``__getitem__`` (drawn in the workers when there are some),
@@ -20,9 +21,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-SETTINGS = [(shuffle, workers) for shuffle in (True, False) for workers in (0, 2)]
+# name -> (shuffle, num_workers, seed_everything(workers=), data drawn in *_dataloader(), persistent workers)
+SETTINGS = {
+    "shuffled": (True, 0, False, False, False),
+    "shuffled-workers": (True, 2, False, False, False),
+    "unshuffled": (False, 0, False, False, False),
+    "unshuffled-workers": (False, 2, False, False, False),
+    "seeded-workers": (True, 2, True, False, False),
+    "persistent-workers": (True, 2, False, False, True),
+    "data-in-loaders": (True, 0, False, True, False),
+}
 
 
 class Noisy(Dataset):
@@ -61,7 +71,9 @@ def framework(name: str) -> tuple[Any, Any, Any]:
     return tf.Trainer, tf.TaskModule, tf.seed_everything
 
 
-def make_module(base: type, shuffle: bool, workers: int) -> Any:
+def make_module(base: type, setting: str) -> Any:
+    shuffle, workers, _, in_loaders, persistent = SETTINGS[setting]
+
     class Net(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             super().__init__()
@@ -88,23 +100,28 @@ def make_module(base: type, shuffle: bool, workers: int) -> Any:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+        def loader(self, **kwargs: Any) -> DataLoader:
+            # as Lightning's BoringModel: data drawn from the global RNG when the loader is asked for
+            data = TensorDataset(torch.randn(40, 8), torch.randint(0, 3, (40,))) if in_loaders else self.data
+            return DataLoader(data, **kwargs)
+
         def train_dataloader(self) -> DataLoader:
-            return DataLoader(self.data, batch_size=8, shuffle=shuffle, num_workers=workers)
+            return self.loader(batch_size=8, shuffle=shuffle, num_workers=workers, persistent_workers=persistent)
 
         def val_dataloader(self) -> DataLoader:
-            return DataLoader(self.data, batch_size=16)
+            return self.loader(batch_size=16)
 
         def test_dataloader(self) -> DataLoader:
-            return DataLoader(self.data, batch_size=16)
+            return self.loader(batch_size=16)
 
     return Net()
 
 
-def run(name: str, shuffle: bool, workers: int, root: str) -> dict[str, Any]:
+def run(name: str, setting: str, root: str) -> dict[str, Any]:
     """What the program observes under framework ``name``: the final weights and the RNG after each entry point."""
     Trainer, LightningModule, seed_everything = framework(name)
-    seed_everything(7)
-    model = make_module(LightningModule, shuffle, workers)
+    seed_everything(7, workers=SETTINGS[setting][2])
+    model = make_module(LightningModule, setting)
     trainer = Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
     out: dict[str, Any] = {}
@@ -118,11 +135,56 @@ def run(name: str, shuffle: bool, workers: int, root: str) -> dict[str, Any]:
     return out
 
 
+def stream(name: str, root: str) -> dict[str, Any]:
+    """An RL template's shape: training on an IterableDataset (no length) whose iteration has a side effect; what
+    each training step sees of it (samples drawn so far, ``trainer.is_last_batch``) and the epoch's logged mean."""
+    Trainer, LightningModule, seed_everything = framework(name)
+    seed_everything(7)
+    seen: list[list[Any]] = []
+
+    class Agent(LightningModule):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net, self.data = nn.Linear(8, 3), Stream(20)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            seen.append([self.data.drawn, self.trainer.is_last_batch])
+            self.log("drawn", float(self.data.drawn), on_step=False, on_epoch=True)
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(self.data, batch_size=4)
+
+    trainer = Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+    trainer.fit(Agent())
+    return {"seen": seen, "drawn_epoch_mean": float(trainer.callback_metrics["drawn"])}
+
+
 def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
 
 
-if __name__ == "__main__":
-    name, shuffle, workers = sys.argv[1], sys.argv[2] == "shuffle", 2 if sys.argv[3] == "workers" else 0
+def record(path: str) -> None:
+    """Write Lightning's values of every setting to ``path`` (tests/data/lightning_rng.json)."""
     with tempfile.TemporaryDirectory() as tmp:
-        print(json.dumps(run(name, shuffle, workers, tmp)))
+        values = {setting: run("lightning", setting, tmp) for setting in SETTINGS}
+        values["stream"] = stream("lightning", tmp)
+    with open(path, "w") as f:
+        json.dump({"lightning": importlib.import_module("lightning").__version__, "torch": torch.__version__,
+                   **values}, f, indent=0)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "record":
+        record(sys.argv[2])
+        sys.exit()
+    with tempfile.TemporaryDirectory() as tmp:
+        if sys.argv[2] == "stream":
+            print(json.dumps(stream(sys.argv[1], tmp)))
+        else:
+            print(json.dumps(run(sys.argv[1], sys.argv[2], tmp)))
