@@ -227,6 +227,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
                 for batch_idx, batch in enumerate(batches or self._epoch_batches(), st.batches_done):
                     st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor)
+                    if batch_idx >= n:  # an iterable whose length says less than it yields (or not resumable)
+                        break
                     st.batch_idx = batch_idx
                     if run.moves_batches:  # on the CPU a batch stays where it is, without even a call
                         batch = self.strategy.batch_to_device(batch)

@@ -182,12 +182,15 @@ class OneAhead:
 _END = object()
 
 
-def epoch_batches(loader: Any, batches: float, done: int = 0) -> Iterator[Any]:
-    """The batches ``done`` to ``batches`` of ``loader``, fetched as Lightning fetches them: never one past the
-    last (``limit_*_batches``) when their number is known, one batch ahead (:class:`OneAhead`) when it is not."""
+def epoch_batches(loader: Any, batches: float, done: int = 0) -> Iterable[Any]:
+    """The batches ``done`` to ``batches`` of ``loader``, fetched as Lightning fetches them: one batch ahead
+    (:class:`OneAhead`) when their number is not known, never one past a limit (``limit_*_batches``), and else
+    the loader itself, which ends the epoch (a stateful loader, mid-epoch after a resume, where it stands)."""
     if batches == float("inf"):
         return OneAhead(loader)
-    return itertools.islice(loader, max(0, int(batches) - done))
+    if batches < length(loader):
+        return itertools.islice(loader, max(0, int(batches) - done))
+    return loader
 
 
 def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:

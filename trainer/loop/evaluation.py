@@ -150,6 +150,8 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
             for i, batch in enumerate(epoch_batches(part, cap)):  # no fetch past cap; one ahead without a length
+                if i >= cap:
+                    break
                 batch = strategy.batch_to_device(batch)
                 book.weight = batch_size_of(batch)
                 book.batch_idx = i
@@ -218,6 +220,8 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     step = eval_step(task, module, "predict", {})
     with torch.no_grad():
         for i, batch in enumerate(epoch_batches(loader, limit)):
+            if i >= limit:
+                break
             batch = strategy.batch_to_device(batch)
             for fn in on_batch_start or ():
                 fn(batch, i)
