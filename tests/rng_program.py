@@ -1,14 +1,16 @@
-"""One seeded Lightning program, run by Lightning 2.6.6 or, renamed as docs/migrating-lightning.md says, by taskfit:
-what it ends with (the weights, ``torch.rand(1)`` after ``fit``, ``validate`` and ``test``) must be the same.
+"""One seeded Lightning program, run by Lightning 2.6.6 or, renamed as docs/migrating-lightning.md
+says, by taskfit: what it ends with (the weights, ``torch.rand(1)`` after ``fit``, ``validate`` and
+``test``) must be the same.
 
     python tests/rng_program.py lightning shuffled-workers   # prints the JSON of what it observed
     python tests/rng_program.py taskfit stream               # SETTINGS names the others
-    python tests/rng_program.py record tests/data/lightning_rng.json   # Lightning's values of every setting
+    python tests/rng_program.py record tests/data/lightning_rng.json  # Lightning's, every setting
 
-A small MLP with dropout (so every draw from the global RNG moves the masks), a training loader that is shuffled or
-not, with 2 workers or none, whose dataset adds noise in ``__getitem__`` (drawn in the workers when there are some),
-a validation loader, 3 epochs with a sanity check, then ``validate`` and ``test``. Lightning's values for each
-setting are recorded in tests/data/lightning_rng.json (tests/test_lightning_rng.py).
+A small MLP with dropout (so every draw from the global RNG moves the masks), a training loader that
+is shuffled or not, with 2 workers or none, whose dataset adds noise in ``__getitem__`` (drawn in
+the workers when there are some), a validation loader, 3 epochs with a sanity check, then
+``validate`` and ``test``. Lightning's values for each setting are recorded in
+tests/data/lightning_rng.json (tests/test_lightning_rng.py).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-# name -> (shuffle, num_workers, seed_everything(workers=), data drawn in *_dataloader(), persistent workers)
+# name -> (shuffle, num_workers, seed_everything(workers=), data drawn in *_dataloader(),
+#          persistent workers)
 SETTINGS = {
     "shuffled": (True, 0, False, False, False),
     "shuffled-workers": (True, 2, False, False, False),
@@ -36,7 +39,8 @@ SETTINGS = {
 
 
 class Noisy(Dataset):
-    """Fixed inputs and labels; ``__getitem__`` adds noise from the global torch RNG (a worker's, with workers)."""
+    """Fixed inputs and labels; ``__getitem__`` adds noise from the global torch RNG (a worker's,
+    with workers)."""
 
     def __init__(self, n: int) -> None:
         g = torch.Generator().manual_seed(1)
@@ -50,7 +54,7 @@ class Noisy(Dataset):
 
 
 class Stream(IterableDataset):
-    """An IterableDataset that records, as its side effect, how many samples were drawn from it so far."""
+    """An IterableDataset that records, as its side effect, how many samples were drawn so far."""
 
     def __init__(self, n: int) -> None:
         self.n, self.drawn = n, 0
@@ -63,7 +67,8 @@ class Stream(IterableDataset):
 
 
 def framework(name: str) -> tuple[Any, Any, Any]:
-    """``(Trainer, LightningModule, seed_everything)`` of ``"lightning"`` or ``"taskfit"`` (the guide's rename)."""
+    """``(Trainer, LightningModule, seed_everything)`` of ``"lightning"`` or ``"taskfit"`` (the
+    guide's rename)."""
     if name == "lightning":
         pl = importlib.import_module("lightning.pytorch")
         return pl.Trainer, pl.LightningModule, pl.seed_everything
@@ -101,12 +106,15 @@ def make_module(base: type, setting: str) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
         def loader(self, **kwargs: Any) -> DataLoader:
-            # as Lightning's BoringModel: data drawn from the global RNG when the loader is asked for
-            data = TensorDataset(torch.randn(40, 8), torch.randint(0, 3, (40,))) if in_loaders else self.data
+            # as Lightning's BoringModel: data drawn from the global RNG when asked for a loader
+            data = self.data
+            if in_loaders:
+                data = TensorDataset(torch.randn(40, 8), torch.randint(0, 3, (40,)))
             return DataLoader(data, **kwargs)
 
         def train_dataloader(self) -> DataLoader:
-            return self.loader(batch_size=8, shuffle=shuffle, num_workers=workers, persistent_workers=persistent)
+            return self.loader(batch_size=8, shuffle=shuffle, num_workers=workers,
+                               persistent_workers=persistent)
 
         def val_dataloader(self) -> DataLoader:
             return self.loader(batch_size=16)
@@ -118,12 +126,14 @@ def make_module(base: type, setting: str) -> Any:
 
 
 def run(name: str, setting: str, root: str) -> dict[str, Any]:
-    """What the program observes under framework ``name``: the final weights and the RNG after each entry point."""
+    """What the program observes under framework ``name``: the final weights and the RNG after
+    each entry point."""
     Trainer, LightningModule, seed_everything = framework(name)
     seed_everything(7, workers=SETTINGS[setting][2])
     model = make_module(LightningModule, setting)
-    trainer = Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+    trainer = Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=root)
     out: dict[str, Any] = {}
     trainer.fit(model)
     out["rand_after_fit"] = torch.rand(1).item()
@@ -136,8 +146,9 @@ def run(name: str, setting: str, root: str) -> dict[str, Any]:
 
 
 def stream(name: str, root: str) -> dict[str, Any]:
-    """An RL template's shape: training on an IterableDataset (no length) whose iteration has a side effect; what
-    each training step sees of it (samples drawn so far, ``trainer.is_last_batch``) and the epoch's logged mean."""
+    """An RL template's shape: training on an IterableDataset (no length) whose iteration has a
+    side effect; what each training step sees of it (samples drawn so far,
+    ``trainer.is_last_batch``) and the epoch's logged mean."""
     Trainer, LightningModule, seed_everything = framework(name)
     seed_everything(7)
     seen: list[list[Any]] = []
@@ -159,8 +170,9 @@ def stream(name: str, root: str) -> dict[str, Any]:
         def train_dataloader(self) -> DataLoader:
             return DataLoader(self.data, batch_size=4)
 
-    trainer = Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+    trainer = Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=root)
     trainer.fit(Agent())
     return {"seen": seen, "drawn_epoch_mean": float(trainer.callback_metrics["drawn"])}
 
@@ -175,8 +187,9 @@ def record(path: str) -> None:
         values = {setting: run("lightning", setting, tmp) for setting in SETTINGS}
         values["stream"] = stream("lightning", tmp)
     with open(path, "w") as f:
-        json.dump({"lightning": importlib.import_module("lightning").__version__, "torch": torch.__version__,
-                   **values}, f, indent=0)
+        versions = {"lightning": importlib.import_module("lightning").__version__,
+                    "torch": torch.__version__}
+        json.dump({**versions, **values}, f, indent=0)
 
 
 if __name__ == "__main__":

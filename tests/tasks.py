@@ -97,17 +97,19 @@ class ClassifierTask(TaskModule):
 
 
 def one_process_of_ddp(cls: type) -> type:
-    """``cls`` training in one process on the order a ddp run sees (``DistributedSampler``'s ``randperm(n, seed +
-    epoch)``, whole): the reference of the tests that compare 1 process x batch 16 with 2 ranks x batch 8. (One
-    process otherwise draws its order as Lightning's ``RandomSampler``; ddp's is Lightning's DistributedSampler's.)"""
+    """``cls`` training in one process on the order a ddp run sees (``DistributedSampler``'s
+    ``randperm(n, seed + epoch)``, whole): the reference of the tests that compare 1 process x batch
+    16 with 2 ranks x batch 8. (One process otherwise draws its order as Lightning's
+    ``RandomSampler``; ddp's is Lightning's DistributedSampler's.)"""
 
     def train_dataloader(self):
         loader = super(subclass, self).train_dataloader()
         seed = int(os.environ.get("TASKFIT_SEED", 0))
-        sampler = DistributedSampler(loader.dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
+        sampler = DistributedSampler(loader.dataset, num_replicas=1, rank=0, seed=seed)
         return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
 
-    subclass = type(cls.__name__, (cls,), {"train_dataloader": train_dataloader, "__module__": cls.__module__})
+    body = {"train_dataloader": train_dataloader, "__module__": cls.__module__}
+    subclass = type(cls.__name__, (cls,), body)
     return subclass
 
 

@@ -44,8 +44,8 @@ def _env() -> dict[str, str]:
 
 
 def _single_reference(epochs: int, root: Path, **kwargs) -> tuple[ClassifierTask, dict[str, float], Trainer]:
-    """The 1-process run every ddp run is compared with: batch 16 = 2 ranks x 8, same seed, same data order
-    (ddp's: tasks.one_process_of_ddp)."""
+    """The 1-process run every ddp run is compared with: batch 16 = 2 ranks x 8, same seed, same
+    data order (ddp's: tasks.one_process_of_ddp)."""
     seed_everything(0)
     task = one_process_of_ddp(EpochAccClassifierTask)(batch_size=16)
     trainer = Trainer(max_epochs=epochs, default_root_dir=str(root), **QUIET, **kwargs)

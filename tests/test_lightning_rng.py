@@ -1,7 +1,8 @@
-"""Randomness as Lightning consumes it, and one batch ahead (issue 45, items 1 and 6): the seeded program of
-tests/rng_program.py, shuffled or not, with or without loader workers, ends with Lightning 2.6.6's weights to the
-bit and the global RNG where Lightning leaves it after ``fit``, ``validate`` and ``test`` (Lightning's values are in
-tests/data/lightning_rng.json; the last tests run Lightning itself where it is installed)."""
+"""Randomness as Lightning consumes it, and one batch ahead (issue 45, items 1 and 6): the seeded
+program of tests/rng_program.py, shuffled or not, with or without loader workers, ends with
+Lightning 2.6.6's weights to the bit and the global RNG where Lightning leaves it after ``fit``,
+``validate`` and ``test`` (Lightning's values are in tests/data/lightning_rng.json; the last tests
+run Lightning itself where it is installed)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,8 @@ with open(os.path.join(os.path.dirname(__file__), "data", "lightning_rng.json"))
 
 @pytest.fixture(autouse=True)
 def _seed_environment(monkeypatch):
-    for name in ("TASKFIT_SEED", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything exports them
+    # seed_everything exports them
+    for name in ("TASKFIT_SEED", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -38,7 +40,7 @@ def test_a_seeded_program_ends_with_lightnings_weights_and_random_state(setting,
 
 def test_an_iterable_dataset_is_fetched_one_batch_ahead_as_lightning(tmp_path):
     observed = rng_program.stream("taskfit", str(tmp_path))
-    # each step sees the samples of the next batch already drawn; the last batch knows it is the last
+    # each step sees the next batch's samples already drawn; the last batch knows it is the last
     assert observed["seen"][:5] == [[8, False], [12, False], [16, False], [20, False], [20, True]]
     assert observed == {k: LIGHTNING["stream"][k] for k in ("seen", "drawn_epoch_mean")}
 
@@ -71,25 +73,28 @@ def test_is_last_batch_with_a_length_and_a_limit(tmp_path):
     step = task.training_step
     task.training_step = lambda batch, i: seen.append(task.trainer.is_last_batch) or step(batch, i)
     Trainer(max_epochs=1, limit_train_batches=3, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path)).fit(task)
+            enable_progress_bar=False, num_sanity_val_steps=0,
+            default_root_dir=str(tmp_path)).fit(task)
     assert seen == [False, False, True]
 
 
-def test_a_mid_epoch_resume_replays_the_drawn_order_and_leaves_the_rng_as_the_uninterrupted_run(tmp_path):
+def test_a_mid_epoch_resume_replays_the_drawn_order_and_the_uninterrupted_rng(tmp_path):
     def fit(max_steps, ckpt_path=None, root="a"):
         seed_everything(7)
         task = rng_program.make_module(rng_program.framework("taskfit")[1], "shuffled")
-        Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
+                enable_model_summary=False,
                 default_root_dir=str(tmp_path / root)).fit(task, ckpt_path=ckpt_path)
         return [p.detach().clone() for p in task.parameters()], torch.rand(1)
 
     whole, after = fit(12, root="whole")
     fit(7)  # stops mid-epoch 1 (5 batches an epoch)
     weights, resumed_after = fit(12, ckpt_path="last")
-    assert all(torch.equal(a, b) for a, b in zip(whole, weights)) and torch.equal(after, resumed_after)
+    assert all(torch.equal(a, b) for a, b in zip(whole, weights))
+    assert torch.equal(after, resumed_after)
 
 
-# ---- against Lightning itself, where it is installed (CI has not) ------------------------------------------------
+# ---- against Lightning itself, where it is installed (CI has not) -------------------------------
 @pytest.mark.parametrize("setting", ["shuffled-workers", "data-in-loaders"])
 def test_lightning_gives_the_recorded_values(setting, tmp_path):
     pytest.importorskip("lightning")

@@ -60,7 +60,8 @@ def test_the_order_is_random_samplers_from_a_seed_drawn_from_the_global_rng():
     torch.manual_seed(3)
     sampler = ResumableSampler(10, shuffle=True, seed=7)
     sampler.set_epoch(2)
-    assert list(sampler) == expected and torch.rand(1) == after  # the same order, the same draw (Lightning's)
+    # the same order, the same draw (Lightning's)
+    assert list(sampler) == expected and torch.rand(1) == after
     assert sampler.order_seed is not None and list(sampler) != expected  # each epoch draws anew
 
 
@@ -69,7 +70,8 @@ def test_under_ddp_the_order_is_randperm_of_seed_plus_epoch_drawing_nothing():
     for sampler in ranks:
         sampler.set_epoch(2)
     state = torch.get_rng_state()
-    order = torch.randperm(10, generator=torch.Generator().manual_seed(9)).tolist()  # DistributedSampler's
+    # DistributedSampler's
+    order = torch.randperm(10, generator=torch.Generator().manual_seed(9)).tolist()
     assert [list(s) for s in ranks] == [order[0::2], order[1::2]]
     assert torch.equal(torch.get_rng_state(), state) and ranks[0].order_seed is None
 
@@ -85,8 +87,9 @@ def test_skip_starts_the_next_iteration_mid_epoch_only_once_with_the_recorded_or
     full = list(sampler)
     sampler.skip(5)
     state = torch.get_rng_state()
-    assert list(sampler) == full[5:] and torch.equal(torch.get_rng_state(), state)  # a resume draws nothing
-    assert sorted(sampler) == list(range(8))  # the iteration after a resume starts at the beginning again
+    # a resume draws nothing; the iteration after it starts at the beginning again
+    assert list(sampler) == full[5:] and torch.equal(torch.get_rng_state(), state)
+    assert sorted(sampler) == list(range(8))
 
 
 def test_training_shards_are_padded_to_equal_length_by_repeating_the_first_indices():
@@ -125,10 +128,12 @@ def test_a_prepared_loader_draws_as_torchs_and_skips_whole_batches_without_drawi
     loader = prepare_loader(DataLoader(dataset(12), batch_size=3, shuffle=True), train=True, seed=1)
     set_epoch(loader, 4)
     first = [b[1].tolist() for b in loader]
-    assert first == expected and torch.rand(1) == after  # the base seed, then the sampler's seed, as torch
+    # the base seed, then the sampler's seed, as torch draws them
+    assert first == expected and torch.rand(1) == after
     state = torch.get_rng_state()
     set_epoch(loader, 4, skip_batches=2)
-    assert [b[1].tolist() for b in loader] == first[2:] and torch.equal(torch.get_rng_state(), state)
+    assert [b[1].tolist() for b in loader] == first[2:]
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 @pytest.mark.parametrize("loader", [

@@ -10,7 +10,8 @@ import torch
 
 _SEED_ENV = "TASKFIT_SEED"
 _LIGHTNING_SEED_ENV = "PL_GLOBAL_SEED"  # Lightning's name for the same: code ported from it may read it
-_WORKERS_ENV = "PL_SEED_WORKERS"  # seed_everything(workers=True): Lightning's worker_init_fn (Lightning's name)
+# seed_everything(workers=True): Lightning's worker_init_fn (Lightning's name)
+_WORKERS_ENV = "PL_SEED_WORKERS"
 
 
 def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = False) -> int:
@@ -18,9 +19,10 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
 
     The seed is exported as ``TASKFIT_SEED`` (and Lightning's ``PL_GLOBAL_SEED``) so that spawned ddp workers and
     DataLoader workers see it. Without ``seed``, the one exported before is used again (0 when there is none), as
-    Lightning does. DataLoader workers are seeded by torch from a base seed each iterator draws from the global RNG
-    (distinct and reproducible); ``workers=True`` (exported as ``PL_SEED_WORKERS``) seeds them as Lightning's does,
-    from that base seed, the worker and the rank (:func:`seed_worker`). ``verbose`` prints the seed.
+    Lightning does. DataLoader workers are seeded by torch from a base seed each iterator draws
+    from the global RNG (distinct and reproducible); ``workers=True`` (exported as
+    ``PL_SEED_WORKERS``) seeds them as Lightning's does, from that base seed, the worker and the
+    rank (:func:`seed_worker`). ``verbose`` prints the seed.
     """
     if seed is None:
         exported = os.environ.get(_SEED_ENV, os.environ.get(_LIGHTNING_SEED_ENV))
@@ -53,8 +55,9 @@ def seeds_workers() -> bool:
 
 
 def seed_worker(worker_id: int, rank: int = 0) -> None:
-    """Lightning's ``worker_init_fn`` (``pl_worker_init_function``, Lightning 2.6): torch, python and numpy seeded
-    from the worker's base seed, its id and the process's rank, mixed (MurmurHash3's finalizer, then an LCG)."""
+    """Lightning's ``worker_init_fn`` (``pl_worker_init_function``, Lightning 2.6): torch, python
+    and numpy seeded from the worker's base seed, its id and the process's rank, mixed
+    (MurmurHash3's finalizer, then an LCG)."""
     base_seed = torch.initial_seed() - worker_id
     seeds = _seed_sequence(base_seed, worker_id, rank, count=4)
     torch.manual_seed(seeds[0])

@@ -219,15 +219,18 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             max_steps = math.inf if self.max_steps is None else self.max_steps
             if self.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
-            batches = self._epoch_batches()  # the first epoch's iterator before on_train_start, as Lightning's
+            # the first epoch's iterator, before on_train_start, as Lightning's
+            batches = self._epoch_batches()
             self._epoch_hooks("on_train_start")
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
-                for batch_idx, batch in enumerate(batches or self._epoch_batches(), st.batches_done):
+                if batches is None:  # epochs after the first: after on_train_epoch_start
+                    batches = self._epoch_batches()
+                for batch_idx, batch in enumerate(batches, st.batches_done):
                     st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor)
-                    if batch_idx >= n:  # an iterable whose length says less than it yields (or not resumable)
+                    if batch_idx >= n:  # an iterable yielding more than its length (not resumable)
                         break
                     st.batch_idx = batch_idx
                     if run.moves_batches:  # on the CPU a batch stays where it is, without even a call
@@ -253,7 +256,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                 else:
                     if run.val_schedule.at_exhaustion and st.batches_done and validating:
                         self._validate()  # a loader without len(): validate when it is exhausted
-                batches = None  # the next epoch's iterator: after its on_train_epoch_start, as Lightning's
+                batches = None  # the next epoch's: after its on_train_epoch_start, as Lightning's
                 if st.batches_done == 0 and n:
                     raise empty_train_loader(loader)  # a loader without len() that yielded nothing
                 self._end_epoch(completed=completed and (st.batches_done >= n or n == float("inf")))
@@ -346,8 +349,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         return self.max_steps is not None and self.state.global_step >= self.max_steps
 
     def _epoch_batches(self) -> Any:
-        """The epoch's training batches from where it stands, fetched as Lightning's loop fetches them
-        (loaders.epoch_batches); creating the iterator draws from the global RNG as torch's DataLoader does."""
+        """The epoch's training batches from where it stands, fetched as Lightning's loop fetches
+        them (loaders.epoch_batches); creating the iterator draws from the global RNG as torch's
+        DataLoader does."""
         st, run = self.state, self.run
         set_epoch(run.train_dataloader, st.epoch, st.batches_done)
         run.batches = epoch_batches(run.train_dataloader, run.num_train_batches, st.batches_done)
@@ -495,12 +499,14 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def is_last_batch(self) -> bool:
-        """The training batch being (or last) run is its epoch's last: known one batch ahead for a loader without
-        a length, as Lightning's prefetching fetcher knows it."""
-        run, st = self.run, self.state
+        """The training batch being (or last) run is its epoch's last: known one batch ahead for a
+        loader without a length, as Lightning's prefetching fetcher knows it."""
+        run = self.run
         if run is None or run.batches is None:
             return False
-        return run.batches.done if isinstance(run.batches, OneAhead) else st.batch_idx + 1 >= run.num_train_batches
+        if isinstance(run.batches, OneAhead):
+            return run.batches.done
+        return self.state.batch_idx + 1 >= run.num_train_batches
 
     # ---- a self-launched ddp fit (strategies/spawn.py): what the parent process sees of rank 0's run -----------
     def worker_snapshot(self) -> dict[str, Any]:

@@ -85,7 +85,8 @@ def shielded_context(context: Any, names: Sequence[str]) -> Any:
     return shielded
 
 
-def init_worker(user_init: Callable[[int], Any] | None, ignored_signals: tuple[str, ...], worker_id: int) -> None:
+def init_worker(user_init: Callable[[int], Any] | None, ignored_signals: tuple[str, ...],
+                worker_id: int) -> None:
     """``worker_init_fn`` of a fit's DataLoader workers: ignore the preemption signals, then unblock them (a signal
     that came while they were blocked is discarded), then the loader's own init."""
     numbers = signal_numbers(ignored_signals)

@@ -130,9 +130,9 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
 
 
 def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, prefix: str,
-             strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any], trainer: Any = None,
-             on_start: list[Any] | None = None, on_end: list[Any] | None = None,
-             fraction: int | float = 1.0) -> dict[str, float]:
+             strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any],
+             trainer: Any = None, on_start: list[Any] | None = None,
+             on_end: list[Any] | None = None, fraction: int | float = 1.0) -> dict[str, float]:
     """At most ``limit`` batches of each loader of ``loader`` (and ``fraction``, its ``limit_*_batches``):
     ``{prefix}/loss`` (what the step returned: the loss, or a dict's ``"loss"``), ``self.log`` values and
     ``metrics``, as floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
@@ -149,7 +149,8 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
             set_epoch(part, 0)
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
-            for i, batch in enumerate(epoch_batches(part, cap)):  # no fetch past cap; one ahead without a length
+            # no fetch past cap; one batch ahead without a length (Lightning's fetcher)
+            for i, batch in enumerate(epoch_batches(part, cap)):
                 if i >= cap:
                     break
                 batch = strategy.batch_to_device(batch)

@@ -121,10 +121,10 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
-    sanity = bool(trainer.num_sanity_val_steps) and checkpoint is None and trainer.limits["val"] != 0
+    sanity = bool(trainer.num_sanity_val_steps and trainer.limits["val"]) and checkpoint is None
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
-        run.data, trainer.limits, bool(trainer.overfit_batches), run.data_seed, strategy, trainer.preempt_signals,
-        sanity)
+        run.data, trainer.limits, bool(trainer.overfit_batches), run.data_seed, strategy,
+        trainer.preempt_signals, sanity)
     if "validation_step" in vars(task) and task.validation_step is None:  # Lightning: `task.validation_step = None`
         run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
     run.val_schedule = ValidationSchedule(trainer.val_check_interval, trainer.check_val_every_n_epoch,
