@@ -20,7 +20,6 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
-from ..checkpoint.rng import isolated_rng
 from ..errors import MisconfigurationError, TaskModuleError
 from ..seed import seed_worker, seeds_workers
 from .workers import shield
@@ -271,22 +270,20 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
         "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
 
 
+ASK = object()  # fit_loaders' val_source: ask the task for its validation loader
+
+
 def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int,
                 strategy: Any, ignore_signals: tuple[str, ...] = (),
-                sanity: bool = False) -> tuple[Any, float, Any, list[float]]:
+                val_source: Any = ASK) -> tuple[Any, float, Any, list[float]]:
     """``(train loader, its batches per epoch, val loader or None, the batches of each validation loader)`` for fit,
     after ``limit_*_batches``;
     ``task`` is where the loaders come from (the task, or a ``DataSource``: loaders passed, a DataModule).
 
     With ``overfit_batches`` the training batches, unshuffled, are also the validation batches.
-    With ``sanity`` (a sanity check will run) the validation loader is asked for first, and what
-    that draws from the global RNG is undone, as in Lightning, where the sanity check asks for it
-    inside its ``isolate_rng``."""
+    ``val_source``: the validation loader when the caller asked for it already."""
     args = dict(seed=seed, rank=strategy.rank, world_size=strategy.world_size,
                 pin_memory=strategy.device.type == "cuda", ignore_signals=ignore_signals)
-    if sanity and not overfit:
-        with isolated_rng():
-            val_source = task.val_dataloader()
     train = prepare_loader(task.train_dataloader(), train=True, shuffle=False if overfit else None, **args)
     total = length(train)
     if total == 0:
@@ -294,7 +291,7 @@ def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, see
     if overfit:
         val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args)
     else:
-        val = prepare_evaluation(val_source if sanity else task.val_dataloader(), **args)
+        val = prepare_evaluation(task.val_dataloader() if val_source is ASK else val_source, **args)
     if val is not None and length(val) == 0:
         warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* values, and "
                       "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "

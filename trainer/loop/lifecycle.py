@@ -12,7 +12,8 @@ from typing import Any, Callable
 import torch
 
 from ..callback import Callback
-from ..data.loaders import fit_loaders
+from ..checkpoint.rng import isolated_rng
+from ..data.loaders import ASK, fit_loaders
 from ..datamodule import DataSource
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
@@ -121,10 +122,16 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
-    sanity = bool(trainer.num_sanity_val_steps and trainer.limits["val"]) and checkpoint is None
+    val_source = ASK
+    if trainer.num_sanity_val_steps and trainer.limits["val"] and not trainer.overfit_batches \
+            and checkpoint is None:
+        # a sanity check will run: Lightning asks for the validation loader first, inside its
+        # isolate_rng (what that draws from the global RNG is undone), then the training loader
+        with isolated_rng():
+            val_source = run.data.val_dataloader()
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
         run.data, trainer.limits, bool(trainer.overfit_batches), run.data_seed, strategy,
-        trainer.preempt_signals, sanity)
+        trainer.preempt_signals, val_source)
     if "validation_step" in vars(task) and task.validation_step is None:  # Lightning: `task.validation_step = None`
         run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
     run.val_schedule = ValidationSchedule(trainer.val_check_interval, trainer.check_val_every_n_epoch,
