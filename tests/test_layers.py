@@ -17,7 +17,8 @@ FOLDERS = (("trainer", "taskfit"), ("callbacks", "taskfit.callbacks"))
 # Lowest first. A module belongs to the first entry that is its name or a package above it.
 LAYERS = (
     ("leaves", ("taskfit.errors", "taskfit.version", "taskfit.console", "taskfit.cluster", "taskfit.seed",
-                "taskfit.state", "taskfit.init_args", "taskfit.arguments", "taskfit.optim", "taskfit.callback")),
+                "taskfit.state", "taskfit.init_args", "taskfit.arguments", "taskfit.optim", "taskfit.callback",
+                "taskfit.trainer_config")),
     ("domains", ("taskfit.data", "taskfit.strategies", "taskfit.checkpoint", "taskfit.logs")),
     ("user classes", ("taskfit.module", "taskfit.datamodule")),
     ("loop", ("taskfit.loop",)),
