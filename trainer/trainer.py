@@ -54,8 +54,12 @@ def _run_part(name: str, doc: str, empty: Any = None) -> property:
 
 
 def _configured(name: str, doc: str) -> property:
-    """A read-only Trainer property: the field ``name`` of its :class:`TrainerConfig` (trainer_config.py)."""
-    return property(lambda self: getattr(self.trainer_config, name), doc=doc)
+    """A Trainer property: the field ``name`` of its :class:`TrainerConfig` (trainer_config.py). Assigning it
+    (``trainer.max_epochs = 3`` between fits) gives the Trainer a new configuration object with that field
+    replaced; a run keeps the one it started with (``run.config``)."""
+    def replace(self: Trainer, value: Any) -> None:
+        self.trainer_config = dataclasses.replace(self.trainer_config, **{name: value})
+    return property(lambda self: getattr(self.trainer_config, name), replace, doc=doc)
 
 
 class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning/trainer.py: Lightning's names,
@@ -424,7 +428,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
-    # ---- the configuration, read-only: Lightning's names for trainer_config.py's fields ------------------------
+    # ---- the configuration: Lightning's names for trainer_config.py's fields ---------------------------------
     precision_name = _configured("precision", "``Trainer(precision=...)`` normalized (``\"bf16-mixed\"``).")
     compile = _configured("compile", "``Trainer(compile=...)``: torch.compile the wrapped module.")
     channels_last = _configured("channels_last", "``Trainer(channels_last=...)``.")
