@@ -1,9 +1,10 @@
 """The package's layer rule, read from the source (docs/concepts.md, "The layers").
 
 Every import of the package (``from .x import``, at any depth, inside functions and ``if TYPE_CHECKING:`` blocks
-too) goes to a module of the same layer or a lower one, the imports form no circle, every module is in a declared
-layer, nothing outside trainer.py sets an attribute on the Trainer, and nothing below it (the domains and the loop)
-reads one: they read the Run's configuration (``run.config``). The last tests prove each check can fail.
+too) goes to a module of the same layer or a lower one, the imports form no circle, and nothing outside trainer.py
+sets an attribute on the Trainer. Every module is in a declared layer, and nothing below the Trainer
+(the domains and the loop) reads one of its attributes: they read the Run's configuration
+(``run.config``). The last tests prove each of these checks can fail.
 """
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ FOLDERS = (("trainer", "taskfit"), ("callbacks", "taskfit.callbacks"))
 
 Layers = tuple[tuple[str, tuple[str, ...]], ...]
 
-# Lowest first. Every module is listed: ``name`` is that module only, ``name.*`` a package and every module in it.
-# A module in no entry fails (test_every_module_is_in_a_layer): a new top-level module must be placed here.
+# Lowest first. Every module is listed: ``name`` is that module only, ``name.*`` a package and every
+# module in it. A module in no entry fails (test_every_module_is_in_a_layer): a new top-level module
+# must be placed here.
 LAYERS: Layers = (
-    ("leaves", ("taskfit.errors", "taskfit.version", "taskfit.console", "taskfit.cluster", "taskfit.seed",
-                "taskfit.state", "taskfit.init_args", "taskfit.arguments", "taskfit.optim", "taskfit.callback",
-                "taskfit.trainer_config")),
-    ("domains", ("taskfit.data.*", "taskfit.strategies.*", "taskfit.checkpoint.*", "taskfit.logs.*")),
+    ("leaves", ("taskfit.errors", "taskfit.version", "taskfit.console", "taskfit.cluster",
+                "taskfit.seed", "taskfit.state", "taskfit.init_args", "taskfit.arguments",
+                "taskfit.optim", "taskfit.callback", "taskfit.trainer_config")),
+    ("domains", ("taskfit.data.*", "taskfit.strategies.*", "taskfit.checkpoint.*",
+                 "taskfit.logs.*")),
     ("user classes", ("taskfit.module", "taskfit.datamodule")),
     ("loop", ("taskfit.loop.*",)),
     ("callbacks", ("taskfit.callbacks.*", "taskfit.profilers.*")),
@@ -33,8 +36,9 @@ LAYERS: Layers = (
                       "taskfit.compat.old_paths", "taskfit.compat", "taskfit")),
 )
 
-# Below the Trainer (these layers), nothing reads an attribute of the Trainer: the configuration is the Run's
-# ``run.config`` (trainer_config.py), and the Trainer is only handed to hooks. Except where the Run is built:
+# Below the Trainer (these layers), nothing reads an attribute of the Trainer: the configuration
+# is the Run's ``run.config`` (trainer_config.py), and the Trainer is only handed to hooks.
+# Except where the Run is built:
 CORE = ("domains", "loop")
 TRAINER_NAMES = ("trainer", "run.trainer", "self.trainer", "self._trainer", "self.run.trainer")
 ALLOWED_READS = {  # (module, function, attribute): why
@@ -42,9 +46,9 @@ ALLOWED_READS = {  # (module, function, attribute): why
     ("taskfit.loop.lifecycle", "new_run", "strategy"): "the run's strategy",
     ("taskfit.loop.lifecycle", "new_run", "checkpoint_writer"): "background saves outlive a run",
     ("taskfit.loop.lifecycle", "new_run", "checkpoint_callback"): "the run's ModelCheckpoint",
-    # the precision engineer's (issue 44, "precision"): run.config.precision is there to replace both
+    # precision's owner (issue 44, "precision") replaces both with run.config.precision
     ("taskfit.loop.lifecycle", "_attach", "precision_name"): "the run's precision",
-    ("taskfit.strategies.fsdp", "launch", "precision_name"): "fsdp's checks before any process starts",
+    ("taskfit.strategies.fsdp", "launch", "precision_name"): "fsdp's checks, before any process",
 }
 
 
@@ -73,7 +77,8 @@ def layer_of(module: str, layers: Layers = LAYERS) -> int:
     for rank, (_, owners) in enumerate(layers):
         for owner in owners:
             package = owner[:-2] if owner.endswith(".*") else None
-            if module == owner or package is not None and (module == package or module.startswith(package + ".")):
+            inside = package is not None and (module == package or module.startswith(package + "."))
+            if module == owner or inside:
                 return rank
     raise AssertionError(f"{module} is in no layer of tests/test_layers.py's LAYERS: add it where it belongs")
 
@@ -192,11 +197,11 @@ def test_the_run_is_declared_where_the_loop_reads_it(module):
     assert used - declared == set()
 
 
-# ---- attribute reaches: below the Trainer nothing reads the Trainer -------------------------------------------
+# ---- attribute reaches: below the Trainer nothing reads the Trainer ------------------------
 def trainer_reads(module: str, source: str) -> list[str]:
-    """Each ``trainer.x`` / ``run.trainer.x`` (and ``getattr(trainer, "x")``) that ``module``'s source reads, as
-    ``module:line function: read``, except :data:`ALLOWED_READS`. Handing the Trainer on (``fn(run.trainer,
-    task)``, ``task.trainer = run.trainer``) is not a read."""
+    """Each ``trainer.x`` / ``run.trainer.x`` (and ``getattr(trainer, "x")``) that ``module``'s
+    source reads, as ``module:line function: read``, except :data:`ALLOWED_READS`. Handing the
+    Trainer on (``fn(run.trainer, task)``, ``task.trainer = run.trainer``) is not a read."""
     found = []
 
     def visit(node: ast.AST, function: str) -> None:
@@ -205,8 +210,8 @@ def trainer_reads(module: str, source: str) -> list[str]:
         read = None
         if isinstance(node, ast.Attribute) and ast.unparse(node.value) in TRAINER_NAMES:
             read = node.attr
-        elif (isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "hasattr") and node.args
-              and ast.unparse(node.args[0]) in TRAINER_NAMES and len(node.args) > 1
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "hasattr")
+              and len(node.args) > 1 and ast.unparse(node.args[0]) in TRAINER_NAMES
               and isinstance(node.args[1], ast.Constant)):
             read = str(node.args[1].value)
         if read is not None and (module, function, read) not in ALLOWED_READS:
@@ -224,25 +229,28 @@ def _core_modules() -> list[str]:
 
 
 def test_nothing_below_the_trainer_reads_a_trainer_attribute():
-    """The loop, checkpoints, logs, data and strategies read the Run's configuration (``run.config``) and parts,
-    never the Trainer: a new setting is a field of trainer_config.py's TrainerConfig, not a back door."""
+    """The loop, checkpoints, logs, data and strategies read the Run's configuration
+    (``run.config``) and parts, never the Trainer: a new setting is a field of
+    trainer_config.py's TrainerConfig, not a back door."""
     found = [line for m in _core_modules() for line in trainer_reads(m, _source(MODULES[m]))]
     assert not found, "\n".join(found)
 
 
 def test_the_allowed_reads_are_few_and_still_there():
-    """At most 5 reads where the Run is built (the fsdp one is precision's to remove), each one still in the
-    source: an allowance nothing uses is removed, not kept."""
+    """At most 5 reads where the Run is built (the fsdp one is precision's to remove), each one
+    still in the source: an allowance nothing uses is removed, not kept."""
     built = [key for key in ALLOWED_READS if key[1] in ("new_run", "_attach")]
     assert len(built) <= 5
     for module, function, attribute in ALLOWED_READS:
         tree = ast.parse(_source(MODULES[module]))
-        body = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
-        assert attribute in {n.attr for n in ast.walk(body) if isinstance(n, ast.Attribute)} | {
-            n.value for n in ast.walk(body) if isinstance(n, ast.Constant)}, (module, function, attribute)
+        body = next(n for n in ast.walk(tree)
+                    if isinstance(n, ast.FunctionDef) and n.name == function)
+        names = {n.attr for n in ast.walk(body) if isinstance(n, ast.Attribute)}
+        names |= {n.value for n in ast.walk(body) if isinstance(n, ast.Constant)}
+        assert attribute in names, (module, function, attribute)
 
 
-# ---- the checks can fail: each mutation the issue found unseen is reported ---------------------------------------
+# ---- the checks can fail: each mutation the issue found unseen is reported -----------------
 def test_a_loop_module_reaching_through_run_trainer_is_reported():
     """Issue 44 (a): a loop module reading ``run.trainer.checkpoint_callback.best_model_path``."""
     source = _source(MODULES["taskfit.loop.evaluation"]) + (
@@ -261,13 +269,15 @@ def test_a_configuration_read_below_the_trainer_is_reported(read):
 
 
 def test_handing_the_trainer_to_a_hook_is_not_a_read():
-    source = "def call(run, fn):\n    fn(run.trainer, run.task)\n    run.task.trainer = run.trainer\n"
+    source = ("def call(run, fn):\n    fn(run.trainer, run.task)\n"
+              "    run.task.trainer = run.trainer\n")
     assert trainer_reads("taskfit.loop.hooks", source) == []
 
 
 def test_a_new_top_level_module_importing_the_trainer_is_reported():
-    """Issue 44 (b): a new ``trainer/helpers.py`` that imports the Trainer is in no layer (the table lists modules,
-    so ``taskfit`` itself no longer takes in every top-level module), and once placed low, its import goes up."""
+    """Issue 44 (b): a new ``trainer/helpers.py`` that imports the Trainer is in no layer (the
+    table lists modules, so ``taskfit`` itself no longer takes in every top-level module), and once
+    placed low, its import goes up."""
     source = "from .trainer import Trainer\n"
     path = os.path.join(ROOT, "trainer", "helpers.py")
     with pytest.raises(AssertionError, match="taskfit.helpers is in no layer"):
@@ -275,11 +285,12 @@ def test_a_new_top_level_module_importing_the_trainer_is_reported():
     assert _imports("taskfit.helpers", path, source) == {"taskfit.trainer"}
     graph = {**GRAPH, "taskfit.helpers": _imports("taskfit.helpers", path, source)}
     placed = ((LAYERS[0][0], LAYERS[0][1] + ("taskfit.helpers",)), *LAYERS[1:])
-    assert upward_imports(graph, placed) == ["taskfit.helpers (leaves) imports taskfit.trainer (trainer)"]
+    assert upward_imports(graph, placed) == [
+        "taskfit.helpers (leaves) imports taskfit.trainer (trainer)"]
 
 
-@pytest.mark.parametrize("module", ["taskfit.helpers", "taskfit.compat.shim", "taskfit.trainer_helpers",
-                                    "taskfit.callbacks_extra"])
+@pytest.mark.parametrize("module", ["taskfit.helpers", "taskfit.compat.shim",
+                                    "taskfit.trainer_helpers", "taskfit.callbacks_extra"])
 def test_a_module_in_no_declared_layer_is_reported(module):
     with pytest.raises(AssertionError, match=f"{module} is in no layer"):
         layer_of(module)

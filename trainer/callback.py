@@ -51,7 +51,7 @@ class Callback:
 
     order: int = 0
     monitors_epoch_values: bool = False  # True: on_train_epoch_end after the task's own (it reads what that logs)
-    # Methods of this class that share a hook's name but are not hooks (a Logger's ``setup(trainer)``)
+    # Methods that share a hook's name but are not hooks (a Logger's ``setup(trainer)``)
     not_hooks: frozenset[str] = frozenset()
 
     def on_fit_start(self, trainer: Trainer, task: TaskModule) -> None:

@@ -54,9 +54,9 @@ def _run_part(name: str, doc: str, empty: Any = None) -> property:
 
 
 def _configured(name: str, doc: str) -> property:
-    """A Trainer property: the field ``name`` of its :class:`TrainerConfig` (trainer_config.py). Assigning it
-    (``trainer.max_epochs = 3`` between fits) gives the Trainer a new configuration object with that field
-    replaced; a run keeps the one it started with (``run.config``)."""
+    """A Trainer property: the field ``name`` of its :class:`TrainerConfig` (trainer_config.py).
+    Assigning it (``trainer.max_epochs = 3`` between fits) gives the Trainer a new configuration
+    object with that field replaced; a run keeps the one it started with (``run.config``)."""
     def replace(self: Trainer, value: Any) -> None:
         self.trainer_config = dataclasses.replace(self.trainer_config, **{name: value})
     return property(lambda self: getattr(self.trainer_config, name), replace, doc=doc)
@@ -112,12 +112,15 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self.strategy = select_strategy(strategy, accelerator, devices)
         policy = checkpoint_policy(activation_checkpointing)  # strategies/model_memory.py
         signals = normalize_signals(preempt_signals)
-        # The one configuration object (trainer_config.py), every run holds it: built here from the arguments,
-        # replaced (never changed) by fast_dev_run, overfit_batches and fit's default max_epochs.
+        # The one configuration object (trainer_config.py), every run holds it: built here from
+        # the arguments, replaced (never changed) by fast_dev_run, overfit_batches and fit's
+        # default max_epochs.
+        limits = Limits(limit_train_batches, limit_val_batches, limit_test_batches,
+                        limit_predict_batches)
         self.trainer_config = TrainerConfig.from_arguments(
-            locals(), precision=precision_name, activation_checkpointing=policy, fast_dev_run=int(fast_dev_run),
-            limits=Limits(limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches),
-            preempt_signals=signals, requeue=requeue_setting(requeue, signals),
+            locals(), precision=precision_name, activation_checkpointing=policy, limits=limits,
+            fast_dev_run=int(fast_dev_run), preempt_signals=signals,
+            requeue=requeue_setting(requeue, signals),
             command_config=dict(config) if config is not None else None)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
             self.trainer_config = self.trainer_config.for_fast_dev_run()
@@ -271,7 +274,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             run.logs.add_loss(outputs["loss"], samples)
         if run.manual or loss is None:  # manual: the task's step did backward and stepped (ManualOptimizer counts
             return outputs  # global_step); None: the task skips this batch (Lightning's meaning), no step
-        if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
+        # a sync per step, opted into
+        if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
             st.skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
             return outputs
@@ -428,35 +432,45 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
-    # ---- the configuration: Lightning's names for trainer_config.py's fields ---------------------------------
-    precision_name = _configured("precision", "``Trainer(precision=...)`` normalized (``\"bf16-mixed\"``).")
+    # ---- the configuration: Lightning's names for trainer_config.py's fields -----------------
+    precision_name = _configured("precision",
+                                 '``Trainer(precision=...)`` normalized (``"bf16-mixed"``).')
     compile = _configured("compile", "``Trainer(compile=...)``: torch.compile the wrapped module.")
     channels_last = _configured("channels_last", "``Trainer(channels_last=...)``.")
-    activation_checkpointing = _configured("activation_checkpointing", "The checked activation checkpointing "
-                                           "policy (strategies/model_memory.py).")
-    max_epochs = _configured("max_epochs", "The epochs a fit runs at most (None: no limit, or max_steps).")
-    max_steps = _configured("max_steps", "The optimizer steps a fit takes at most (None: no limit).")
+    activation_checkpointing = _configured(
+        "activation_checkpointing", "The checked activation checkpointing policy.")
+    max_epochs = _configured("max_epochs",
+                             "The epochs a fit runs at most (None: no limit, or max_steps).")
+    max_steps = _configured("max_steps",
+                            "The optimizer steps a fit takes at most (None: no limit).")
     min_epochs = _configured("min_epochs", "should_stop waits for this many epochs.")
     min_steps = _configured("min_steps", "should_stop waits for this many optimizer steps.")
     accumulate_grad_batches = _configured("accumulate_grad_batches", "Batches per optimizer step.")
-    gradient_clip_val = _configured("gradient_clip_val", "The clipping threshold (None: no clipping).")
+    gradient_clip_val = _configured("gradient_clip_val",
+                                    "The clipping threshold (None: no clipping).")
     gradient_clip_algorithm = _configured("gradient_clip_algorithm", '``"norm"`` or ``"value"``.')
     nonfinite_loss = _configured("nonfinite_loss", '``"raise"`` or ``"skip"`` a NaN/Inf loss.')
     seed = _configured("seed", "The seed every run starts from (None: not seeded).")
     deterministic = _configured("deterministic", "torch.use_deterministic_algorithms during runs.")
     limits = _configured("limits", '``limit_*_batches`` by stage: ``trainer.limits["val"]``.')
     overfit_batches = _configured("overfit_batches", "``Trainer(overfit_batches=...)``.")
-    val_check_interval = _configured("val_check_interval", "Validation within an epoch: a fraction or batches.")
+    val_check_interval = _configured("val_check_interval",
+                                     "Validation within an epoch: a fraction or batches.")
     check_val_every_n_epoch = _configured("check_val_every_n_epoch", "Validation every n epochs.")
-    num_sanity_val_steps = _configured("num_sanity_val_steps", "Validation batches of the sanity check.")
-    log_every_n_steps = _configured("log_every_n_steps", "Optimizer steps between two log intervals.")
-    fast_dev_run = _configured("fast_dev_run", "``Trainer(fast_dev_run=n)``: n batches of everything (0: off).")
-    default_root_dir = _configured("default_root_dir", "Where runs write without a logger's save_dir.")
+    num_sanity_val_steps = _configured("num_sanity_val_steps",
+                                       "Validation batches of the sanity check.")
+    log_every_n_steps = _configured("log_every_n_steps",
+                                    "Optimizer steps between two log intervals.")
+    fast_dev_run = _configured("fast_dev_run",
+                               "``Trainer(fast_dev_run=n)``: n batches of everything (0: off).")
+    default_root_dir = _configured("default_root_dir",
+                                   "Where runs write without a logger's save_dir.")
     preempt_signals = _configured("preempt_signals", "The signals that save a checkpoint and exit.")
-    preempt_exit_code = _configured("preempt_exit_code", "The status of that exit (None: 128 + the signal).")
+    preempt_exit_code = _configured("preempt_exit_code",
+                                    "The status of that exit (None: 128 + the signal).")
     requeue = _configured("requeue", "A SIGUSR1 also requeues the SLURM job.")
-    config = _configured("command_config", "The taskfit command's resolved config (``Trainer(config=...)``), or "
-                         "None.")
+    config = _configured("command_config",
+                         "The taskfit command's resolved config (``Trainer(config=...)``) or None.")
 
     # ---- the current (or last) run's parts, read-only: loop/run.py declares each ----------------------------------
     @property

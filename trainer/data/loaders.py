@@ -304,6 +304,7 @@ def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, 
     give a batch position its meaning, the run's planned length included (a resume warns when they changed)."""
     return {"seed": int(seed), "epoch": state.epoch, "batches_done": state.batches_done,
             "batch_size": getattr(loader, "batch_size", None), "world_size": world_size,
-            "accumulate_grad_batches": config.accumulate_grad_batches, "num_train_batches": finite(num_train_batches),
+            "accumulate_grad_batches": config.accumulate_grad_batches,
+            "num_train_batches": finite(num_train_batches),
             "max_epochs": config.max_epochs, "max_steps": config.max_steps,
             "loader": loader.state_dict() if stateful(loader) else None}

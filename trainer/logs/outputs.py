@@ -1,7 +1,8 @@
-"""Where a run's files go and how a logger writes them, without a Trainer: the run directory of a new run
-(:func:`run_directory`, ``<root>/version_<N>``), text files replaced atomically, Lightning's ``hparams.yaml``, a
-check that a folder is writable. The :class:`~taskfit.callbacks.Logger` interface that uses them is a callback
-(callbacks/loggers/logger.py); the loop calls :func:`run_directory` when it builds a run."""
+"""Where a run's files go and how a logger writes them, without a Trainer: the run directory of a
+new run (:func:`run_directory`, ``<root>/version_<N>``), text files replaced atomically,
+Lightning's ``hparams.yaml``, a check that a folder is writable. The Logger interface that uses
+them is a callback (callbacks/loggers/logger.py); the loop calls :func:`run_directory` when it
+builds a run."""
 from __future__ import annotations
 
 import os

@@ -119,7 +119,8 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
                  "hyper_parameters": hparams, **({"state_dict": state["module"]} if alias_weights else {})}
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
-            "hparams": run_hparams(run.config.command_config, task), "config": run.config.command_config,
+            "hparams": run_hparams(run.config.command_config, task),
+            "config": run.config.command_config,
             "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams}, **lightning}
 
 
@@ -282,8 +283,9 @@ def _warn_schedule(run: Run, data: Mapping[str, Any], path: str) -> None:
     epochs = max(0, (config.max_epochs or st.epoch) - st.epoch)
     course = "; ".join(lr_course(run.schedulers, steps, epochs))
     warnings.warn(
-        f"Resuming from {path} with max_epochs {old[0]} -> {config.max_epochs} and max_steps {old[1]} -> "
-        f"{config.max_steps}: the learning-rate schedulers continue from the checkpoint's state, which was sized "
+        f"Resuming from {path} with max_epochs {old[0]} -> {config.max_epochs} and max_steps "
+        f"{old[1]} -> {config.max_steps}: the learning-rate schedulers continue from the "
+        "checkpoint's state, which was sized "
         f"for the original run. {course}. HINT: to train longer with a schedule of its own, start a new fit from the "
         "checkpoint's weights (TaskModule.load_from_checkpoint) with a scheduler sized for the new length "
         "(docs/checkpointing.md, 'Extending a run').", UserWarning, stacklevel=4)
@@ -391,18 +393,20 @@ def preempt(run: Run) -> None:
     config, signum = run.config, run.preemption.signum
     cb = run.checkpoint_callback
     if cb is not None:
-        path = cb.prepare_last(run.trainer)  # its bookkeeping names the file it is about to be saved in
+        # its bookkeeping names the file it is about to be saved in
+        path = cb.prepare_last(run.trainer)
     else:
         path = os.path.join(run.log_dir, "checkpoints", LAST)
     save_checkpoint(run, path)
     code = config.preempt_exit_code if config.preempt_exit_code is not None else 128 + signum
-    job = slurm_job_id() if config.requeue and signum == signal.SIGUSR1 and run.strategy.is_main else None
+    requeue = config.requeue and signum == signal.SIGUSR1 and run.strategy.is_main
+    job = slurm_job_id() if requeue else None
     requeued = f" Then {requeue_job(job)}." if job is not None else ""  # rank 0, once the checkpoint is in place
     if run.strategy.is_main:
         st, name = run.state, signal.Signals(signum).name
         # A run of the `taskfit` command carries its config: say how to resume it there.
-        how = "the same `taskfit` command with ckpt_path=last" if config.command_config is not None else \
-            'trainer.fit(task, ckpt_path="last")'
+        how = "the same `taskfit` command with ckpt_path=last" \
+            if config.command_config is not None else 'trainer.fit(task, ckpt_path="last")'
         echo(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
              f"step {st.global_step} to {path}.{requeued} Exiting with status {code}. Resume with {how} (or "
              f"ckpt_path=\"{path}\").", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")

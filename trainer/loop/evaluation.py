@@ -124,15 +124,18 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     return values
 
 
-def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any, limit: float) -> dict[str, float]:
-    """At most ``limit`` batches of each loader of ``loader`` (and ``limit_<prefix>_batches``) through ``module``
-    (the run's model as evaluation calls it): ``{prefix}/loss`` (what the step returned: the loss, or a dict's
-    ``"loss"``), ``self.log`` values and the stage's metrics, as floats (the metrics computed, not reset). Several
-    loaders (:class:`SequentialLoaders`) run one after the other, as Lightning's: the step and the batch hooks get
-    ``dataloader_idx``, and each name (the loss's too) gets ``/dataloader_idx_<i>``."""
+def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
+             limit: float) -> dict[str, float]:
+    """At most ``limit`` batches of each loader of ``loader`` (and ``limit_<prefix>_batches``)
+    through ``module`` (the run's model as evaluation calls it): ``{prefix}/loss`` (what the step
+    returned: the loss, or a dict's ``"loss"``), ``self.log`` values and the stage's metrics, as
+    floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
+    after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each
+    name (the loss's too) gets ``/dataloader_idx_<i>``."""
     task, logs, strategy, precision = run.task, run.logs, run.strategy, run.precision
     metrics, trainer, fraction = run.metrics.get(prefix, {}), run.trainer, run.config.limits[prefix]
-    on_start, on_end = run.hooks[f"on_{HOOK[prefix]}_batch_start"], run.hooks[f"on_{HOOK[prefix]}_batch_end"]
+    on_start = run.hooks[f"on_{HOOK[prefix]}_batch_start"]
+    on_end = run.hooks[f"on_{HOOK[prefix]}_batch_end"]
     module.eval()
     book = logs.current
     step = eval_step(task, module, prefix, metrics)
@@ -195,7 +198,8 @@ def predict_pass(run: Run, loader: Any, keep: bool = True) -> list[Any] | None:
     for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,), for the step and the batch hooks
         start = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_start"]]
         end = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_end"]]
-        results.append(predict(task, module, part, limit_batches(length(part), run.config.limits["predict"]),
+        limit = limit_batches(length(part), run.config.limits["predict"])
+        results.append(predict(task, module, part, limit,
                                strategy=run.strategy, precision=run.precision, keep=keep, on_batch_start=start,
                                on_batch_end=end, dataloader_idx=extra))
     modes.restore(module, task, kept)

@@ -36,9 +36,9 @@ from .steps import ManualOptimizer, training_step
 
 def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
             state: TrainerState, log_dir: str | None, verbose: bool = True) -> Run:
-    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any hook fires. The
-    only place below the Trainer that reads it (tests/test_layers.py): its configuration, strategy, checkpoint
-    writer and ModelCheckpoint become the run's."""
+    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any
+    hook fires. The only place below the Trainer that reads it (tests/test_layers.py): its
+    configuration, strategy, checkpoint writer and ModelCheckpoint become the run's."""
     run = Run(trainer, trainer.trainer_config, fn, task, data, trainer.strategy, callbacks, state,
               trainer.checkpoint_writer, {}, log_dir, verbose=verbose,
               checkpoint_callback=trainer.checkpoint_callback)
@@ -48,7 +48,8 @@ def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks
 
 
 def late_publisher(run: Run) -> Hook:
-    """In ``on_train_epoch_end``'s list (hook_table): publish the epoch values logged in the hooks before it."""
+    """In ``on_train_epoch_end``'s list (hook_table): publish the epoch values logged in the
+    hooks before it."""
     def publish_late(trainer: Any, task: Any) -> None:
         values = run.logs.late_values(run.logs.train)
         if values:
@@ -92,10 +93,12 @@ def _attach(run: Run, weights: str | None) -> Run:
     strategy, task, datamodule, config = run.strategy, run.task, run.data.datamodule, run.config
     run.state.fn = run.fn
     if run.log_dir is None:  # chosen on rank 0
-        run.log_dir = strategy.broadcast(strategy.is_main and run_directory(run.callbacks, config.default_root_dir))
+        chosen = strategy.is_main and run_directory(run.callbacks, config.default_root_dir)
+        run.log_dir = strategy.broadcast(chosen)
     run.moves_batches = strategy.moves_batches
     run.precision = Precision(run.trainer.precision_name, strategy.device)
-    run.logs = LogBuffer(strategy, config.nonfinite_loss, run.precision, config.accumulate_grad_batches)
+    run.logs = LogBuffer(strategy, config.nonfinite_loss, run.precision,
+                         config.accumulate_grad_batches)
     task.trainer = run.trainer
     if datamodule is not None:
         datamodule.trainer = run.trainer
@@ -106,8 +109,9 @@ def _attach(run: Run, weights: str | None) -> Run:
         strategy.barrier()
     run.call_hooks("setup", run.fn)  # the module is still where the user built it (Lightning's order)
     run.call_hooks("configure_model")
+    # meta layers, activation checkpointing, channels_last, then the strategy's wrapper
     wrapped = strategy.setup_module(prepare_module(task, strategy, config.activation_checkpointing,
-                                                   config.channels_last))  # meta layers, checkpointing...
+                                                   config.channels_last))
     run.model = torch.compile(wrapped) if config.compile else wrapped
     run.metrics = build_metrics(task, strategy.device)
     run.data_seed = int(strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank
@@ -128,14 +132,16 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.schedulers = Schedulers(configs, automatic=not run.manual, lr_scheduler_step=scheduler_step(task))
     run.manual_optimizers = [ManualOptimizer(o, run) for o in run.optimizers] if run.manual else []
     # Lightning's overrides of the automatic step (overrides.py): the plain calls unless the task writes its own
-    run.clip_gradients = clip_call(task, run.optimizer, config.gradient_clip_val, config.gradient_clip_algorithm)
+    run.clip_gradients = clip_call(task, run.optimizer, config.gradient_clip_val,
+                                   config.gradient_clip_algorithm)
     run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
     run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
-        run.data, config.limits, bool(config.overfit_batches), run.data_seed, strategy, config.preempt_signals)
+        run.data, config.limits, bool(config.overfit_batches), run.data_seed, strategy,
+        config.preempt_signals)
     if "validation_step" in vars(task) and task.validation_step is None:  # Lightning: `task.validation_step = None`
         run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
     run.val_schedule = ValidationSchedule(config.val_check_interval, config.check_val_every_n_epoch,
@@ -171,7 +177,8 @@ def with_hooks(run: Run, call: Callable[..., Any], before: list[Hook], after: li
 def fitted_task(fitted: TaskModule | None, fn: str, task: TaskModule | None,
                 ckpt_path: Any) -> tuple[TaskModule, Any]:
     """``validate``/``test``/``predict`` without a task: the one of the last fit, from its best checkpoint unless
-    ``ckpt_path`` says otherwise (Lightning's rule); before any fit (``fitted`` is None), an error."""
+    ``ckpt_path`` says otherwise (Lightning's rule); before any fit (``fitted`` is None), an
+    error."""
     if task is not None:
         return task, ckpt_path
     if fitted is None:

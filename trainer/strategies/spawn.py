@@ -181,9 +181,9 @@ def _final_weights(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...])
 
 
 class WorkerSnapshots(Protocol):
-    """What :func:`spawn` asks of the object whose method it launches (the Trainer's ``_fit``): rank 0's view of
-    the run, sent to the parent process and taken up there, and which entry point ran (``state.fn``: after
-    ``"fit"`` the fitted weights go back too). Nothing else of it is read here."""
+    """What :func:`spawn` asks of the object whose method it launches (the Trainer's ``_fit``):
+    rank 0's view of the run, sent to the parent process and taken up there, and which entry point
+    ran (``state.fn``: after ``"fit"`` the fitted weights go back too). Nothing else is read."""
 
     state: Any
 
@@ -193,14 +193,16 @@ class WorkerSnapshots(Protocol):
 
 
 def _owner(fn: Callable[..., Any]) -> WorkerSnapshots | None:
-    """The object ``fn`` is a method of, if it carries its run across processes (:class:`WorkerSnapshots`)."""
+    """The object ``fn`` is a method of, if it carries its run across processes
+    (:class:`WorkerSnapshots`)."""
     owner = getattr(fn, "__self__", None)
-    return owner if hasattr(owner, "worker_snapshot") and hasattr(owner, "load_worker_snapshot") else None
+    carries = hasattr(owner, "worker_snapshot") and hasattr(owner, "load_worker_snapshot")
+    return owner if carries else None
 
 
 def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...], weights: dict[str, Any] | None) -> dict[str, Any]:
-    """What the parent should see of rank 0's run: the launcher's (``worker_snapshot``) and, after fit, the
-    weights."""
+    """What the parent should see of rank 0's run: the launcher's (``worker_snapshot``) and, after
+    fit, the weights."""
     owner = _owner(fn)
     snapshot: dict[str, Any] = {}
     if weights is not None:
