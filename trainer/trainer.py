@@ -30,7 +30,7 @@ from .datamodule import DataModule, DataSource
 from .init_args import run_hparams
 from .logs.buffer import LogBuffer
 from .loop import lifecycle, user_errors
-from .loop.cadence import accumulation_group
+from .loop.cadence import accumulation_group, steps_per_epoch
 from .loop.checkpointing import load_run_state, preempt, run_state, save_checkpoint
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
@@ -523,7 +523,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def estimated_stepping_batches(self) -> float:
         """Optimizer steps this fit will take (``max_steps``, or ``max_epochs`` of the training loader)."""
         loader = self.data.train_dataloader() if self.train_dataloader is None else self.train_dataloader
-        per_epoch = -(-limit_batches(length(loader), self.limits["train"]) // self.accumulate_grad_batches)
+        batches = limit_batches(length(loader), self.limits["train"])
+        per_epoch = steps_per_epoch(batches, self.accumulate_grad_batches)
         epochs = float("inf") if self.max_epochs is None else self.max_epochs * per_epoch
         return epochs if self.max_steps is None else min(epochs, self.max_steps)
 

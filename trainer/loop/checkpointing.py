@@ -10,7 +10,6 @@ a directory of per-rank shards with the same contents (checkpoint/sharded.py).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -50,6 +49,7 @@ from ..init_args import plain_hparams, run_hparams
 from ..optim import check_optimizer_state, lr_course
 from ..strategies.base import unwrap
 from ..version import __version__
+from .cadence import steps_per_epoch
 from .hooks import is_task_hook
 from .run import Run
 
@@ -275,7 +275,7 @@ def _warn_schedule(run: Run, data: Mapping[str, Any], path: str) -> None:
     if not len(run.schedulers) or old == (config.max_epochs, config.max_steps):
         return
     st, n = run.state, run.num_train_batches
-    per_epoch = math.ceil(n / config.accumulate_grad_batches) if n != float("inf") else 0
+    per_epoch = steps_per_epoch(n, config.accumulate_grad_batches) if n != float("inf") else 0
     ends = [config.max_steps] if config.max_steps is not None else []
     if config.max_epochs is not None and per_epoch:
         ends.append(config.max_epochs * per_epoch)
