@@ -7,11 +7,12 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from ..callback import Callback
+from ..checkpoint.files import CheckpointWriter
 from ..data.loaders import fit_loaders
 from ..datamodule import DataSource
 from ..errors import MisconfigurationError
@@ -22,7 +23,9 @@ from ..module import TaskModule, rank_zero_only
 from ..optim import Schedulers, parse_optimizers
 from ..seed import deterministic_algorithms, run_seed, seed_everything
 from ..state import TrainerState
+from ..strategies.base import Strategy
 from ..strategies.model_memory import prepare_module
+from ..trainer_config import TrainerConfig
 from . import modes
 from .cadence import ValidationSchedule
 from .checkpointing import load_weights, open_checkpoint, restore
@@ -34,7 +37,17 @@ from .run import Run
 from .steps import ManualOptimizer, training_step
 
 
-def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
+class RunSource(Protocol):
+    """What :func:`new_run` reads of the Trainer, and nothing else below it does
+    (tests/test_layers.py)."""
+
+    trainer_config: TrainerConfig
+    strategy: Strategy
+    checkpoint_writer: CheckpointWriter
+    checkpoint_callback: Any
+
+
+def new_run(trainer: RunSource, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
             state: TrainerState, log_dir: str | None, verbose: bool = True) -> Run:
     """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any
     hook fires. The only place below the Trainer that reads it (tests/test_layers.py): its
