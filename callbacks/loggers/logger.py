@@ -14,9 +14,10 @@ the callback hooks into calls a writer understands, so a new logger only writes 
 Only rank 0 writes: on other ranks none of them is called. A logger that cannot write (a bad URI, a directory
 that is not writable) fails in ``on_fit_start``, on every rank, before the first training step.
 
-Where a run goes (:func:`run_directory`): a logger given Lightning's ``save_dir``/``name``/``version`` writes into
-``<save_dir>/<name>/version_<N>``; the first such logger chooses ``trainer.log_dir`` (checkpoints go there too);
-without one, ``<default_root_dir>/version_<N>``. A checkpoint records each logger's run (``state_dict``), and a
+Where a run goes (logs/outputs.py's ``run_directory``, which the loop calls): a logger given
+Lightning's ``save_dir``/``name``/``version`` writes into ``<save_dir>/<name>/version_<N>``; the first
+such logger chooses ``trainer.log_dir`` (checkpoints go there too); without one,
+``<default_root_dir>/version_<N>``. A checkpoint records each logger's run (``state_dict``), and a
 fit resumed from it continues that run: the same directory, the same MLflow run.
 """
 from __future__ import annotations
