@@ -119,7 +119,8 @@ def find_last_checkpoint(log_dir: str, name: str, exclude: str | None = None, re
     if _is_leader():
         warnings.warn(f"ckpt_path=last: no earlier run named '{name}' has a last.ckpt yet ({where}), so this run "
                       "starts fresh. HINT: expected on a job's first start; otherwise use the name (experiment, "
-                      "or name=...) and paths.log_dir of the run to resume.", UserWarning, stacklevel=2)
+                      "or name=...) and paths.log_dir of the run to resume.", UserWarning,
+                      stacklevel=console.user_stacklevel())  # no user line: none shown
     return None
 
 
