@@ -313,8 +313,9 @@ def test_ckpt_path_last_with_nothing_to_resume_starts_fresh_with_one_warning(tmp
 
 
 def test_the_fresh_start_warning_names_the_line_that_called_fit(tmp_path):
-    """However many of taskfit's frames lie between (the strategy's launch, the loop), the warning names the
-    user's line, which Python prints under it; not one of taskfit's lines, nor its caller's caller."""
+    """However many of taskfit's frames lie between (the strategy's launch, the loop), the warning
+    names the user's line, which Python prints under it; not one of taskfit's lines, nor its
+    caller's caller."""
     import inspect
     import warnings
 

@@ -95,11 +95,12 @@ def shared_with_workers() -> Iterator[None]:
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` for a ``warnings.warn`` in the calling function that names the user's line: the
-    first caller that is neither taskfit nor installed code (the standard library, site-packages, a
-    console script), however many of taskfit's frames lie between (they differ by path: Trainer.fit,
-    a strategy's launch). Without such a caller (a spawned ddp worker, the ``taskfit`` command), a level
-    past the stack: Python then names no file (``sys:1``) and prints no source line under the message."""
+    """The ``stacklevel`` for a ``warnings.warn`` in the calling function that names the user's
+    line: the first caller that is neither taskfit nor installed code (the standard library,
+    site-packages, a console script), however many of taskfit's frames lie between (they differ by
+    path: Trainer.fit, a strategy's launch). Without such a caller (a spawned ddp worker, the
+    ``taskfit`` command), a level past the stack: Python then names no file (``sys:1``) and prints
+    no source line under the message."""
     installed = tuple(os.path.join(os.path.abspath(p), "") for p in
                       {sys.prefix, sys.base_prefix, sys.exec_prefix, site.getuserbase()}
                       if p and os.path.abspath(p) != os.sep)
@@ -115,8 +116,9 @@ def user_stacklevel() -> int:
 
 @contextlib.contextmanager
 def warnings_logged() -> Iterator[None]:
-    """While inside: each warning is shown as Python shows it (stderr) and also logged to ``taskfit.warnings``;
-    one that names no caller's line (:func:`user_stacklevel` found none) as ``UserWarning: message``."""
+    """While inside: each warning is shown as Python shows it (stderr) and also logged to
+    ``taskfit.warnings``; one that names no caller's line (:func:`user_stacklevel` found none) as
+    ``UserWarning: message``."""
     shown = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
