@@ -173,8 +173,8 @@ def explain(exc: BaseException) -> MisconfigurationError:
 
 
 def _missing_config_dir(message: str) -> MisconfigurationError | None:
-    """Hydra's "config directory ... not found" (``--config-dir``/``-cd``, ``--config-path``/``-cp``)
-    as an error that names the folder and the flag; None for any other message."""
+    """Hydra's "config directory ... not found" (``--config-dir``/``-cd``, ``--config-path``/
+    ``-cp``) as an error that names the folder and the flag; None for any other message."""
     found = re.search(r"Additional config directory '([^']+)' not found", message)
     flag = "--config-dir"
     if found is None:
