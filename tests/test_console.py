@@ -100,7 +100,8 @@ def test_the_bar_total_respects_max_steps_and_limit_train_batches(tmp_path):
                       "{'max_steps': 3, 'accumulate_grad_batches': 2}": {"Epoch 0": "6/6"}}, redraws
     out = io.StringIO()  # a log file's line per epoch says the same
     trainer = Trainer(max_steps=1, enable_model_summary=False, enable_checkpointing=False,
-                      logger=False, default_root_dir=str(tmp_path), callbacks=[ProgressBar(stream=out)])
+                      logger=False, default_root_dir=str(tmp_path),
+                      callbacks=[ProgressBar(stream=out)])
     trainer.fit(ClassifierTask())
     assert "| 1/1 [" in out.getvalue(), out.getvalue()
 
