@@ -211,7 +211,10 @@ def test_an_evaluation_loader_is_sharded_without_duplicates():
 
 
 def test_a_random_sampler_with_its_own_generator_keeps_its_order_in_one_process():
-    loader = DataLoader(dataset(6), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(3))
-    assert prepare_loader(loader, train=True, seed=0) is loader  # Lightning's order: from that generator
+    generator = torch.Generator().manual_seed(3)
+    loader = DataLoader(dataset(6), batch_size=2, shuffle=True, generator=generator)
+    # Lightning's order: from that generator
+    assert prepare_loader(loader, train=True, seed=0) is loader
     sharded = prepare_loader(loader, train=True, seed=0, rank=1, world_size=2)
-    assert isinstance(sharded.sampler, ResumableSampler)  # ddp: DistributedSampler's order, as Lightning
+    # ddp: DistributedSampler's order, as Lightning
+    assert isinstance(sharded.sampler, ResumableSampler)
