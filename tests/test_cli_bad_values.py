@@ -49,8 +49,9 @@ CASES = {
     "yaml with NULs": (["--config-dir=my_configs", "task=nul"], "MisconfigurationError",
                        r"The config file .*nul\.yaml is not valid YAML: unacceptable character"),
     "task file a yaml list": (["--config-dir=my_configs", "task=listed"],
-                              "MisconfigurationError", r"The config file .*my_configs/task/listed\.yaml \(task=listed\) is a "
-                              r"YAML list, not a mapping of keys"),
+                              "MisconfigurationError",
+                              r"The config file .*my_configs/task/listed\.yaml \(task=listed\) "
+                              r"is a YAML list, not a mapping of keys"),
     "garbage ckpt": (["ckpt_path=garbage.ckpt"], "CheckpointError",
                      r"ckpt_path=.*garbage\.ckpt cannot be resumed from: "),
     "text ckpt": (["ckpt_path=text.ckpt"], "CheckpointError", r"ckpt_path=.*text\.ckpt cannot be resumed from: "),
