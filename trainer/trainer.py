@@ -25,6 +25,7 @@ from .checkpoint.files import CheckpointWriter
 from .checkpoint.rng import isolated_rng
 from .compat.lightning.trainer import LightningArguments, LightningNames, entry_keywords
 from .data.loaders import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
+from .data.workers import iterate
 from .datamodule import DataModule, DataSource
 from .init_args import flatten, plain_hparams
 from .logs.buffer import LogBuffer
@@ -216,7 +217,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
-                for batch_idx, batch in enumerate(loader, st.batches_done):
+                for batch_idx, batch in enumerate(iterate(loader), st.batches_done):
                     st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor)
                     if batch_idx >= n:
                         break

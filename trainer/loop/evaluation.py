@@ -19,6 +19,7 @@ from ..data.loaders import (
     sample_order,
     set_epoch,
 )
+from ..data.workers import iterate
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
 from ..logs.metrics import metric_values
@@ -148,7 +149,7 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
             set_epoch(part, 0, data_seed)
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
-            for i, batch in enumerate(part):
+            for i, batch in enumerate(iterate(part)):
                 if i >= cap:
                     break
                 batch = strategy.batch_to_device(batch)
@@ -218,7 +219,7 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     predictions: list[Any] = []
     step = eval_step(task, module, "predict", {})
     with torch.no_grad():
-        for i, batch in enumerate(loader):
+        for i, batch in enumerate(iterate(loader)):
             if i >= limit:
                 break
             batch = strategy.batch_to_device(batch)

@@ -13,6 +13,7 @@ import torch
 
 from ..callback import Callback
 from ..data.loaders import fit_loaders
+from ..data.workers import restore_sigchld
 from ..datamodule import DataSource
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
@@ -66,6 +67,7 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
         finally:
             if run.preemption is not None:
                 run.preemption.uninstall()
+            restore_sigchld()
             if run.fn == "fit" and trainer.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
             task.trainer = None
