@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 from taskfit import Trainer, seed_everything  # noqa: E402
 from taskfit.callbacks import Callback  # noqa: E402
 from taskfit.strategies.spawn import free_port  # noqa: E402
-from tasks import ClassifierTask  # noqa: E402
+from tasks import RegressionTask  # noqa: E402
 
 DEADLINE = 120.0
 
@@ -56,9 +56,9 @@ def _task(folder: str, rank: int, port: int) -> None:
     seed_everything(0)
     trainer = Trainer(accelerator="cpu", max_epochs=50,
                       default_root_dir=os.path.join(folder, "runs"), enable_progress_bar=False,
-                      enable_model_summary=False, logger=False,
+                      enable_model_summary=False, logger=False, num_sanity_val_steps=0,
                       callbacks=[Training(os.path.join(folder, "training"))])
-    trainer.fit(ClassifierTask(batch_size=8), ckpt_path="last")
+    trainer.fit(RegressionTask(n=64), ckpt_path="last")
 
 
 def _fork_task(folder: str, rank: int, port: int) -> int:
