@@ -52,6 +52,10 @@ CASES = {
                               "MisconfigurationError",
                               r"The config file .*my_configs/task/listed\.yaml \(task=listed\) "
                               r"is a YAML list, not a mapping of keys"),
+    "missing config dir": (["--config-dir=no_such_configs"], "MisconfigurationError",
+                           r"--config-dir /.*/work/here/no_such_configs: that path does not exist"),
+    "config dir is a file": (["--config-dir=text.ckpt"], "MisconfigurationError",
+                             r"--config-dir /.*/text\.ckpt: that path is a file, not a folder"),
     "garbage ckpt": (["ckpt_path=garbage.ckpt"], "CheckpointError",
                      r"ckpt_path=.*garbage\.ckpt cannot be resumed from: "),
     "text ckpt": (["ckpt_path=text.ckpt"], "CheckpointError", r"ckpt_path=.*text\.ckpt cannot be resumed from: "),
