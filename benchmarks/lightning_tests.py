@@ -4,6 +4,7 @@
     python benchmarks/lightning_tests.py                   # the 21 files below, one pytest process each
     python benchmarks/lightning_tests.py --only hooks csv  # some of them (names: the FILES keys)
     python benchmarks/lightning_tests.py --save after.json --compare before.json
+    python benchmarks/lightning_tests.py --revision 97290ad --save before.json   # taskfit as of a commit
 
 The files are taken from the snapshot (``--git``, default the fetched mirror; ``--rev``, default HEAD) into
 ``--out`` (default ./lightning_tests_runs) at every run: nothing of Lightning's is stored in this repository.
@@ -15,6 +16,9 @@ this machine cannot run. Each test is counted once:
 - internal: failed on a private name of Lightning's (a placeholder used, a ``trainer._x``/loop attribute,
   ``mock.patch`` of a Lightning path): out of reach of an import rename, left out of the denominator;
 - skipped: RunIf's platform requirements (GPUs, standalone multi-process runs, missing packages).
+
+``--revision`` runs them against taskfit as of a git revision of this repository (its package assembled under
+``--out``, ahead of the installed one on the path) instead of the working tree.
 
 The report: per file and in total, "passed of in reach" (in reach = tests - internal - skipped), then the
 failures grouped by their first error line, most frequent first.
@@ -94,16 +98,33 @@ def extract(git_dir: str, rev: str, out: str, names: list[str]) -> None:
         f.write("[pytest]\n")
 
 
-def run_file(name: str, out: str, git_dir: str, rev: str, timeout: int) -> list[dict]:
+def taskfit_at(revision: str, out: str) -> str:
+    """A folder holding taskfit's package as of ``revision`` (pyproject's layout: trainer/ is ``taskfit``,
+    callbacks/, examples/, conf/ its subpackages), to put first on PYTHONPATH."""
+    repo = os.path.dirname(HERE)
+    tar = subprocess.run(["git", "-C", repo, "archive", revision, "trainer", "callbacks", "examples", "conf"],
+                         capture_output=True, check=True).stdout
+    root = os.path.join(out, f"taskfit_{revision}")
+    shutil.rmtree(root, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(root, filter="data")
+    package = os.path.join(root, "taskfit")
+    os.rename(os.path.join(root, "trainer"), package)
+    for sub in ("callbacks", "examples", "conf"):
+        os.rename(os.path.join(root, sub), os.path.join(package, sub))
+    return root
+
+
+def run_file(name: str, out: str, git_dir: str, rev: str, timeout: int, path: str = "") -> list[dict]:
     """One file in its own pytest process and scratch folder; its JSON records."""
     tests = os.path.join(out, "tests")
     scratch = os.path.join(out, "scratch", name)
     os.makedirs(scratch, exist_ok=True)
     records = os.path.join(out, f"{name}.jsonl")
     env = dict(os.environ, LIGHTNING_GIT=git_dir, LIGHTNING_REV=rev, LIGHTNING_TESTS_OUT=records,
-               PYTHONPATH=tests, TQDM_DISABLE="1")
+               PYTHONPATH=os.pathsep.join(p for p in (path, tests) if p), TQDM_DISABLE="1")
     command = [sys.executable, "-m", "pytest", os.path.join(out, ROOT, FILES[name]), "-q", "-p",
-               "no:randomly", "-p", "no:cacheprovider", "-c", os.path.join(tests, "pytest.ini"),
+               "no:randomly", "-p", "no:cacheprovider", "--continue-on-collection-errors", "-c", os.path.join(tests, "pytest.ini"),
                "--rootdir", tests, f"--timeout={timeout}", "--basetemp", os.path.join(scratch, "tmp")]
     subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
     if not os.path.exists(records):
@@ -179,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rev", default="HEAD")
     parser.add_argument("--out", default=os.path.abspath("lightning_tests_runs"))
     parser.add_argument("--only", nargs="+", choices=sorted(FILES), default=list(FILES))
+    parser.add_argument("--revision", help="run against taskfit as of this git revision (default: the tree)")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test (a hang fails it)")
     parser.add_argument("--save", help="write the verdicts to this JSON file")
     parser.add_argument("--compare", help="a JSON file --save wrote: list the verdicts that changed")
@@ -189,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = os.path.abspath(args.out)
     extract(args.git, args.rev, out, args.only)
+    path = taskfit_at(args.revision, out) if args.revision else ""
     results = {}
     for name in args.only:
-        results[name] = verdicts(run_file(name, out, args.git, args.rev, args.timeout))
+        results[name] = verdicts(run_file(name, out, args.git, args.rev, args.timeout, path))
         print(f"{name}: {collections.Counter(v for v, _ in results[name].values())}", flush=True)
     print(report(results))
     if args.save:

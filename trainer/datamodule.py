@@ -26,7 +26,7 @@ class DataModule:
     Its ``__init__`` arguments are recorded in :attr:`hparams`, as a TaskModule's.
     """
 
-    trainer: Any = None  # the Trainer running it (set for the length of a run)
+    trainer: Any = None  # the Trainer of its current or last run (as Lightning's: kept after the run)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "DataModule":
         self = super().__new__(cls)
@@ -72,6 +72,18 @@ class DataModule:
                 datamodule.__dict__[name] = lambda datasets=datasets, shuffle=shuffle: loaders(datasets, shuffle)
         return datamodule
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (sent to ddp workers) without its trainer."""
+        return {k: v for k, v in self.__dict__.items() if k != "trainer"}
+
+    def __str__(self) -> str:
+        """Lightning's summary of the loaders: one ``{Train dataloader: size=64}`` line per loader method
+        (``None`` where it gives none or fails, ``NA`` for a dataset without a length, ``1. size=.. ; 2. ...``
+        for several loaders)."""
+        names = ("Train", "Validation", "Test", "Predict")
+        return os.linesep.join(f"{{{name} dataloader: {_loaders_info(self, method)}}}"
+                               for name, method in zip(names, LOADERS.values()))
+
     def state_dict(self) -> dict[str, Any]:
         """What this data module needs to continue after a resume (plain containers, numbers, tensors)."""
         return {}
@@ -87,6 +99,25 @@ class DataModule:
     def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True) -> None:
         """Lightning's call: keep only ``args`` (names) in :attr:`hparams`, or all but ``ignore``."""
         select_hparams(self, args, ignore)
+
+
+def _loaders_info(datamodule: DataModule, method: str) -> str:
+    """``size=N`` of the loader ``method`` returns, or of each of several; ``None`` when there is none."""
+    try:
+        loaders = getattr(datamodule, method)()
+    except Exception:  # not set up yet, or not defined (Lightning: None)
+        return "None"
+    if loaders is None:
+        return "None"
+    if hasattr(loaders, "dataset"):
+        return _size(loaders)
+    several = loaders.values() if isinstance(loaders, dict) else loaders
+    return " ; ".join(f"{i}. {_size(loader)}" for i, loader in enumerate(several, start=1))
+
+
+def _size(loader: Any) -> str:
+    dataset = getattr(loader, "dataset", None)
+    return f"size={len(dataset) if hasattr(dataset, '__len__') else 'NA'}"
 
 
 class DataSource:

@@ -21,7 +21,7 @@ from ..logs.metrics import build_metrics
 from ..module import TaskModule, rank_zero_only
 from ..optim import Schedulers, parse_optimizers
 from ..seed import deterministic_algorithms, run_seed, seed_everything
-from ..state import TrainerState
+from ..state import TrainerFn, TrainerState
 from ..strategies.model_memory import prepare_module
 from . import modes
 from .cadence import ValidationSchedule
@@ -68,16 +68,14 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
                 run.preemption.uninstall()
             if run.fn == "fit" and trainer.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
-            task.trainer = None
-            if datamodule is not None:
-                datamodule.trainer = None
+            task.trainer = None  # (a data module keeps its trainer after the run, as Lightning's)
 
 
 def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
     """The run's parts, in Lightning's order: the run directory, precision and logging buffer, the task attached,
     ``prepare_data``, ``setup``, ``configure_model``, the wrapped module, metrics, data seed, preemption."""
     strategy, task, datamodule = run.strategy, run.task, run.data.datamodule
-    run.state.fn = run.fn
+    run.state.fn = TrainerFn(run.fn)  # Lightning's enum, equal to the string
     if run.log_dir is None:  # chosen on rank 0
         run.log_dir = strategy.broadcast(strategy.is_main and run_directory(run.callbacks, trainer.default_root_dir))
     run.moves_batches = strategy.moves_batches

@@ -1,0 +1,142 @@
+"""Lightning's public API where its own tests (benchmarks/lightning_tests.py, issue 46) found taskfit lacking.
+
+Each expected value was observed by running the same program with Lightning 2.6.6 (``BoringModel``-like task,
+``lightning.pytorch``'s names in place of taskfit's); the observation is recorded next to each assertion.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from taskfit import DataModule, TaskModule, Trainer
+from taskfit.state import TrainerFn, TrainerStatus
+
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+class Boring(TaskModule):
+    """Lightning's BoringModel, as far as these tests need it: Linear(32, 2), SGD, random data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(32, 2)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        return self(batch).sum()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("x", self(batch).sum())
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "x", "name": "plateau"}}
+
+    def train_dataloader(self):
+        return DataLoader(torch.randn(8, 32), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(torch.randn(8, 32), batch_size=4)
+
+
+def test_state_fn_is_lightnings_enum_and_equal_to_its_string(tmp_path):
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(Boring())
+    fn = trainer.state.fn
+    # Lightning 2.6.6: <TrainerFn.FITTING: 'fit'>, .value 'fit', == "fit"; status == "finished"
+    assert fn is TrainerFn.FITTING and fn.value == "fit" and fn == "fit"
+    assert trainer.state.status == TrainerStatus.FINISHED == "finished"
+    assert f"{fn}" == "fit"  # taskfit's messages format it as its value (Lightning prints TrainerFn.FITTING)
+    trainer.validate(Boring(), verbose=False)
+    assert trainer.state.fn is TrainerFn.VALIDATING and trainer.state.fn.value == "validate"
+
+
+def test_lr_scheduler_configs(tmp_path):
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    assert trainer.lr_scheduler_configs == []
+    trainer.fit(Boring())
+    (config,) = trainer.lr_scheduler_configs
+    # Lightning 2.6.6: LRSchedulerConfig(name='plateau', interval='epoch', frequency=1, reduce_on_plateau=True,
+    # monitor='x', strict=True)
+    assert (config.name, config.interval, config.frequency, config.reduce_on_plateau, config.monitor,
+            config.strict) == ("plateau", "epoch", 1, True, "x", True)
+    assert isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def test_predict_step_of_the_base_class_for_super_calls(tmp_path):
+    class Doubled(Boring):
+        def predict_step(self, batch, batch_idx):
+            return super().predict_step(batch, batch_idx) * 2
+
+    task = Doubled()
+    x = torch.ones(2, 32)
+    (prediction,) = Trainer(**QUIET, default_root_dir=tmp_path).predict(task, DataLoader(x, batch_size=2))
+    assert torch.equal(prediction, task(x) * 2)  # Lightning 2.6.6: True (its default is self(batch))
+    base = Boring()
+    assert torch.equal(base.predict_step(x, 0), base(x))  # the base class's default: self(inputs)
+
+
+class Boring4(DataModule):
+    """Lightning's BoringDataModule: 256 random samples, split by stage into four loaders of 64."""
+
+    def setup(self, stage):
+        full = torch.randn(256, 32)
+        if stage == "fit":
+            self.train, self.val = full[:64], full[64:128]
+        if stage in ("fit", "validate"):
+            self.val = full[64:128]
+        if stage == "test":
+            self.test = full[128:192]
+
+    def train_dataloader(self):
+        return DataLoader(self.train)
+
+    def val_dataloader(self):
+        return DataLoader(self.val)
+
+    def test_dataloader(self):
+        return DataLoader(self.test)
+
+
+class Endless(IterableDataset):
+    def __iter__(self):
+        yield from range(3)
+
+
+def test_str_of_a_data_module_names_its_loaders_sizes():
+    data = Boring4()
+    lines = ["Train dataloader: None", "Validation dataloader: None", "Test dataloader: None",
+             "Predict dataloader: None"]
+    assert str(data) == os.linesep.join(f"{{{line}}}" for line in lines)  # Lightning 2.6.6, not set up
+    data.setup("fit")
+    lines[:2] = ["Train dataloader: size=64", "Validation dataloader: size=64"]
+    assert str(data) == os.linesep.join(f"{{{line}}}" for line in lines)  # Lightning 2.6.6, after setup("fit")
+
+    class Several(DataModule):
+        def train_dataloader(self):
+            return [DataLoader(TensorDataset(torch.zeros(16))), DataLoader(Endless())]
+
+    # Lightning 2.6.6's IterableBoringDataModule: "1. size=16 ; 2. size=NA"
+    assert str(Several()).splitlines()[0] == "{Train dataloader: 1. size=16 ; 2. size=NA}"
+
+
+class Data(DataModule):
+    def train_dataloader(self):
+        return DataLoader(torch.randn(8, 32), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(torch.randn(8, 32), batch_size=4)
+
+
+def test_a_data_module_keeps_its_trainer_after_fit(tmp_path):
+    data = Data()
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(Boring(), datamodule=data)
+    assert data.trainer is trainer  # Lightning 2.6.6: dm.trainer is the trainer after fit (and validate)
+    assert "trainer" not in pickle.loads(pickle.dumps(data)).__dict__  # sent to ddp workers without it
