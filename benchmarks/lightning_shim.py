@@ -197,6 +197,8 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def install() -> None:
     """Put the finder first, so that an installed Lightning is not used either."""
+    if any(isinstance(finder, Finder) for finder in sys.meta_path):
+        return
     for name in [m for m in sys.modules if m.split(".")[0] in ROOTS]:
         del sys.modules[name]
     sys.meta_path.insert(0, Finder())

@@ -26,6 +26,7 @@ failures grouped by their first error line, most frequent first.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import json
 import os
@@ -63,13 +64,17 @@ FILES = {  # name: the file under tests/tests_pytorch, by area (issue 46)
     "multiple_optimizers": "trainer/optimization/test_multiple_optimizers.py",
 }
 # A failure on one of these is Lightning's machinery, not its public API
-INTERNAL = re.compile(r"LightningInternal|has no attribute '(_\w+|\w+_loop|strategy|accelerator|"
-                      r"precision_plugin)'|<module '(lightning|pytorch_lightning)")
-CONFTEST = """import sys
+INTERNAL = re.compile(r"LightningInternal|(has no|does not have the) attribute '(_\w+|\w+_loop|strategy|"
+                      r"accelerator|precision_plugin)'|<module '(lightning|pytorch_lightning)")
+# A failed test whose code mocks one of Lightning's private methods tested its internals
+MOCKS_PRIVATE = re.compile(r"patch(\.object)?\([^)]*[\"'.]_[a-z]\w*[\"']|\._[a-z]\w* = (Mock|MagicMock)")
+CONFTEST = """pytest_plugins = ["lightning_shim"]
+"""
+# Also in the processes a test starts (ddp workers): the finder is installed at interpreter start
+SITECUSTOMIZE = """import sys
 sys.path.insert(0, {here!r})
 import lightning_shim
 lightning_shim.install()
-pytest_plugins = ["lightning_shim"]
 """
 RUNIF = "from lightning_shim import RunIf, _xfail_gloo_windows  # noqa: F401\n"
 
@@ -93,7 +98,9 @@ def extract(git_dir: str, rev: str, out: str, names: list[str]) -> None:
     with open(os.path.join(tests, "tests_pytorch", "helpers", "runif.py"), "w") as f:
         f.write(RUNIF)
     with open(os.path.join(tests, "conftest.py"), "w") as f:
-        f.write(CONFTEST.format(here=HERE))
+        f.write(CONFTEST)
+    with open(os.path.join(tests, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE.format(here=HERE))
     with open(os.path.join(tests, "pytest.ini"), "w") as f:
         f.write("[pytest]\n")
 
@@ -123,10 +130,16 @@ def run_file(name: str, out: str, git_dir: str, rev: str, timeout: int, path: st
     records = os.path.join(out, f"{name}.jsonl")
     env = dict(os.environ, LIGHTNING_GIT=git_dir, LIGHTNING_REV=rev, LIGHTNING_TESTS_OUT=records,
                PYTHONPATH=os.pathsep.join(p for p in (path, tests) if p), TQDM_DISABLE="1")
-    command = [sys.executable, "-m", "pytest", os.path.join(out, ROOT, FILES[name]), "-q", "-p",
-               "no:randomly", "-p", "no:cacheprovider", "--continue-on-collection-errors", "-c", os.path.join(tests, "pytest.ini"),
+    command = [sys.executable, "-m", "pytest", os.path.join(out, ROOT, FILES[name]), "-q", "-p", "no:randomly",
+               "-p", "no:cacheprovider", "--continue-on-collection-errors", "-c", os.path.join(tests, "pytest.ini"),
                "--rootdir", tests, f"--timeout={timeout}", "--basetemp", os.path.join(scratch, "tmp")]
     subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
+    return read_records(out, name)
+
+
+def read_records(out: str, name: str) -> list[dict]:
+    """The JSON records of file ``name``'s run under ``out``."""
+    records = os.path.join(out, f"{name}.jsonl")
     if not os.path.exists(records):
         return [{"test": FILES[name], "when": "collect", "outcome": "error", "first": "pytest wrote nothing",
                  "touched": []}]
@@ -134,7 +147,18 @@ def run_file(name: str, out: str, git_dir: str, rev: str, timeout: int, path: st
         return [json.loads(line) for line in f]
 
 
-def verdicts(records: list[dict]) -> dict[str, tuple[str, str]]:
+def test_sources(out: str, name: str) -> dict[str, str]:
+    """The source of each test function of file ``name`` (as extracted under ``out``), by function name."""
+    path = os.path.join(out, ROOT, FILES[name])
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        text = f.read()
+    return {node.name: ast.get_source_segment(text, node) or "" for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")}
+
+
+def verdicts(records: list[dict], sources: dict[str, str]) -> dict[str, tuple[str, str]]:
     """Each test's one verdict and first error line: passed, failed, internal or skipped."""
     result: dict[str, tuple[str, str]] = {}
     for r in records:
@@ -143,7 +167,9 @@ def verdicts(records: list[dict]) -> dict[str, tuple[str, str]]:
         elif r["outcome"] == "skipped":
             result[r["test"]] = ("skipped", r["first"])
         elif result.get(r["test"], ("passed",))[0] == "passed":
-            internal = any(t.startswith("internal:") for t in r["touched"]) or INTERNAL.search(r["first"])
+            function = r["test"].split("::")[-1].split("[")[0]
+            internal = (any(t.startswith("internal:") for t in r["touched"]) or INTERNAL.search(r["first"])
+                        or MOCKS_PRIVATE.search(sources.get(function, "")))
             result[r["test"]] = ("internal" if internal else "failed", r["first"])
     return result
 
@@ -202,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(FILES), default=list(FILES))
     parser.add_argument("--revision", help="run against taskfit as of this git revision (default: the tree)")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test (a hang fails it)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: report the records an earlier run left in --out")
     parser.add_argument("--save", help="write the verdicts to this JSON file")
     parser.add_argument("--compare", help="a JSON file --save wrote: list the verdicts that changed")
     args = parser.parse_args(argv)
@@ -210,11 +238,14 @@ def main(argv: list[str] | None = None) -> int:
               "and pass its git directory as --git.")
         return 0
     out = os.path.abspath(args.out)
-    extract(args.git, args.rev, out, args.only)
-    path = taskfit_at(args.revision, out) if args.revision else ""
+    if not args.report_only:
+        extract(args.git, args.rev, out, args.only)
+    path = taskfit_at(args.revision, out) if args.revision and not args.report_only else ""
     results = {}
     for name in args.only:
-        results[name] = verdicts(run_file(name, out, args.git, args.rev, args.timeout, path))
+        records = read_records(out, name) if args.report_only else run_file(name, out, args.git, args.rev,
+                                                                             args.timeout, path)
+        results[name] = verdicts(records, test_sources(out, name))
         print(f"{name}: {collections.Counter(v for v, _ in results[name].values())}", flush=True)
     print(report(results))
     if args.save:

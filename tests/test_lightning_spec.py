@@ -140,3 +140,17 @@ def test_a_data_module_keeps_its_trainer_after_fit(tmp_path):
     trainer.fit(Boring(), datamodule=data)
     assert data.trainer is trainer  # Lightning 2.6.6: dm.trainer is the trainer after fit (and validate)
     assert "trainer" not in pickle.loads(pickle.dumps(data)).__dict__  # sent to ddp workers without it
+
+
+def test_early_stopping_keys_its_state_as_lightning(tmp_path):
+    from taskfit.callbacks import EarlyStopping
+
+    stopper = EarlyStopping(monitor="x", patience=1)
+    # Lightning 2.6.6: EarlyStopping(monitor="x").state_key == "EarlyStopping{'monitor': 'x', 'mode': 'min'}"
+    assert stopper.state_key == "EarlyStopping{'monitor': 'x', 'mode': 'min'}"
+    trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, callbacks=[stopper], **QUIET)
+    trainer.fit(Boring())
+    older = {"callbacks": {"EarlyStopping{monitor=x, mode=min}": stopper.state_dict()}}  # taskfit's key before
+    resumed = EarlyStopping(monitor="x", patience=1)
+    resumed.on_load_checkpoint(trainer, None, older)
+    assert resumed.state_dict() == stopper.state_dict() and resumed.wait_count == stopper.wait_count
