@@ -154,3 +154,50 @@ def test_early_stopping_keys_its_state_as_lightning(tmp_path):
     resumed = EarlyStopping(monitor="x", patience=1)
     resumed.on_load_checkpoint(trainer, None, older)
     assert resumed.state_dict() == stopper.state_dict() and resumed.wait_count == stopper.wait_count
+
+
+class Transfer(TaskModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(filter(lambda p: p.requires_grad, self.parameters()), lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)]
+
+
+def _monitored(tmp_path, monitor) -> None:
+    from taskfit.callbacks import BackboneFinetuning, CSVLogger
+
+    x = torch.randn(32, 4)
+    Trainer(max_epochs=4, callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=2), monitor],
+            logger=CSVLogger(str(tmp_path)), enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False).fit(Transfer(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)),
+                                                                   batch_size=8))
+
+
+def test_lr_monitor_names_groups_added_during_fit_as_lightning(tmp_path):
+    from taskfit.callbacks import LearningRateMonitor
+
+    monitor = LearningRateMonitor()
+    _monitored(tmp_path, monitor)
+    rounded = {k: [round(v, 6) for v in values] for k, values in monitor.lrs.items()}
+    # Lightning 2.6.6, the same program: lr-SGD is renamed lr-SGD/pg1 once the backbone's group is added
+    assert rounded == {"lr-SGD/pg1": [0.1, 0.05, 0.025, 0.0125], "lr-SGD/pg2": [0.0025, 0.005]}
+
+
+def test_lr_monitor_log_key_prefix(tmp_path):
+    from taskfit.callbacks import LearningRateMonitor
+
+    monitor = LearningRateMonitor(log_momentum=True, log_key_prefix="optim/")
+    _monitored(tmp_path, monitor)
+    # Lightning's (after 2.6.6, its tests at the fetched revision): every name prefixed
+    assert list(monitor.lrs) == ["optim/lr-SGD/pg1", "optim/lr-SGD/pg2"]
+    assert list(monitor.last_momentum_values) == ["optim/lr-SGD/pg1-momentum", "optim/lr-SGD/pg2-momentum"]
