@@ -65,7 +65,8 @@ FILES = {  # name: the file under tests/tests_pytorch, by area (issue 46)
 }
 # A failure on one of these is Lightning's machinery, not its public API
 INTERNAL = re.compile(r"LightningInternal|(has no|does not have the) attribute '(_\w+|\w+_loop|strategy|"
-                      r"accelerator|precision_plugin)'|<module '(lightning|pytorch_lightning)")
+                      r"accelerator|precision_plugin)'|<module '(lightning|pytorch_lightning)|"
+                      r"Strategy' object has no attribute")
 # A failed test whose code mocks one of Lightning's private methods tested its internals
 MOCKS_PRIVATE = re.compile(r"patch(\.object)?\([^)]*[\"'.]_[a-z]\w*[\"']|\._[a-z]\w* = (Mock|MagicMock)")
 CONFTEST = """pytest_plugins = ["lightning_shim"]

@@ -201,3 +201,33 @@ def test_lr_monitor_log_key_prefix(tmp_path):
     # Lightning's (after 2.6.6, its tests at the fetched revision): every name prefixed
     assert list(monitor.lrs) == ["optim/lr-SGD/pg1", "optim/lr-SGD/pg2"]
     assert list(monitor.last_momentum_values) == ["optim/lr-SGD/pg1-momentum", "optim/lr-SGD/pg2-momentum"]
+
+
+def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, caplog):
+    import logging
+
+    import pytest
+
+    from taskfit.callbacks import StochasticWeightAveraging
+
+    seen = []
+
+    class Groups(Boring):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD([{"params": self.layer.weight, "lr": 0.1}, {"params": self.layer.bias, "lr": 0.2}])
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1),
+                                                       "interval": "step"}}
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def on_train_epoch_start(self):
+            groups = self.trainer.optimizers[0].param_groups
+            seen.append([(g["lr"], g["initial_lr"], g["swa_lr"]) for g in groups])
+
+    swa = StochasticWeightAveraging(swa_lrs=[0.01, 0.02])
+    # Lightning 2.6.6 (its test_swa_warns/test_swa_multiple_lrs): the warning, the log line, the groups' values
+    with caplog.at_level(logging.INFO), pytest.warns(UserWarning, match="SWA is currently only supported every"):
+        Trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[swa], **QUIET).fit(Groups())
+    assert "Swapping scheduler `StepLR` for `SWALR`" in caplog.text
+    assert seen == [[(0.1, 0.01, 0.01), (0.2, 0.02, 0.02)]]
