@@ -1,11 +1,11 @@
-"""Transfer learning: train a head on a frozen backbone, then unfreeze the backbone into the optimizer.
+"""Transfer learning: train a head on a frozen backbone, then add the backbone to the optimizer.
 
-``BaseFinetuning`` and ``BackboneFinetuning`` are Lightning 2.6's callbacks of the same names, with their
-arguments, hooks and checkpoint state: ``freeze_before_training(task)`` runs in ``setup`` (before
-``configure_optimizers``, so the optimizer can take only the trainable parameters) and
-``finetune_function(task, epoch, optimizer)`` at each training epoch's start. The parameter groups the
-callback added are recorded by parameter name and rebuilt when a fit resumes, before the optimizer's state
-is loaded into them (docs/callbacks.md, "Fine-tuning a frozen backbone").
+``BaseFinetuning`` and ``BackboneFinetuning`` are Lightning 2.6's callbacks of the same names, with
+their arguments, hooks and checkpoint state: ``freeze_before_training(task)`` runs in ``setup``
+(before ``configure_optimizers``, so the optimizer can take only the trainable parameters) and
+``finetune_function(task, epoch, optimizer)`` at each training epoch's start. The parameter groups
+the callback added are recorded by parameter name and rebuilt when a fit resumes, before the
+optimizer's state is loaded into them (docs/callbacks.md, "Fine-tuning a frozen backbone").
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def multiplicative(epoch: int) -> float:
 
 
 class BaseFinetuning(Callback):
-    """Override ``freeze_before_training`` and ``finetune_function``; filter the optimizer's parameters on
-    ``requires_grad`` in ``configure_optimizers``."""
+    """Override ``freeze_before_training`` and ``finetune_function``; filter the optimizer's
+    parameters on ``requires_grad`` in ``configure_optimizers``."""
 
     def __init__(self) -> None:
         # Lightning's name: optimizer index -> its parameter groups, parameters by name
@@ -42,11 +42,13 @@ class BaseFinetuning(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # (a Lightning checkpoint older than 1.6 holds the metadata itself)
-        self._internal_optimizer_metadata = state_dict.get("internal_optimizer_metadata", state_dict)
+        metadata = state_dict.get("internal_optimizer_metadata", state_dict)
+        self._internal_optimizer_metadata = metadata
 
     def on_load_checkpoint(self, trainer: Any, task: Any, checkpoint: dict[str, Any]) -> None:
-        """Rebuild the parameter groups this callback added, so that the optimizer's state loads into them, and
-        make their parameters trainable again (Lightning 2.6 leaves them frozen: its resume is not exact)."""
+        """Rebuild the parameter groups this callback added, so that the optimizer's state loads
+        into them, and make their parameters trainable again (Lightning 2.6 leaves them frozen:
+        its resume is not exact)."""
         state = checkpoint.get("callbacks", {}).get(self.state_key)
         if not state:
             return
@@ -55,8 +57,9 @@ class BaseFinetuning(Callback):
         for index, optimizer in enumerate(trainer.optimizers):
             if index in self._internal_optimizer_metadata:
                 before = len(optimizer.param_groups)
-                optimizer.param_groups = _with_parameters(self._internal_optimizer_metadata[index], named)
-                added = {id(p) for group in optimizer.param_groups[before:] for p in group["params"]}
+                groups = _with_parameters(self._internal_optimizer_metadata[index], named)
+                optimizer.param_groups = groups
+                added = {id(p) for group in groups[before:] for p in group["params"]}
                 self.make_trainable([m for m in task.modules()
                                      if any(id(p) in added for p in m.parameters(recurse=False))])
 
@@ -69,16 +72,19 @@ class BaseFinetuning(Callback):
             found = list(modules.modules())
         else:
             found = [m for item in modules for m in BaseFinetuning.flatten_modules(item)]
-        return [m for m in found if not list(m.children()) or m._parameters]
+        return [m for m in found
+                if not list(m.children()) or any(True for _ in m.parameters(recurse=False))]
 
     @staticmethod
-    def filter_params(modules: Modules, train_bn: bool = True, requires_grad: bool = True) -> Iterator[Any]:
-        """The parameters of ``modules`` whose ``requires_grad`` is ``requires_grad`` (batch norms' skipped
-        unless ``train_bn``)."""
+    def filter_params(modules: Modules, train_bn: bool = True,
+                      requires_grad: bool = True) -> Iterator[Any]:
+        """The parameters of ``modules`` whose ``requires_grad`` is ``requires_grad`` (batch norms'
+        skipped unless ``train_bn``)."""
         for module in BaseFinetuning.flatten_modules(modules):
             if isinstance(module, _BatchNorm) and not train_bn:
                 continue
-            yield from (p for p in module.parameters(recurse=False) if p.requires_grad == requires_grad)
+            own = module.parameters(recurse=False)
+            yield from (p for p in own if p.requires_grad == requires_grad)
 
     @staticmethod
     def make_trainable(modules: Modules) -> None:
@@ -91,7 +97,7 @@ class BaseFinetuning(Callback):
 
     @staticmethod
     def freeze_module(module: nn.Module) -> None:
-        """Freeze one module's own parameters (a batch norm stops tracking running statistics)."""
+        """Freeze one module's own parameters (a batch norm stops tracking running stats)."""
         if isinstance(module, _BatchNorm):
             module.track_running_stats = False
         for param in module.parameters(recurse=False):
@@ -108,27 +114,30 @@ class BaseFinetuning(Callback):
 
     @staticmethod
     def filter_on_optimizer(optimizer: Optimizer, params: Iterable[Any]) -> list[Any]:
-        """``params`` less those ``optimizer`` already holds (with Lightning's warning when there are some)."""
+        """``params`` less those ``optimizer`` already holds (Lightning's warning if any)."""
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         params = list(params)
         fresh = [p for p in params if id(p) not in held]
         if len(fresh) < len(params):
             warnings.warn(
-                "The provided params to be frozen already exist within another group of this optimizer. Those "
-                "parameters will be skipped.\nHINT: Did you init your optimizer in `configure_optimizer` as such:"
-                f"\n {type(optimizer)}(filter(lambda p: p.requires_grad, self.parameters()), ...) ",
+                "The provided params to be frozen already exist within another group of this "
+                "optimizer. Those parameters will be skipped.\nHINT: Did you init your optimizer "
+                "in `configure_optimizer` as such:\n "
+                f"{type(optimizer)}(filter(lambda p: p.requires_grad, self.parameters()), ...) ",
                 UserWarning, stacklevel=3)
         return fresh
 
     @staticmethod
-    def unfreeze_and_add_param_group(modules: Modules, optimizer: Optimizer, lr: float | None = None,
-                                     initial_denom_lr: float = 10.0, train_bn: bool = True) -> None:
-        """Unfreeze ``modules`` and add their parameters to ``optimizer`` as one new group: learning rate
-        ``lr``, or the first group's divided by ``initial_denom_lr``."""
+    def unfreeze_and_add_param_group(modules: Modules, optimizer: Optimizer,
+                                     lr: float | None = None, initial_denom_lr: float = 10.0,
+                                     train_bn: bool = True) -> None:
+        """Unfreeze ``modules`` and add their parameters to ``optimizer`` as one new group: learning
+        rate ``lr``, or the first group's divided by ``initial_denom_lr``."""
         BaseFinetuning.make_trainable(modules)
-        group_lr = optimizer.param_groups[0]["lr"] / initial_denom_lr if lr is None else float(lr)
-        params = BaseFinetuning.filter_on_optimizer(
-            optimizer, BaseFinetuning.filter_params(modules, train_bn=train_bn, requires_grad=True))
+        first = optimizer.param_groups[0]["lr"]
+        group_lr = first / initial_denom_lr if lr is None else float(lr)
+        trainable = BaseFinetuning.filter_params(modules, train_bn=train_bn, requires_grad=True)
+        params = BaseFinetuning.filter_on_optimizer(optimizer, trainable)
         if params:
             optimizer.add_param_group({"params": params, "lr": group_lr})
 
@@ -143,10 +152,11 @@ class BaseFinetuning(Callback):
 
     def _store(self, task: Any, index: int, before: int, groups: list[dict[str, Any]]) -> None:
         names = {p: n for n, p in task.named_parameters()}
-        if index not in self._internal_optimizer_metadata:
-            self._internal_optimizer_metadata[index] = _with_parameters(groups, names)
+        metadata = self._internal_optimizer_metadata
+        if index not in metadata:
+            metadata[index] = _with_parameters(groups, names)
         elif before != len(groups):
-            self._internal_optimizer_metadata[index].extend(_with_parameters(groups[before:], names))
+            metadata[index].extend(_with_parameters(groups[before:], names))
 
     def finetune_function(self, pl_module: Any, epoch: int, optimizer: Optimizer) -> None:
         """Override: unfreeze what this epoch trains (``unfreeze_and_add_param_group``)."""
@@ -157,22 +167,25 @@ class BaseFinetuning(Callback):
         raise NotImplementedError
 
 
-def _with_parameters(groups: list[dict[str, Any]], mapping: dict[Any, Any]) -> list[dict[str, Any]]:
+def _with_parameters(groups: list[dict[str, Any]],
+                     mapping: dict[Any, Any]) -> list[dict[str, Any]]:
     """``groups`` with each parameter replaced through ``mapping`` (parameter <-> its name)."""
-    return [{**{k: v for k, v in g.items() if k != "params"}, "params": [mapping[p] for p in g["params"]]}
-            for g in groups]
+    return [{**{k: v for k, v in g.items() if k != "params"},
+             "params": [mapping[p] for p in g["params"]]} for g in groups]
 
 
 class BackboneFinetuning(BaseFinetuning):
-    """Train the module's ``backbone`` attribute from epoch ``unfreeze_backbone_at_epoch`` on, at a learning
-    rate that starts at ``backbone_initial_lr`` (default: the first group's times ``backbone_initial_ratio_lr``)
-    and is multiplied by ``lambda_func(epoch + 1)`` each later epoch, capped at the first group's rate when
-    ``should_align``."""
+    """Train the module's ``backbone`` attribute from epoch ``unfreeze_backbone_at_epoch`` on, at a
+    learning rate that starts at ``backbone_initial_lr`` (default: the first group's times
+    ``backbone_initial_ratio_lr``) and is multiplied by ``lambda_func(epoch + 1)`` each later epoch,
+    capped at the first group's rate when ``should_align``."""
 
-    def __init__(self, unfreeze_backbone_at_epoch: int = 10, lambda_func: Callable[[int], float] = multiplicative,
-                 backbone_initial_ratio_lr: float = 10e-2, backbone_initial_lr: float | None = None,
-                 should_align: bool = True, initial_denom_lr: float = 10.0, train_bn: bool = True,
-                 verbose: bool = False, rounding: int = 12) -> None:
+    def __init__(self, unfreeze_backbone_at_epoch: int = 10,
+                 lambda_func: Callable[[int], float] = multiplicative,
+                 backbone_initial_ratio_lr: float = 10e-2,
+                 backbone_initial_lr: float | None = None, should_align: bool = True,
+                 initial_denom_lr: float = 10.0, train_bn: bool = True, verbose: bool = False,
+                 rounding: int = 12) -> None:
         super().__init__()
         self.unfreeze_backbone_at_epoch = unfreeze_backbone_at_epoch
         self.lambda_func = lambda_func
@@ -186,7 +199,8 @@ class BackboneFinetuning(BaseFinetuning):
         self.previous_backbone_lr: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "previous_backbone_lr": self.previous_backbone_lr}
+        state = super().state_dict()
+        return {**state, "previous_backbone_lr": self.previous_backbone_lr}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.previous_backbone_lr = state_dict["previous_backbone_lr"]
@@ -194,16 +208,17 @@ class BackboneFinetuning(BaseFinetuning):
 
     def on_load_checkpoint(self, trainer: Any, task: Any, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(trainer, task, checkpoint)
-        if self.previous_backbone_lr is not None:  # unfrozen before the checkpoint (batch norms too)
+        # unfrozen before the checkpoint: trainable again (batch norms too)
+        if self.previous_backbone_lr is not None:
             self.make_trainable(task.backbone)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not isinstance(getattr(pl_module, "backbone", None), nn.Module):
             raise MisconfigurationError(
-                f"{type(pl_module).__name__} has no `backbone` to fine-tune (Lightning's words: The "
-                "LightningModule should have a nn.Module `backbone` attribute).",
-                "assign the pretrained part to self.backbone in __init__ (an nn.Module), or write a "
-                "BaseFinetuning subclass that freezes the part you name.")
+                f"{type(pl_module).__name__} has no `backbone` to fine-tune (Lightning's words: "
+                "The LightningModule should have a nn.Module `backbone` attribute).",
+                "assign the pretrained part to self.backbone in __init__ (an nn.Module), or write "
+                "a BaseFinetuning subclass that freezes the part you name.")
         super().setup(trainer, pl_module, stage)
 
     def freeze_before_training(self, pl_module: Any) -> None:
@@ -212,9 +227,11 @@ class BackboneFinetuning(BaseFinetuning):
     def finetune_function(self, pl_module: Any, epoch: int, optimizer: Optimizer) -> None:
         current_lr = optimizer.param_groups[0]["lr"]
         if epoch == self.unfreeze_backbone_at_epoch:
-            backbone_lr = (current_lr * self.backbone_initial_ratio_lr if self.backbone_initial_lr is None
-                           else self.backbone_initial_lr)
-            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, backbone_lr, train_bn=self.train_bn,
+            backbone_lr = self.backbone_initial_lr
+            if backbone_lr is None:
+                backbone_lr = current_lr * self.backbone_initial_ratio_lr
+            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, backbone_lr,
+                                              train_bn=self.train_bn,
                                               initial_denom_lr=self.initial_denom_lr)
         elif epoch > self.unfreeze_backbone_at_epoch:
             backbone_lr = self.lambda_func(epoch + 1) * self.previous_backbone_lr
