@@ -26,7 +26,7 @@ class DataModule:
     Its ``__init__`` arguments are recorded in :attr:`hparams`, as a TaskModule's.
     """
 
-    trainer: Any = None  # the Trainer of its current or last run (as Lightning's: kept after the run)
+    trainer: Any = None  # the Trainer of its current or last run (kept after it, as Lightning's)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "DataModule":
         self = super().__new__(cls)
@@ -77,9 +77,9 @@ class DataModule:
         return {k: v for k, v in self.__dict__.items() if k != "trainer"}
 
     def __str__(self) -> str:
-        """Lightning's summary of the loaders: one ``{Train dataloader: size=64}`` line per loader method
-        (``None`` where it gives none or fails, ``NA`` for a dataset without a length, ``1. size=.. ; 2. ...``
-        for several loaders)."""
+        """Lightning's summary of the loaders: one ``{Train dataloader: size=64}`` line per loader
+        method (``None`` where it gives none or fails, ``NA`` for a dataset without a length,
+        ``1. size=.. ; 2. ...`` for several loaders)."""
         names = ("Train", "Validation", "Test", "Predict")
         return os.linesep.join(f"{{{name} dataloader: {_loaders_info(self, method)}}}"
                                for name, method in zip(names, LOADERS.values()))
@@ -102,7 +102,7 @@ class DataModule:
 
 
 def _loaders_info(datamodule: DataModule, method: str) -> str:
-    """``size=N`` of the loader ``method`` returns, or of each of several; ``None`` when there is none."""
+    """``size=N`` of the loader ``method`` returns, or of each of several; ``None`` for none."""
     try:
         loaders = getattr(datamodule, method)()
     except Exception:  # not set up yet, or not defined (Lightning: None)

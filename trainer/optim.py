@@ -33,7 +33,7 @@ class SchedulerConfig:
 
     @property
     def reduce_on_plateau(self) -> bool:
-        """Lightning's name for :attr:`on_plateau` (``trainer.lr_scheduler_configs[i].reduce_on_plateau``)."""
+        """Lightning's name for :attr:`on_plateau` (in ``trainer.lr_scheduler_configs``)."""
         return self.on_plateau
 
 

@@ -10,14 +10,15 @@ _NOT_SAVED = ("fn", "resumed", "data_wait_s", "status")
 
 
 class _StrEnum(str, Enum):
-    """A str whose members compare, print and format as their value (``enum.StrEnum`` from Python 3.11)."""
+    """A str whose members compare, print and format as their value (Python 3.11's StrEnum)."""
 
     __str__ = str.__str__
     __format__ = str.__format__
 
 
 class TrainerFn(_StrEnum):
-    """``trainer.state.fn``: the entry point running, Lightning's enum (``.value``; equal to its string)."""
+    """``trainer.state.fn``: the entry point running, Lightning's enum (``.value``; equal to its
+    string)."""
 
     FITTING = "fit"
     VALIDATING = "validate"
@@ -42,7 +43,8 @@ class TrainerState:
     partial-epoch values, RNG and data positions, callback states); this object holds the counters.
     """
 
-    # the entry point running: TrainerFn, equal to "fit", "validate", "test" or "predict" ("" before the first)
+    # the entry point running: TrainerFn, equal to "fit", "validate", "test" or "predict" ("" before
+    # the first)
     fn: TrainerFn | str = ""
     status: str = "initializing"  # Lightning's: "running", then "finished" or "interrupted" (an error, Ctrl-C)
     stage: str = "idle"  # "sanity", "train", "val", "test", "predict" or "idle"

@@ -26,7 +26,8 @@ STEPS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
 def defines(task: TaskModule, step: str) -> bool:
-    """The task writes ``step`` itself (TaskModule has none, or a ``default_hook``: the default is the Trainer's)."""
+    """The task writes ``step`` itself (TaskModule has none, or a ``default_hook``: the default is
+    the Trainer's)."""
     method = getattr(type(task), step, None)
     return callable(method) and not getattr(method, "default_hook", False)
 
