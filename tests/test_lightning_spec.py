@@ -1,7 +1,9 @@
-"""Lightning's public API where its own tests (benchmarks/lightning_tests.py, issue 46) found taskfit lacking.
+"""Lightning's public API where its own tests (benchmarks/lightning_tests.py, issue 46) found
+taskfit lacking.
 
-Each expected value was observed by running the same program with Lightning 2.6.6 (``BoringModel``-like task,
-``lightning.pytorch``'s names in place of taskfit's); the observation is recorded next to each assertion.
+Each expected value was observed by running the same program with Lightning 2.6.6 (a
+``BoringModel``-like task, ``lightning.pytorch``'s names in place of taskfit's); the observation is
+recorded next to each assertion.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from taskfit import DataModule, TaskModule, Trainer
 from taskfit.state import TrainerFn, TrainerStatus
 
-QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+             enable_model_summary=False)
 
 
 class Boring(TaskModule):
@@ -36,7 +39,8 @@ class Boring(TaskModule):
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=0.1)
         plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "x", "name": "plateau"}}
+        config = {"scheduler": plateau, "monitor": "x", "name": "plateau"}
+        return {"optimizer": opt, "lr_scheduler": config}
 
     def train_dataloader(self):
         return DataLoader(torch.randn(8, 32), batch_size=4)
@@ -52,7 +56,8 @@ def test_state_fn_is_lightnings_enum_and_equal_to_its_string(tmp_path):
     # Lightning 2.6.6: <TrainerFn.FITTING: 'fit'>, .value 'fit', == "fit"; status == "finished"
     assert fn is TrainerFn.FITTING and fn.value == "fit" and fn == "fit"
     assert trainer.state.status == TrainerStatus.FINISHED == "finished"
-    assert f"{fn}" == "fit"  # taskfit's messages format it as its value (Lightning prints TrainerFn.FITTING)
+    # taskfit's messages format it as its value (Lightning prints TrainerFn.FITTING)
+    assert f"{fn}" == "fit"
     trainer.validate(Boring(), verbose=False)
     assert trainer.state.fn is TrainerFn.VALIDATING and trainer.state.fn.value == "validate"
 
@@ -62,10 +67,10 @@ def test_lr_scheduler_configs(tmp_path):
     assert trainer.lr_scheduler_configs == []
     trainer.fit(Boring())
     (config,) = trainer.lr_scheduler_configs
-    # Lightning 2.6.6: LRSchedulerConfig(name='plateau', interval='epoch', frequency=1, reduce_on_plateau=True,
-    # monitor='x', strict=True)
-    assert (config.name, config.interval, config.frequency, config.reduce_on_plateau, config.monitor,
-            config.strict) == ("plateau", "epoch", 1, True, "x", True)
+    # Lightning 2.6.6: LRSchedulerConfig(name='plateau', interval='epoch', frequency=1,
+    # reduce_on_plateau=True, monitor='x', strict=True)
+    assert (config.name, config.interval, config.frequency, config.reduce_on_plateau,
+            config.monitor, config.strict) == ("plateau", "epoch", 1, True, "x", True)
     assert isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
@@ -76,8 +81,10 @@ def test_predict_step_of_the_base_class_for_super_calls(tmp_path):
 
     task = Doubled()
     x = torch.ones(2, 32)
-    (prediction,) = Trainer(**QUIET, default_root_dir=tmp_path).predict(task, DataLoader(x, batch_size=2))
-    assert torch.equal(prediction, task(x) * 2)  # Lightning 2.6.6: True (its default is self(batch))
+    trainer = Trainer(**QUIET, default_root_dir=tmp_path)
+    (prediction,) = trainer.predict(task, DataLoader(x, batch_size=2))
+    # Lightning 2.6.6: True (its default is self(batch))
+    assert torch.equal(prediction, task(x) * 2)
     base = Boring()
     assert torch.equal(base.predict_step(x, 0), base(x))  # the base class's default: self(inputs)
 
@@ -113,10 +120,12 @@ def test_str_of_a_data_module_names_its_loaders_sizes():
     data = Boring4()
     lines = ["Train dataloader: None", "Validation dataloader: None", "Test dataloader: None",
              "Predict dataloader: None"]
-    assert str(data) == os.linesep.join(f"{{{line}}}" for line in lines)  # Lightning 2.6.6, not set up
+    # Lightning 2.6.6, not set up
+    assert str(data) == os.linesep.join(f"{{{line}}}" for line in lines)
     data.setup("fit")
     lines[:2] = ["Train dataloader: size=64", "Validation dataloader: size=64"]
-    assert str(data) == os.linesep.join(f"{{{line}}}" for line in lines)  # Lightning 2.6.6, after setup("fit")
+    # Lightning 2.6.6, after setup("fit")
+    assert str(data) == os.linesep.join(f"{{{line}}}" for line in lines)
 
     class Several(DataModule):
         def train_dataloader(self):
@@ -138,19 +147,23 @@ def test_a_data_module_keeps_its_trainer_after_fit(tmp_path):
     data = Data()
     trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
     trainer.fit(Boring(), datamodule=data)
-    assert data.trainer is trainer  # Lightning 2.6.6: dm.trainer is the trainer after fit (and validate)
-    assert "trainer" not in pickle.loads(pickle.dumps(data)).__dict__  # sent to ddp workers without it
+    # Lightning 2.6.6: dm.trainer is the trainer after fit (and validate)
+    assert data.trainer is trainer
+    # sent to ddp workers without it
+    assert "trainer" not in pickle.loads(pickle.dumps(data)).__dict__
 
 
 def test_early_stopping_keys_its_state_as_lightning(tmp_path):
     from taskfit.callbacks import EarlyStopping
 
     stopper = EarlyStopping(monitor="x", patience=1)
-    # Lightning 2.6.6: EarlyStopping(monitor="x").state_key == "EarlyStopping{'monitor': 'x', 'mode': 'min'}"
+    # Lightning 2.6.6: EarlyStopping(monitor="x").state_key is
+    # "EarlyStopping{'monitor': 'x', 'mode': 'min'}"
     assert stopper.state_key == "EarlyStopping{'monitor': 'x', 'mode': 'min'}"
     trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, callbacks=[stopper], **QUIET)
     trainer.fit(Boring())
-    older = {"callbacks": {"EarlyStopping{monitor=x, mode=min}": stopper.state_dict()}}  # taskfit's key before
+    # the key taskfit wrote before
+    older = {"callbacks": {"EarlyStopping{monitor=x, mode=min}": stopper.state_dict()}}
     resumed = EarlyStopping(monitor="x", patience=1)
     resumed.on_load_checkpoint(trainer, None, older)
     assert resumed.state_dict() == stopper.state_dict() and resumed.wait_count == stopper.wait_count
@@ -177,10 +190,10 @@ def _monitored(tmp_path, monitor) -> None:
     from taskfit.callbacks import BackboneFinetuning, CSVLogger
 
     x = torch.randn(32, 4)
+    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
     Trainer(max_epochs=4, callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=2), monitor],
             logger=CSVLogger(str(tmp_path)), enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False).fit(Transfer(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)),
-                                                                   batch_size=8))
+            enable_model_summary=False).fit(Transfer(), data)
 
 
 def test_lr_monitor_names_groups_added_during_fit_as_lightning(tmp_path):
@@ -189,7 +202,8 @@ def test_lr_monitor_names_groups_added_during_fit_as_lightning(tmp_path):
     monitor = LearningRateMonitor()
     _monitored(tmp_path, monitor)
     rounded = {k: [round(v, 6) for v in values] for k, values in monitor.lrs.items()}
-    # Lightning 2.6.6, the same program: lr-SGD is renamed lr-SGD/pg1 once the backbone's group is added
+    # Lightning 2.6.6, the same program: lr-SGD is renamed lr-SGD/pg1 once the backbone's group
+    # is added
     assert rounded == {"lr-SGD/pg1": [0.1, 0.05, 0.025, 0.0125], "lr-SGD/pg2": [0.0025, 0.005]}
 
 
@@ -200,7 +214,8 @@ def test_lr_monitor_log_key_prefix(tmp_path):
     _monitored(tmp_path, monitor)
     # Lightning's (after 2.6.6, its tests at the fetched revision): every name prefixed
     assert list(monitor.lrs) == ["optim/lr-SGD/pg1", "optim/lr-SGD/pg2"]
-    assert list(monitor.last_momentum_values) == ["optim/lr-SGD/pg1-momentum", "optim/lr-SGD/pg2-momentum"]
+    momenta = ["optim/lr-SGD/pg1-momentum", "optim/lr-SGD/pg2-momentum"]
+    assert list(monitor.last_momentum_values) == momenta
 
 
 def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, caplog):
@@ -214,9 +229,10 @@ def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, capl
 
     class Groups(Boring):
         def configure_optimizers(self):
-            opt = torch.optim.SGD([{"params": self.layer.weight, "lr": 0.1}, {"params": self.layer.bias, "lr": 0.2}])
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1),
-                                                       "interval": "step"}}
+            opt = torch.optim.SGD([{"params": self.layer.weight, "lr": 0.1},
+                                   {"params": self.layer.bias, "lr": 0.2}])
+            step = torch.optim.lr_scheduler.StepLR(opt, 1)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": step, "interval": "step"}}
 
         def validation_step(self, batch, batch_idx):
             pass
@@ -226,8 +242,10 @@ def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, capl
             seen.append([(g["lr"], g["initial_lr"], g["swa_lr"]) for g in groups])
 
     swa = StochasticWeightAveraging(swa_lrs=[0.01, 0.02])
-    # Lightning 2.6.6 (its test_swa_warns/test_swa_multiple_lrs): the warning, the log line, the groups' values
-    with caplog.at_level(logging.INFO), pytest.warns(UserWarning, match="SWA is currently only supported every"):
+    # Lightning 2.6.6 (its test_swa_warns/test_swa_multiple_lrs): the warning, the log line, the
+    # groups' values
+    warns = pytest.warns(UserWarning, match="SWA is currently only supported every")
+    with caplog.at_level(logging.INFO), warns:
         Trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[swa], **QUIET).fit(Groups())
     assert "Swapping scheduler `StepLR` for `SWALR`" in caplog.text
     assert seen == [[(0.1, 0.01, 0.01), (0.2, 0.02, 0.02)]]
