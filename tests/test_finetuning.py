@@ -54,7 +54,8 @@ def _data() -> DataLoader:
 def _trainer(tmp_path, max_epochs: int, *callbacks: Callback, **kwargs) -> Trainer:
     finetuning = BackboneFinetuning(unfreeze_backbone_at_epoch=1)
     return Trainer(max_epochs=max_epochs, callbacks=[finetuning, *callbacks],
-                   default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False, **kwargs)
+                   default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, **kwargs)
 
 
 @pytest.mark.filterwarnings("ignore:The provided params")  # its batch norm: Lightning warns too
