@@ -249,3 +249,30 @@ def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, capl
         Trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[swa], **QUIET).fit(Groups())
     assert "Swapping scheduler `StepLR` for `SWALR`" in caplog.text
     assert seen == [[(0.1, 0.01, 0.01), (0.2, 0.02, 0.02)]]
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from torch.zeros(4, 2)
+
+
+def test_from_datasets_passes_batch_size_to_an_init_that_takes_it_and_never_shuffles_a_stream():
+    class Known(DataModule):
+        def __init__(self, batch_size=1, num_workers=0):
+            super().__init__()
+            self.batch_size, self.num_workers = batch_size, num_workers
+
+    class Kwargs(DataModule):
+        def __init__(self, num_workers, **kwargs):
+            super().__init__()
+            self.num_workers, self.extra = num_workers, kwargs
+
+    # Lightning 2.6.6's test_dm_init_from_datasets_with_init_params: the same values
+    known = Known.from_datasets(TensorDataset(torch.zeros(4)), batch_size=4, num_workers=2)
+    assert (known.batch_size, known.num_workers) == (4, 2)
+    many = Kwargs.from_datasets(TensorDataset(torch.zeros(4)), batch_size=10, num_workers=0, another=None)
+    assert many.num_workers == 0 and many.extra == {"batch_size": 10, "another": None}
+    assert DataModule.from_datasets(TensorDataset(torch.zeros(4)), batch_size=4).train_dataloader()
+    # an IterableDataset is not shuffled (Lightning: shuffle=not iterable); DataLoader refuses it
+    (batch,) = list(DataModule.from_datasets(Stream(), batch_size=4).train_dataloader())
+    assert batch.shape == (4, 2)

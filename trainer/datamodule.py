@@ -55,15 +55,28 @@ class DataModule:
                       predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
                       **datamodule_kwargs: Any) -> DataModule:
         """A data module of datasets (each one, or a list of them), as Lightning's ``from_datasets``: DataLoaders of
-        ``batch_size`` with ``num_workers``, the training one shuffled. ``datamodule_kwargs`` go to ``cls()``."""
-        from torch.utils.data import DataLoader
+        ``batch_size`` with ``num_workers``, the training one shuffled (not an IterableDataset).
+        ``datamodule_kwargs`` go to ``cls()``, and ``batch_size``/``num_workers`` too where its
+        ``__init__`` takes them (as Lightning's)."""
+        import inspect
+
+        from torch.utils.data import DataLoader, IterableDataset
+
+        def make(ds: Any, shuffle: bool) -> Any:
+            shuffle = shuffle and not isinstance(ds, IterableDataset)  # (an error for DataLoader)
+            return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
 
         def loaders(datasets: Any, shuffle: bool) -> Any:
-            make = lambda ds: DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)  # noqa
             if isinstance(datasets, (list, tuple)):
-                return [make(ds) for ds in datasets]
-            return make(datasets)
+                return [make(ds, shuffle) for ds in datasets]
+            return make(datasets, shuffle)
 
+        own_init = cls.__init__ is not object.__init__
+        params = inspect.signature(cls.__init__).parameters if own_init else {}
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for name, value in (("batch_size", batch_size), ("num_workers", num_workers)):
+            if takes_all or name in params:
+                datamodule_kwargs.setdefault(name, value)
         datamodule = cls(**datamodule_kwargs)
         for name, datasets, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset,
                                         False), ("test_dataloader", test_dataset, False),
