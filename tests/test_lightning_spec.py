@@ -270,7 +270,8 @@ def test_from_datasets_passes_batch_size_to_an_init_that_takes_it_and_never_shuf
     # Lightning 2.6.6's test_dm_init_from_datasets_with_init_params: the same values
     known = Known.from_datasets(TensorDataset(torch.zeros(4)), batch_size=4, num_workers=2)
     assert (known.batch_size, known.num_workers) == (4, 2)
-    many = Kwargs.from_datasets(TensorDataset(torch.zeros(4)), batch_size=10, num_workers=0, another=None)
+    many = Kwargs.from_datasets(TensorDataset(torch.zeros(4)), batch_size=10, num_workers=0,
+                                another=None)
     assert many.num_workers == 0 and many.extra == {"batch_size": 10, "another": None}
     assert DataModule.from_datasets(TensorDataset(torch.zeros(4)), batch_size=4).train_dataloader()
     # an IterableDataset is not shuffled (Lightning: shuffle=not iterable); DataLoader refuses it
