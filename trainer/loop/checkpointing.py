@@ -254,8 +254,6 @@ def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
     if len(saved) != len(run.optimizers):
         raise CheckpointError(f"{path} has the state of {len(saved)} optimizer(s), configure_optimizers returned "
                               f"{len(run.optimizers)}.", "resume with the optimizers of the original run.")
-    for optimizer, state in zip(run.optimizers, saved):
-        check_optimizer_state(optimizer, state, path)
     _warn_changes(run, ckpt, path)
     if is_sharded(path):  # each rank reads its part of every tensor (any number of ranks may have written them)
         templates = run.strategy.checkpoint_templates(run.model, run.optimizers, meta_entries(ckpt))
@@ -263,6 +261,9 @@ def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
     for fn in run.hooks["on_load_checkpoint"]:  # the callbacks' (the task's came first: open_checkpoint)
         if not is_task_hook(fn):
             fn(run.trainer, run.task, ckpt)
+    # after the callbacks' hooks: one may rebuild the parameter groups it added (BaseFinetuning)
+    for optimizer, state in zip(run.optimizers, saved):
+        check_optimizer_state(optimizer, state, path)
     load_run_state(run, ckpt)
     _warn_schedule(run, ckpt["data"], path)
     if run.strategy.is_main:

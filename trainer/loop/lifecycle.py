@@ -24,7 +24,7 @@ from ..logs.metrics import build_metrics
 from ..module import TaskModule, rank_zero_only
 from ..optim import Schedulers, parse_optimizers
 from ..seed import deterministic_algorithms, run_seed, seed_everything, seeds_workers
-from ..state import TrainerState
+from ..state import TrainerFn, TrainerState
 from ..strategies.base import Strategy
 from ..strategies.model_memory import prepare_module
 from ..trainer_config import TrainerConfig
@@ -77,7 +77,7 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
     """Inside a launched process: seed, attach the task (``prepare_data``, ``setup(stage)``, device, wrapper,
     precision, logging buffer), load the ``weights`` checkpoint (validate/test/predict); ``teardown(stage)`` after a
     normal end; on the way out restore what changed (``on_exception`` after an error). Yields the run."""
-    config, strategy, task, datamodule = run.config, run.strategy, run.task, run.data.datamodule
+    config, strategy, task = run.config, run.strategy, run.task
     strategy.setup_environment()
     if config.seed is not None:
         seed_everything(config.seed, workers=seeds_workers())  # as a seed_everything call set it
@@ -98,16 +98,14 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
             restore_sigchld()
             if run.fn == "fit" and config.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
-            task.trainer = None
-            if datamodule is not None:
-                datamodule.trainer = None
+            task.trainer = None  # (a data module keeps its trainer after the run, as Lightning's)
 
 
 def _attach(run: Run, weights: str | None) -> Run:
     """The run's parts, in Lightning's order: the run directory, precision and logging buffer, the task attached,
     ``prepare_data``, ``setup``, ``configure_model``, the wrapped module, metrics, data seed, preemption."""
     strategy, task, datamodule, config = run.strategy, run.task, run.data.datamodule, run.config
-    run.state.fn = run.fn
+    run.state.fn = TrainerFn(run.fn)  # Lightning's enum, equal to the string
     if run.log_dir is None:  # chosen on rank 0
         chosen = strategy.is_main and run_directory(run.callbacks, config.default_root_dir)
         run.log_dir = strategy.broadcast(chosen)
