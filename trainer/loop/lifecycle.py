@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import torch
@@ -25,6 +25,7 @@ from ..state import TrainerState
 from ..strategies.model_memory import prepare_module
 from . import modes
 from .cadence import ValidationSchedule
+from .checkpointer import Checkpointer, CheckpointPolicy
 from .checkpointing import load_weights, open_checkpoint, restore
 from .hooks import Hook, hook_table, publish_late, warn_uncalled
 from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_step, zero_grad_call
@@ -35,12 +36,16 @@ from .steps import ManualOptimizer, training_step
 
 
 def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
-            state: TrainerState, log_dir: str | None, verbose: bool = True) -> Run:
-    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any hook fires."""
+            state: TrainerState, log_dir: str | None, verbose: bool = True,
+            policies: Sequence[CheckpointPolicy] = ()) -> Run:
+    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any hook fires.
+    ``policies``: the ModelCheckpoint callbacks, which configure the run's checkpoint manager."""
     hooks = hook_table(callbacks, task, data.datamodule, publish=publish_late)
     warn_uncalled(callbacks, task, data.datamodule)
-    return Run(trainer, fn, task, data, trainer.strategy, callbacks, state, trainer.checkpoint_writer, hooks, log_dir,
-               verbose=verbose)
+    run = Run(trainer, fn, task, data, trainer.strategy, callbacks, state, trainer.checkpoint_writer, hooks,
+              log_dir, verbose=verbose)
+    run.checkpointer = Checkpointer(run, list(policies))
+    return run
 
 
 @contextlib.contextmanager
@@ -134,6 +139,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
                               hooks["on_after_backward"])
     if checkpoint is not None:
         restore(run, *checkpoint)
+        run.checkpointer.resumed_from(checkpoint[0])
         run.state.resumed = True
 
 
