@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..checkpoint.files import LAST, atomic_copy, load_checkpoint, remove_files, write_probe
+from ..checkpoint.folder_lock import FolderHeld, hold, release
 from ..checkpoint.lookup import folder_candidates, last_candidates, warn_skipped
 from ..checkpoint.sharded import checkpoint_exists
 from ..console import echo
@@ -91,6 +92,8 @@ class Checkpointer:
         self.run = run
         self.policies = list(policies)
         self._schedules: dict[int, _Schedule] = {}
+        # The folders this run holds (rank 0): one live run per checkpoint folder
+        self._held: list[str] = []
 
     # ---- writing ------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, background: bool = False, weights_only: bool = False) -> str:
@@ -193,6 +196,42 @@ class Checkpointer:
                 "monitor=\"val/loss\" to rank them), or pass the path of a .ckpt file.")
         return best
 
+    # ---- one live run per folder ------------------------------------------------------------------------
+    def hold_folders(self) -> None:
+        """Before a fit reads the checkpoint to resume: hold the folders given as ``dirpath`` (a live run that
+        holds one is refused here, before its files are read)."""
+        for policy in self.policies:
+            if policy.dirpath_arg is not None:
+                self._hold(policy.dirpath_arg)
+
+    def _hold(self, folder: str) -> None:
+        """Hold ``folder`` for this run, on rank 0; every rank raises when another live process holds it."""
+        if folder in self._held:
+            return
+        strategy = self.run.strategy
+        problem = None
+        if strategy.is_main:
+            try:
+                hold(folder)
+                self._held.append(folder)
+            except FolderHeld as exc:
+                problem = exc.describe()
+            except OSError as exc:
+                problem = f"its lock file cannot be written: {exc.strerror or exc} (errno {exc.errno})"
+        problem = strategy.broadcast(problem) if strategy.world_size > 1 else problem
+        if problem:
+            raise CheckpointError(
+                f"Checkpoints cannot be written to {folder}: another live run holds it ({problem}). Two runs "
+                "writing one folder overwrite each other's last.ckpt and top-k files, and a resume would "
+                "continue the other run's weights.",
+                "give each run its own folder (ModelCheckpoint(dirpath=...), one per trial of a sweep), or "
+                "end the other run first; the lock of a run that has ended is taken over by itself.")
+
+    def release(self) -> None:
+        """The run ended (any way): let go of the folders it held."""
+        while self._held:
+            release(self._held.pop())
+
     def resumed_from(self, path: str) -> None:
         """A resumed fit whose run directory no logger restored continues in the run directory of the
         checkpoint it resumed (``<run>/checkpoints/<file>``), not in a new ``version_N``: its files are
@@ -227,6 +266,7 @@ class Checkpointer:
                 f"Checkpoints cannot be written to {folder}: {problem}.",
                 "make the folder writable (permissions, a read-only or full file system), or pass "
                 "ModelCheckpoint(dirpath=...) / Trainer(default_root_dir=...) elsewhere.")
+        self._hold(folder)
         if not run.state.resumed:
             policy.start_ranking()
         step = run.state.global_step

@@ -69,6 +69,7 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
             run.call_hooks("on_exception", exc)
             raise
         finally:
+            run.checkpointer.release()
             if run.preemption is not None:
                 run.preemption.uninstall()
             if run.fn == "fit" and trainer.accumulate_grad_batches > 1 and run.model is not None:
@@ -125,6 +126,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
+    run.checkpointer.hold_folders()
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
         run.data, trainer.limits, bool(trainer.overfit_batches), run.data_seed, strategy, trainer.preempt_signals)
