@@ -5,12 +5,17 @@ Row 1 runs in this process; row 2 starts two real processes on one folder, again
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 
 from taskfit.callbacks import ModelCheckpoint
 from tasks import checkpointing_trainer as _trainer
 from tasks import seeded_task as _task
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _files(folder) -> list[str]:
@@ -48,3 +53,32 @@ def test_a_fresh_fit_without_a_logger_still_starts_a_new_version(tmp_path):
     trainer.fit(_task())
     assert trainer.log_dir == str(tmp_path / "version_1")
     assert re.fullmatch(r"epoch=0-step=\d+\.ckpt", _files(tmp_path / "version_0" / "checkpoints")[0])
+
+
+# ---- row 2: two live runs on one folder ---------------------------------------------------------------------
+TRIALS = 20
+
+
+def test_two_runs_started_on_one_folder_never_share_a_file_nor_resume_each_other(tmp_path):
+    """20 trials of two real processes released at the same instant on one ModelCheckpoint(dirpath=...), then a
+    third with ckpt_path="last" while one of them trains: exactly one trains there, every other is refused before
+    its first step by one CheckpointError naming the live process (pid), and nothing is resumed from it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TASKFIT_SEED", None)
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "shared_folder_script.py"), str(tmp_path),
+                           str(TRIALS)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(trials) == TRIALS
+    for n, runs in enumerate(trials):
+        assert not [r for r in runs.values() if r["status"] == "crashed"], runs
+        trained = [r for name, r in runs.items() if name != "resume" and r["status"] == "trained"]
+        assert len(trained) == 1, (n, runs)
+        owner = trained[0]
+        others = [r for r in runs.values() if r is not owner]
+        for other in others:
+            assert other["status"] == "refused", (n, runs)
+            assert f"another live run holds it (pid {owner['pid']} on host " in other["message"], other
+            assert "HINT: give each run its own folder" in other["message"]
+        folder = tmp_path / f"trial{n}" / "ckpts"
+        assert sorted(str(folder / f) for f in _files(folder)) == owner["files"]
