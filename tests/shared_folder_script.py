@@ -6,9 +6,9 @@ Each trial forks two real processes that are released at the same instant and fi
 ``ModelCheckpoint(dirpath=ROOT/trialN/ckpts)`` (a resubmitted job beside the still-running one; a sweep without
 per-trial folders), then, while those that train are still training, a third that fits with
 ``ckpt_path="last"``. Long jobs overlap: a run that has saved waits (at a batch end) until every run of the
-trial has saved once or ended, then finishes. Every process writes what it did to a JSON file; one line of JSON
-per trial goes to stdout: each run's pid, status (``trained`` or ``refused`` with the message), whether it
-resumed, and the files its bookkeeping names.
+trial has saved once or ended, then finishes. Every process writes what it did to a JSON file; one line of
+JSON per trial goes to ROOT/trials.jsonl: each run's pid, status (``trained`` or ``refused`` with the
+message), whether it resumed, and the files its bookkeeping names.
 """
 from __future__ import annotations
 
@@ -118,8 +118,9 @@ def main() -> None:
     # One fit before the trials: what is set up lazily on a first fit is inherited by every forked run
     open(os.path.join(root, "release"), "w").close()
     _fit(os.path.join(root, "warm", "ckpts"), root, "warm", 0.05, None)
-    for n in range(trials):
-        print(json.dumps(trial(os.path.join(root, f"trial{n}"))), flush=True)
+    with open(os.path.join(root, "trials.jsonl"), "w") as out:
+        for n in range(trials):
+            out.write(json.dumps(trial(os.path.join(root, f"trial{n}"))) + "\n")
 
 
 if __name__ == "__main__":

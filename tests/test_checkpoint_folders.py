@@ -68,7 +68,8 @@ def test_two_runs_started_on_one_folder_never_share_a_file_nor_resume_each_other
     proc = subprocess.run([sys.executable, os.path.join(HERE, "shared_folder_script.py"), str(tmp_path),
                            str(TRIALS)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    trials = [json.loads(line) for line in proc.stdout.splitlines()]
+    with open(tmp_path / "trials.jsonl") as fh:
+        trials = [json.loads(line) for line in fh]
     assert len(trials) == TRIALS
     for n, runs in enumerate(trials):
         assert not [r for r in runs.values() if r["status"] == "crashed"], runs
