@@ -1,15 +1,16 @@
-"""Driver of tests/test_checkpoint_folders.py's row-2 test: two runs started at once on one checkpoint folder.
+"""Driver of tests/test_checkpoint_folders.py's row-2 test: two runs started at once on one
+checkpoint folder.
 
-    python tests/shared_folder_script.py ROOT TRIALS
+python tests/shared_folder_script.py ROOT TRIALS
 
 Each trial forks two real processes that are released at the same instant and fit with the same
-``ModelCheckpoint(dirpath=ROOT/trialN/ckpts)`` (a resubmitted job beside the still-running one; a sweep without
-per-trial folders), then, while those that train are still training, a third that fits with
-``ckpt_path="last"``. Long jobs overlap: a run that has saved waits (at a batch end) until every run of the
-trial has saved once or ended, then finishes. Every process writes what it did to a JSON file; one line of
-JSON per trial goes to ROOT/trials.jsonl: each run's pid, status (``trained`` or ``refused`` with the
-message), whether it resumed, and the files its bookkeeping names.
-"""
+``ModelCheckpoint(dirpath=ROOT/trialN/ckpts)`` (a resubmitted job beside the still-running one; a
+sweep without per-trial folders), then, while those that train are still training, a third that fits
+with ``ckpt_path="last"``. Long jobs overlap: a run that has saved waits (at a batch end) until
+every run of the trial has saved once or ended, then finishes. Every process writes what it did to a
+JSON file; one line of JSON per trial goes to ROOT/trials.jsonl: each run's pid, status (``trained``
+or ``refused`` with the message), whether it resumed, and the files its bookkeeping names."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,8 @@ from tasks import RegressionTask  # noqa: E402
 
 
 class Gate(Callback):
-    """After the run's first save: say so (``<name>.saved``), then wait for ``release`` before going on, so that
-    the runs of a trial overlap as long-running jobs do."""
+    """After the run's first save: say so (``<name>.saved``), then wait for ``release`` before going
+    on, so that the runs of a trial overlap as long-running jobs do."""
 
     order = 2000
 
@@ -46,10 +47,18 @@ class Gate(Callback):
 
 
 def _fit(folder: str, base: str, name: str, lr: float, ckpt_path: str | None) -> dict:
-    cb = ModelCheckpoint(dirpath=folder, monitor="step", mode="max", save_top_k=2, every_n_train_steps=2)
-    trainer = Trainer(default_root_dir=os.path.join(base, name), max_epochs=1, logger=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb, Gate(base, name)],
-                      seed=0)
+    cb = ModelCheckpoint(
+        dirpath=folder, monitor="step", mode="max", save_top_k=2, every_n_train_steps=2
+    )
+    trainer = Trainer(
+        default_root_dir=os.path.join(base, name),
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb, Gate(base, name)],
+        seed=0,
+    )
     torch.manual_seed(0)
     try:
         trainer.fit(RegressionTask(lr=lr), ckpt_path=ckpt_path)
@@ -80,6 +89,7 @@ def _fork(go: int, out: str, *args) -> int:
 
 def _wait_for(base: str, names: list[str]) -> None:
     """Until each of ``names`` has saved once (and waits) or ended."""
+
     def done(name: str) -> bool:
         return any(os.path.exists(os.path.join(base, name + end)) for end in (".saved", ".json"))
 
@@ -91,11 +101,15 @@ def trial(base: str) -> dict:
     folder = os.path.join(base, "ckpts")
     os.makedirs(base)
     read, write = os.pipe()
-    runs = {name: _fork(read, os.path.join(base, f"{name}.json"), folder, base, name, lr, None)
-            for name, lr in (("a", 0.05), ("b", 0.07))}
+    runs = {
+        name: _fork(read, os.path.join(base, f"{name}.json"), folder, base, name, lr, None)
+        for name, lr in (("a", 0.05), ("b", 0.07))
+    }
     os.write(write, b"go")
     _wait_for(base, ["a", "b"])
-    runs["resume"] = _fork(read, os.path.join(base, "resume.json"), folder, base, "resume", 0.09, "last")
+    runs["resume"] = _fork(
+        read, os.path.join(base, "resume.json"), folder, base, "resume", 0.09, "last"
+    )
     os.write(write, b"g")
     _wait_for(base, ["resume"])
     open(os.path.join(base, "release"), "w").close()
@@ -115,7 +129,8 @@ def trial(base: str) -> dict:
 
 def main() -> None:
     root, trials = sys.argv[1], int(sys.argv[2])
-    # One fit before the trials: what is set up lazily on a first fit is inherited by every forked run
+    # One fit before the trials: what is set up lazily on a first fit is inherited by every forked
+    # run
     open(os.path.join(root, "release"), "w").close()
     _fit(os.path.join(root, "warm", "ckpts"), root, "warm", 0.05, None)
     with open(os.path.join(root, "trials.jsonl"), "w") as out:

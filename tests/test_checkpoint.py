@@ -266,7 +266,8 @@ def test_train_time_interval(tmp_path):
 
 # ---- min_epoch_interval: short epochs do not pay a save each -------------------------------------------------
 def _count_saves(trainer, monkeypatch) -> list[str]:
-    """The paths ``trainer``'s checkpoint manager saves to (every save goes through its ``save``)."""
+    """The paths ``trainer``'s checkpoint manager saves to (every save goes through its
+    ``save``)."""
     paths, real = [], Checkpointer.save
 
     def spy(manager, path, *args, **kwargs):

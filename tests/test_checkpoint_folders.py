@@ -1,8 +1,10 @@
-"""Checkpoint folders across runs (issue 47, rows 1 and 2): a resumed fit continues in the folder of the run it
-resumes, and two live runs given the same folder never write the same file nor resume each other's weights.
+"""Checkpoint folders across runs (issue 47, rows 1 and 2): a resumed fit continues in the folder of
+the run it resumes, and two live runs given the same folder never write the same file nor resume
+each other's weights.
 
 Row 1 runs in this process; row 2 starts two real processes on one folder, again and again (a race).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,14 +24,15 @@ def _files(folder) -> list[str]:
     return sorted(n for n in os.listdir(folder) if n.endswith(".ckpt"))
 
 
-# ---- row 1: a resume continues in its run's folder ------------------------------------------------------------
+# ---- row 1: a resume continues in its run's folder -----------------------------------------------
 def test_a_resume_without_a_logger_continues_in_the_folder_it_resumes(tmp_path):
     _trainer(tmp_path, max_epochs=2).fit(_task())
     folder = tmp_path / "version_0" / "checkpoints"
     assert _files(folder) == ["epoch=1-step=16.ckpt", "last.ckpt"]
     trainer = _trainer(tmp_path, max_epochs=4)
     trainer.fit(_task(), ckpt_path="last")
-    # No second run directory: save_top_k=1 held across the resume (the epoch=1 file was rotated out)
+    # No second run directory: save_top_k=1 held across the resume (the epoch=1 file was rotated
+    # out)
     assert sorted(os.listdir(tmp_path)) == ["version_0"]
     assert _files(folder) == ["epoch=3-step=32.ckpt", "last.ckpt"]
     assert trainer.log_dir == str(tmp_path / "version_0")
@@ -52,21 +55,28 @@ def test_a_fresh_fit_without_a_logger_still_starts_a_new_version(tmp_path):
     trainer = _trainer(tmp_path, max_epochs=1)
     trainer.fit(_task())
     assert trainer.log_dir == str(tmp_path / "version_1")
-    assert re.fullmatch(r"epoch=0-step=\d+\.ckpt", _files(tmp_path / "version_0" / "checkpoints")[0])
+    assert re.fullmatch(
+        r"epoch=0-step=\d+\.ckpt", _files(tmp_path / "version_0" / "checkpoints")[0]
+    )
 
 
-# ---- row 2: two live runs on one folder ---------------------------------------------------------------------
+# ---- row 2: two live runs on one folder ----------------------------------------------------------
 TRIALS = 20
 
 
 def test_two_runs_started_on_one_folder_never_share_a_file_nor_resume_each_other(tmp_path):
-    """20 trials of two real processes released at the same instant on one ModelCheckpoint(dirpath=...), then a
-    third with ckpt_path="last" while one of them trains: exactly one trains there, every other is refused before
-    its first step by one CheckpointError naming the live process (pid), and nothing is resumed from it."""
+    """20 trials of two real processes released at the same instant on one
+    ModelCheckpoint(dirpath=...), then a third with ckpt_path="last" while one of them trains:
+    exactly one trains there, every other is refused before its first step by one CheckpointError
+    naming the live process (pid), and nothing is resumed from it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TASKFIT_SEED", None)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "shared_folder_script.py"), str(tmp_path),
-                           str(TRIALS)], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "shared_folder_script.py"), str(tmp_path), str(TRIALS)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "trials.jsonl") as fh:
         trials = [json.loads(line) for line in fh]
@@ -79,7 +89,9 @@ def test_two_runs_started_on_one_folder_never_share_a_file_nor_resume_each_other
         others = [r for r in runs.values() if r is not owner]
         for other in others:
             assert other["status"] == "refused", (n, runs)
-            assert f"another live run holds it (pid {owner['pid']} on host " in other["message"], other
+            assert f"another live run holds it (pid {owner['pid']} on host " in other["message"], (
+                other
+            )
             assert "HINT: give each run its own folder" in other["message"]
         folder = tmp_path / f"trial{n}" / "ckpts"
         assert sorted(str(folder / f) for f in _files(folder)) == owner["files"]

@@ -202,8 +202,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self._default_max_epochs()
         self.state = TrainerState()
         self.callbacks = merge_task_callbacks(self.callbacks, task)  # the task's configure_callbacks()
-        self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state, log_dir=None,
-                                           policies=self._checkpoint_policies())
+        self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state,
+                                           log_dir=None, policies=self._checkpoint_policies())
         with lifecycle.running(run):
             lifecycle.setup_fit(run, ckpt_path)
             st = self.state
@@ -445,7 +445,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
     def _checkpoint_policies(self) -> list[ModelCheckpoint]:
-        """The ModelCheckpoint callbacks, the run's checkpoint manager's configuration and ranking."""
+        """The ModelCheckpoint callbacks: the configuration and ranking of the run's checkpoint
+        manager."""
         return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
 
     # ---- the current (or last) run's parts, read-only: loop/run.py declares each ----------------------------------

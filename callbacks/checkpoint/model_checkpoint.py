@@ -128,7 +128,7 @@ class ModelCheckpoint(Callback):
         worst = self.kth_best_model_path
         return torch.tensor(self._ranking.kept[worst] if worst else float("inf" if self.mode == "min" else "-inf"))
 
-    # ---- hooks: each hands its event to the run's checkpoint manager (loop/checkpointer.py), which decides --
+    # ---- hooks: each hands its event to the run's checkpoint manager (loop/checkpointer.py) ------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         trainer.checkpointer.fit_start(self)
 
@@ -153,7 +153,7 @@ class ModelCheckpoint(Callback):
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         trainer.checkpointer.fit_end(self)
 
-    # ---- the manager's questions: the folder, names and ranking --------------------------------------------
+    # ---- the manager's questions: the folder, names and ranking ---------------------------------
     def resolve_dirpath(self, log_dir: str) -> str:
         """The folder of this fit's files: ``dirpath``, else ``<log_dir>/checkpoints``."""
         self.dirpath = self.dirpath_arg or os.path.join(log_dir, "checkpoints")
@@ -184,16 +184,16 @@ class ModelCheckpoint(Callback):
 
     def bookkeeping(self) -> tuple[Any, ...]:
         """What a save changes here, to put back if it fails (:meth:`restore_bookkeeping`)."""
-        return (dict(self._ranking.kept), self.best_model_path, self.current_score, self.last_model_path,
-                self._score_set)
+        return (dict(self._ranking.kept), self.best_model_path, self.current_score,
+                self.last_model_path, self._score_set)
 
     def restore_bookkeeping(self, before: tuple[Any, ...]) -> None:
         self._ranking.kept, self.best_model_path, self.current_score, self.last_model_path, \
             self._score_set = before
 
     def forget_missing(self, evicted: dict[str, float]) -> None:
-        """After a failed background save: rank only the files on disk (``evicted``: files pushed out whose
-        removal may not have run), so that the bookkeeping and the folder agree."""
+        """After a failed background save: rank only the files on disk (``evicted``: files pushed
+        out whose removal may not have run), so that the bookkeeping and the folder agree."""
         kept = {**evicted, **self._ranking.kept}
         self._ranking.kept = {p: s for p, s in kept.items() if checkpoint_exists(p)}
         self.best_model_path, self._score_set = self._ranking.best(), False
@@ -216,13 +216,14 @@ class ModelCheckpoint(Callback):
             os.path.exists(p) or p in self._ranking.kept))
 
     def name_last(self, values: Any) -> str:
-        """The ``last.ckpt`` path, recorded as :attr:`last_model_path` before the file is written. As
-        Lightning's: a checkpoint named ``last.ckpt`` there that this callback did not write (a fresh fit in a
-        used folder) is kept, and this run's is ``last-v1.ckpt``; a resumed fit restored
-        :attr:`last_model_path` and overwrites its own."""
+        """The ``last.ckpt`` path, recorded as :attr:`last_model_path` before the file is written.
+        As Lightning's: a checkpoint named ``last.ckpt`` there that this callback did not write (a
+        fresh fit in a used folder) is kept, and this run's is ``last-v1.ckpt``; a resumed fit
+        restored :attr:`last_model_path` and overwrites its own."""
         name = self._format(self.CHECKPOINT_NAME_LAST, values)
         own = self.last_model_path
-        self.last_model_path = self._versioned(self.dirpath, name, lambda p: p == own or not checkpoint_exists(p))
+        self.last_model_path = self._versioned(
+            self.dirpath, name, lambda p: p == own or not checkpoint_exists(p))
         return self.last_model_path
 
     def exception_path(self, values: Any) -> str:

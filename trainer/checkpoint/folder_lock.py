@@ -1,12 +1,14 @@
-"""One live run per checkpoint folder: a lock file beside it (``.<folder>.taskfit-lock``) that names its holder.
+"""One live run per checkpoint folder: a lock file beside it (``.<folder>.taskfit-lock``) that names
+its holder.
 
-The holder keeps an exclusive ``flock`` on the file for as long as it trains, and the file says who it is (pid,
-host, start time, command). The kernel drops the lock when the process ends, however it ends (SIGKILL too), so
-liveness needs no heartbeat and no guess: a file whose lock can be taken is stale and is taken over. The file
-is removed when its holder lets go. It lies beside the folder, not in it, so that the folder holds checkpoints
-only (in a parent that cannot be written: inside it). Within one process the folder is held once, whatever the
-number of fits (a tuner's fits inside a fit).
-"""
+The holder keeps an exclusive ``flock`` on the file for as long as it trains, and the file says who
+it is (pid, host, start time, command). The kernel drops the lock when the process ends, however it
+ends (SIGKILL too), so liveness needs no heartbeat and no guess: a file whose lock can be taken is
+stale and is taken over. The file is removed when its holder lets go. It lies beside the folder, not
+in it, so that the folder holds checkpoints only (in a parent that cannot be written: inside it).
+Within one process the folder is held once, whatever the number of fits (a tuner's fits inside a
+fit)."""
+
 from __future__ import annotations
 
 import errno
@@ -31,17 +33,22 @@ class FolderHeld(Exception):
         self.lock, self.holder = lock, holder
 
     def describe(self) -> str:
-        """``pid 123 on host n1 (python train.py), since 12:03:04 UTC``: the holder, for a message."""
+        """``pid 123 on host n1 (python train.py), since 12:03:04 UTC``: the holder, for a message.
+        """
         h = self.holder
         since = h.get("started")
-        when = time.strftime(", since %H:%M:%S UTC", time.gmtime(since)) if isinstance(since, float) else ""
+        when = (
+            time.strftime(", since %H:%M:%S UTC", time.gmtime(since))
+            if isinstance(since, float)
+            else ""
+        )
         command = f" ({h['command']})" if h.get("command") else ""
         return f"pid {h.get('pid', '?')} on host {h.get('host', '?')}{command}{when}"
 
 
 def hold(folder: str) -> None:
-    """Hold ``folder`` for this process (created if missing). Raises :class:`FolderHeld` when another live
-    process holds it; an OSError when the lock file cannot be written."""
+    """Hold ``folder`` for this process (created if missing). Raises :class:`FolderHeld` when
+    another live process holds it; an OSError when the lock file cannot be written."""
     folder = os.path.abspath(folder)
     if folder in _HELD:
         _HELD[folder][1][1] += 1
@@ -68,7 +75,8 @@ def lock_path(folder: str) -> str:
 
 
 def release(folder: str) -> None:
-    """Let go of ``folder`` (the last holder in this process removes the lock file, then unlocks it)."""
+    """Let go of ``folder`` (the last holder in this process removes the lock file, then unlocks
+    it)."""
     folder = os.path.abspath(folder)
     if folder not in _HELD:
         return
@@ -77,7 +85,8 @@ def release(folder: str) -> None:
     if held[1] > 0:
         return
     del _HELD[folder]
-    # Removed while still locked: a process waiting on this file finds it unlinked and opens the new one
+    # Removed while still locked: a process waiting on this file finds it unlinked and opens the new
+    # one
     try:
         os.unlink(path)
     except OSError:
@@ -86,8 +95,8 @@ def release(folder: str) -> None:
 
 
 def _locked(path: str) -> int:
-    """A descriptor of ``path`` that this process holds the lock of. The file may be removed by its last
-    holder between our open and our lock: then it is opened again."""
+    """A descriptor of ``path`` that this process holds the lock of. The file may be removed by its
+    last holder between our open and our lock: then it is opened again."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -110,16 +119,22 @@ def _locked(path: str) -> int:
 
 def _record(fd: int) -> None:
     """Write who holds the folder into the lock file."""
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-          "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]}
+    me = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+        "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[
+            :200
+        ],
+    }
     data = json.dumps(me).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
 
 
 def _holder(fd: int) -> dict[str, object]:
-    """The holder of a locked file: it writes its record right after it took the lock, so an empty file is
-    read again for up to a second."""
+    """The holder of a locked file: it writes its record right after it took the lock, so an empty
+    file is read again for up to a second."""
     for _ in range(20):
         holder = _read(fd)
         if holder:
@@ -129,7 +144,8 @@ def _holder(fd: int) -> dict[str, object]:
 
 
 def _read(fd: int) -> dict[str, object]:
-    """The holder recorded in a lock file ({} if it cannot be read yet: its holder is writing it)."""
+    """The holder recorded in a lock file ({} if it cannot be read yet: its holder is writing it).
+    """
     try:
         data = json.loads(os.pread(fd, 4096, 0) or b"{}")
     except (OSError, ValueError):

@@ -92,10 +92,11 @@ def save_checkpoint(run: Run, path: str | os.PathLike, background: bool = False,
 
 def no_training_state(path: str | os.PathLike) -> CheckpointError:
     """The error for a save before any fit: there is no training state."""
-    return CheckpointError(f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so "
-                           "it has no training state to save.",
-                           "call trainer.save_checkpoint(path) during or after trainer.fit(task); to save only "
-                           "weights, use torch.save(task.state_dict(), path).")
+    return CheckpointError(
+        f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so it has "
+        "no training state to save.",
+        "call trainer.save_checkpoint(path) during or after trainer.fit(task); to save only "
+        "weights, use torch.save(task.state_dict(), path).")
 
 
 def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> dict[str, Any]:
@@ -113,7 +114,7 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
             "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams}, **lightning}
 
 
-# ---- reading the checkpoint to resume (the manager resolves "last" and "best": loop/checkpointer.py)
+# ---- reading the checkpoint to resume ("last" and "best": the manager, loop/checkpointer.py) ---
 def load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[tuple[str, str]],
                 load: Any, warn: bool = True) -> tuple[str, Any]:
     """``(path, load(path))`` of the first candidate that loads. Under "last" a candidate that cannot be read or

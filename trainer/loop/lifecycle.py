@@ -38,12 +38,13 @@ from .steps import ManualOptimizer, training_step
 def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
             state: TrainerState, log_dir: str | None, verbose: bool = True,
             policies: Sequence[CheckpointPolicy] = ()) -> Run:
-    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any hook fires.
-    ``policies``: the ModelCheckpoint callbacks, which configure the run's checkpoint manager."""
+    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any
+    hook fires. ``policies``: the ModelCheckpoint callbacks, which configure the run's checkpoint
+    manager."""
     hooks = hook_table(callbacks, task, data.datamodule, publish=publish_late)
     warn_uncalled(callbacks, task, data.datamodule)
-    run = Run(trainer, fn, task, data, trainer.strategy, callbacks, state, trainer.checkpoint_writer, hooks,
-              log_dir, verbose=verbose)
+    run = Run(trainer, fn, task, data, trainer.strategy, callbacks, state,
+              trainer.checkpoint_writer, hooks, log_dir, verbose=verbose)
     run.checkpointer = Checkpointer(run, list(policies))
     return run
 

@@ -98,8 +98,8 @@ class Run:
             self.hooks[name] = rewrite(name, fns)
 
     def set_log_dir(self, log_dir: str) -> None:
-        """A resumed fit continues the run directory its checkpoint recorded (a logger's on_load_checkpoint, or
-        without one the checkpoint manager: the directory of the checkpoint resumed)."""
+        """A resumed fit continues the run directory its checkpoint recorded (a logger's
+        on_load_checkpoint; without one, the checkpoint manager: the checkpoint's run directory)."""
         self.log_dir = log_dir
         self.log_dir_restored = True
 
