@@ -7,13 +7,18 @@ Row 1 runs in this process; row 2 starts two real processes on one folder, again
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
+import pytest
+from taskfit import CheckpointError
 from taskfit.callbacks import ModelCheckpoint
+from taskfit.checkpoint.folder_lock import FolderHeld, hold, lock_path, release
 from tasks import checkpointing_trainer as _trainer
 from tasks import seeded_task as _task
 
@@ -95,3 +100,56 @@ def test_two_runs_started_on_one_folder_never_share_a_file_nor_resume_each_other
             assert "HINT: give each run its own folder" in other["message"]
         folder = tmp_path / f"trial{n}" / "ckpts"
         assert sorted(str(folder / f) for f in _files(folder)) == owner["files"]
+
+
+HOLDER = """
+import os, sys, time
+from taskfit.checkpoint.folder_lock import hold
+hold(sys.argv[1])
+if sys.argv[2] == "worker" and os.fork() == 0:
+    time.sleep(60)  # a DataLoader worker forked after the lock was taken, outliving its parent
+    os._exit(0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _holder(folder, worker: bool = False) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder), "worker" if worker else "-"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_live_holder_is_named_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    folder = tmp_path / "ckpts"
+    for worker in (False, True):
+        proc = _holder(folder, worker)
+        with pytest.raises(FolderHeld) as info:
+            hold(str(folder))
+        assert info.value.describe().startswith(f"pid {proc.pid} on host ")
+        # SIGKILL, as the out-of-memory killer; a forked worker may outlive it for a while
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        hold(str(folder))
+        # (read by another process: a second descriptor closed here would drop this process's lock)
+        recorded = subprocess.run(["cat", lock_path(str(folder))], capture_output=True, text=True).stdout
+        assert json.loads(recorded)["pid"] == os.getpid()
+        release(str(folder))
+        assert not os.path.exists(lock_path(str(folder)))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_fit_on_a_held_folder_is_refused_before_its_first_step(tmp_path):
+    proc = _holder(tmp_path / "ckpts")
+    try:
+        trainer = _trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpts")])
+        with pytest.raises(CheckpointError, match=rf"another live run holds it \(pid {proc.pid} on host "):
+            trainer.fit(_task(), ckpt_path="last")
+        assert trainer.state.global_step == 0 and not os.listdir(tmp_path / "ckpts")
+    finally:
+        proc.kill()
+        proc.wait()
+    trainer.fit(_task())
+    assert _files(tmp_path / "ckpts") == ["epoch=0-step=8.ckpt", "last.ckpt"]

@@ -93,7 +93,8 @@ class Checkpointer:
         self.run = run
         self.policies = list(policies)
         self._schedules: dict[int, _Schedule] = {}
-        # The folders this run holds (rank 0): one live run per checkpoint folder
+        # The folders this run asked for (every rank) and holds (rank 0): one live run per folder
+        self._claimed: list[str] = []
         self._held: list[str] = []
 
     # ---- writing ---------------------------------------------------------------------------------
@@ -232,8 +233,10 @@ class Checkpointer:
     def _hold(self, folder: str) -> None:
         """Hold ``folder`` for this run, on rank 0; every rank raises when another live process
         holds it."""
-        if folder in self._held:
+        # Asked on every rank alike (the answer is collective)
+        if folder in self._claimed:
             return
+        self._claimed.append(folder)
         strategy = self.run.strategy
         problem = None
         if strategy.is_main:
@@ -264,15 +267,19 @@ class Checkpointer:
 
     def resumed_from(self, path: str) -> None:
         """A resumed fit whose run directory no logger restored continues in the run directory of
-        the checkpoint it resumed (``<run>/checkpoints/<file>``), not in a new ``version_N``: its
-        files are ranked and rotated with the earlier ones (Lightning with ``logger=False``: one
-        folder)."""
+        the checkpoint it resumed (``<root>/version_N/checkpoints/<file>``, under this fit's root),
+        not in a new ``version_N``: its files are ranked and rotated with the earlier ones
+        (Lightning with ``logger=False``: one folder). A checkpoint of another root starts a run
+        directory of this one, as before."""
         run = self.run
         folder = os.path.dirname(os.path.abspath(path))
+        run_dir = os.path.dirname(folder)
         # With a dirpath of its own, a policy's files do not depend on the run directory
         derived = not self.policies or any(p.dirpath_arg is None for p in self.policies)
-        if derived and not run.log_dir_restored and os.path.basename(folder) == "checkpoints":
-            run.set_log_dir(os.path.dirname(folder))
+        same_root = os.path.dirname(run_dir) == os.path.dirname(os.path.abspath(run.log_dir))
+        if derived and same_root and not run.log_dir_restored and \
+                os.path.basename(folder) == "checkpoints":
+            run.set_log_dir(run_dir)
 
     # ---- the loop's events -----------------------------------------------------------------------
     def _of(self, policy: Any) -> _Schedule:
