@@ -115,8 +115,8 @@ time.sleep(60)
 
 
 def _holder(folder, worker: bool = False) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder), "worker" if worker else "-"],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    argv = [sys.executable, "-c", HOLDER, str(folder), "worker" if worker else "-"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout.readline() == "held\n"
     return proc
 
@@ -133,7 +133,8 @@ def test_a_live_holder_is_named_and_a_dead_ones_lock_is_taken_over(tmp_path):
         proc.wait()
         hold(str(folder))
         # (read by another process: a second descriptor closed here would drop this process's lock)
-        recorded = subprocess.run(["cat", lock_path(str(folder))], capture_output=True, text=True).stdout
+        cat = subprocess.run(["cat", lock_path(str(folder))], capture_output=True, text=True)
+        recorded = cat.stdout
         assert json.loads(recorded)["pid"] == os.getpid()
         release(str(folder))
         assert not os.path.exists(lock_path(str(folder)))
@@ -144,8 +145,10 @@ def test_a_live_holder_is_named_and_a_dead_ones_lock_is_taken_over(tmp_path):
 def test_a_fit_on_a_held_folder_is_refused_before_its_first_step(tmp_path):
     proc = _holder(tmp_path / "ckpts")
     try:
-        trainer = _trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpts")])
-        with pytest.raises(CheckpointError, match=rf"another live run holds it \(pid {proc.pid} on host "):
+        cb = ModelCheckpoint(dirpath=tmp_path / "ckpts")
+        trainer = _trainer(tmp_path, max_epochs=1, callbacks=[cb])
+        held = rf"another live run holds it \(pid {proc.pid} on host "
+        with pytest.raises(CheckpointError, match=held):
             trainer.fit(_task(), ckpt_path="last")
         assert trainer.state.global_step == 0 and not os.listdir(tmp_path / "ckpts")
     finally:

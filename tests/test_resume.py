@@ -147,7 +147,8 @@ def test_stop_at_max_steps_mid_epoch_then_extend_is_exact(tmp_path):
     task = _task(shuffle=True, dropout=0.2, val_n=16)
     extended.fit(task, ckpt_path="last")
     assert all(torch.equal(a, b) for a, b in zip(task.parameters(), reference.parameters()))
-    # Without a logger the resume continues in the run directory it resumes (issue 47 row 1; was version_1)
+    # Without a logger the resume continues in the run directory it resumes (issue 47 row 1;
+    # version_1 before)
     assert counter.batches == 13 and extended.log_dir.endswith("version_0")
 
 
