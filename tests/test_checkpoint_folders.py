@@ -156,3 +156,23 @@ def test_a_fit_on_a_held_folder_is_refused_before_its_first_step(tmp_path):
         proc.wait()
     trainer.fit(_task())
     assert _files(tmp_path / "ckpts") == ["epoch=0-step=8.ckpt", "last.ckpt"]
+
+
+def test_ddp_ranks_agree_on_a_folder_given_as_dirpath(tmp_path):
+    """2 gloo processes, a dirpath held before the resume lookup and again at fit start: rank 0 holds it, every
+    rank answers the same collective question, and the resumed fit continues the folder's files."""
+    from taskfit import Trainer
+
+    def fit(epochs, ckpt_path=None):
+        cb = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="step", mode="max", save_top_k=2)
+        trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=epochs, seed=0,
+                          logger=False, enable_progress_bar=False, enable_model_summary=False,
+                          default_root_dir=str(tmp_path), callbacks=[cb])
+        trainer.fit(_task(), ckpt_path=ckpt_path)
+        return cb
+
+    fit(1)
+    cb = fit(2, "last")
+    # 4 batches per rank and epoch; the two newest ranked files kept across the resume
+    assert _files(tmp_path / "ckpts") == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
+    assert not os.path.exists(lock_path(str(tmp_path / "ckpts")))
