@@ -1,4 +1,7 @@
-"""ModelCheckpoint: saves the run every N epochs/steps/seconds, keeps the top-k files and a ``last.ckpt``.
+"""ModelCheckpoint: when to save (every N epochs/steps/seconds), the top-k files and a ``last.ckpt``.
+
+The configuration and ranking of the run's checkpoint manager (loop/checkpointer.py), which decides and
+writes every save; its hooks hand each event to it.
 
 On by default (``Trainer(enable_checkpointing=False)`` turns it off). The files are complete training states
 (docs/checkpointing.md): ``trainer.fit(task, ckpt_path="last")`` continues exactly where the run stopped. Lightning's

@@ -51,6 +51,30 @@ class CheckpointPolicy(Protocol):
     last_model_path: str
     best_model_path: str
 
+    def resolve_dirpath(self, log_dir: str) -> str: ...
+
+    def start_ranking(self) -> None: ...
+
+    def ranked_scores(self) -> dict[str, float]: ...
+
+    def is_ranked(self, path: str) -> bool: ...
+
+    def qualifies(self, score: float) -> bool: ...
+
+    def rank(self, path: str, score: float) -> list[str]: ...
+
+    def bookkeeping(self) -> tuple[Any, ...]: ...
+
+    def restore_bookkeeping(self, before: tuple[Any, ...]) -> None: ...
+
+    def forget_missing(self, evicted: dict[str, float]) -> None: ...
+
+    def name_ranked(self, values: Any) -> str: ...
+
+    def name_last(self, values: Any) -> str: ...
+
+    def exception_path(self, values: Any) -> str: ...
+
 
 @dataclasses.dataclass
 class _Schedule:
@@ -89,7 +113,7 @@ class Checkpointer:
     """One run's checkpoint manager (``run.checkpointer``). ``policies``: the ``ModelCheckpoint``
     callbacks, first the one ``trainer.checkpoint_callback`` names."""
 
-    def __init__(self, run: Run, policies: list[Any]) -> None:
+    def __init__(self, run: Run, policies: list[CheckpointPolicy]) -> None:
         self.run = run
         self.policies = list(policies)
         self._schedules: dict[int, _Schedule] = {}
@@ -127,7 +151,7 @@ class Checkpointer:
                 else exc.hint,
             ) from None
 
-    def _write(self, policy: Any, path: str, background: bool) -> None:
+    def _write(self, policy: CheckpointPolicy, path: str, background: bool) -> None:
         self.save(path, background, weights_only=policy.save_weights_only)
 
     # ---- the resume lookup -----------------------------------------------------------------------
@@ -282,13 +306,13 @@ class Checkpointer:
             run.set_log_dir(run_dir)
 
     # ---- the loop's events -----------------------------------------------------------------------
-    def _of(self, policy: Any) -> _Schedule:
+    def _of(self, policy: CheckpointPolicy) -> _Schedule:
         schedule = self._schedules.get(id(policy))
         if schedule is None:
             schedule = self._schedules[id(policy)] = _Schedule(last_time=time.monotonic())
         return schedule
 
-    def fit_start(self, policy: Any) -> None:
+    def fit_start(self, policy: CheckpointPolicy) -> None:
         """The policy's folder, checked writable before the first step; its ranking kept on a
         resume."""
         run, strategy = self.run, self.run.strategy
@@ -322,7 +346,7 @@ class Checkpointer:
             monitor_step=monitor_step,
         )
 
-    def step_end(self, policy: Any, batch_idx: int) -> None:
+    def step_end(self, policy: CheckpointPolicy, batch_idx: int) -> None:
         """After a training batch: a step or time save when one is due."""
         run, sched = self.run, self._of(policy)
         run.checkpoint_writer.check()
@@ -348,13 +372,13 @@ class Checkpointer:
         else:
             self.save_now(policy)
 
-    def logged(self, policy: Any, metrics: dict[str, float]) -> None:
+    def logged(self, policy: CheckpointPolicy, metrics: dict[str, float]) -> None:
         """The step whose state produced a score: a file is ranked by its own score."""
         self.run.checkpoint_writer.check()
         if policy.monitor in metrics:
             self._of(policy).monitor_step = self.run.state.global_step
 
-    def validation_end(self, policy: Any) -> None:
+    def validation_end(self, policy: CheckpointPolicy) -> None:
         run = self.run
         if run.state.fn != "fit":
             return
@@ -364,7 +388,7 @@ class Checkpointer:
         if not self._saves_at_epoch_end(policy) and self._epoch_due(policy):
             self._epoch_save(policy)
 
-    def epoch_end(self, policy: Any) -> None:
+    def epoch_end(self, policy: CheckpointPolicy) -> None:
         # A partial epoch (max_steps, a stop, a signal) is saved at fit end or by the preemption
         # save
         if not self.run.state.epoch_done:
@@ -375,7 +399,7 @@ class Checkpointer:
         if self._saves_at_epoch_end(policy) and self._epoch_due(policy):
             self._epoch_save(policy)
 
-    def fit_end(self, policy: Any) -> None:
+    def fit_end(self, policy: CheckpointPolicy) -> None:
         run, sched = self.run, self._of(policy)
         sched.fitting = False
         step = run.state.global_step
@@ -398,7 +422,7 @@ class Checkpointer:
                 name="taskfit.checkpoint",
             )
 
-    def exception(self, policy: Any, exception: BaseException) -> None:
+    def exception(self, policy: CheckpointPolicy, exception: BaseException) -> None:
         """A save that failed in the background (a full disk): the policy forgets the files that are
         not on disk, so that its bookkeeping and the folder agree. Then ``save_on_exception``'s
         file."""
@@ -441,7 +465,7 @@ class Checkpointer:
         return self.save(path)
 
     # ---- when ------------------------------------------------------------------------------------
-    def _time_due(self, policy: Any, sched: _Schedule, step: int) -> bool:
+    def _time_due(self, policy: CheckpointPolicy, sched: _Schedule, step: int) -> bool:
         strategy, interval = self.run.strategy, policy.train_time_interval
         # Ranks must agree: decide on rank 0, only where ranks sync anyway
         if strategy.world_size > 1:
@@ -461,7 +485,7 @@ class Checkpointer:
             and schedule.due(st.epoch, batch_idx)
         )
 
-    def _save_pending(self, policy: Any) -> None:
+    def _save_pending(self, policy: CheckpointPolicy) -> None:
         """A step/time save that had no score of its own: rank this state if its score is here now.
         """
         sched, step = self._of(policy), self.run.state.global_step
@@ -472,7 +496,7 @@ class Checkpointer:
             self._unscored(policy)
         sched.awaiting = -1
 
-    def _saves_at_epoch_end(self, policy: Any) -> bool:
+    def _saves_at_epoch_end(self, policy: CheckpointPolicy) -> bool:
         """Lightning's rule for where epoch saves happen (see ``save_on_train_epoch_end``)."""
         if policy.save_on_train_epoch_end is not None:
             return policy.save_on_train_epoch_end
@@ -481,7 +505,7 @@ class Checkpointer:
             return False
         return not self.run.num_val_batches or trainer.val_check_interval == 1.0
 
-    def _epoch_due(self, policy: Any) -> bool:
+    def _epoch_due(self, policy: CheckpointPolicy) -> bool:
         st, every = self.run.state, policy.every_n_epochs
         return (
             every >= 1
@@ -490,7 +514,7 @@ class Checkpointer:
             and not self.run.trainer.fast_dev_run
         )
 
-    def _epoch_save(self, policy: Any) -> None:
+    def _epoch_save(self, policy: CheckpointPolicy) -> None:
         """An epoch save, skipped when it is too soon after the last one and would only replace the
         newest file (a monitored save never is: a new best must be on disk). Under ddp rank 0
         decides."""
@@ -506,7 +530,7 @@ class Checkpointer:
                 return
         self.save_now(policy)
 
-    def _check_monitor(self, policy: Any) -> None:
+    def _check_monitor(self, policy: CheckpointPolicy) -> None:
         """At the end of a completed epoch after a validation (or without validation data), the
         monitored key must have been logged. Else one error, before saving."""
         metrics, monitor = self.run.state.metrics, policy.monitor
@@ -536,7 +560,7 @@ class Checkpointer:
             "step": int(metrics.get("step", st.global_step)),
         }
 
-    def _score(self, policy: Any) -> float | None:
+    def _score(self, policy: CheckpointPolicy) -> float | None:
         """This state's score: its global step without a monitor, ``epoch``/``step`` always, a
         logged key when it was logged at this step (else None: the state has no score of its own).
         """
@@ -549,7 +573,7 @@ class Checkpointer:
             return st.metrics[monitor]
         return None
 
-    def _unscored(self, policy: Any) -> None:
+    def _unscored(self, policy: CheckpointPolicy) -> None:
         """This state has no score of its own (e.g. a step save between validations): last.ckpt
         only, and the next state that has one is ranked (Lightning would rank this one by an earlier
         state's score)."""
@@ -573,7 +597,7 @@ class Checkpointer:
         if st.global_step != sched.last_written:
             self._write_last(policy)
 
-    def _say(self, policy: Any, message: str) -> None:
+    def _say(self, policy: CheckpointPolicy, message: str) -> None:
         """``verbose``: Lightning's line for a monitored save."""
         if policy.verbose and policy.monitor is not None and self.run.strategy.is_main:
             st = self.run.state
@@ -582,14 +606,14 @@ class Checkpointer:
                 name="taskfit.checkpoint",
             )
 
-    def _name_last(self, policy: Any) -> str:
+    def _name_last(self, policy: CheckpointPolicy) -> str:
         """The policy's ``last`` file for this state, recorded as its ``last_model_path`` before
         writing."""
         path = policy.name_last(collections.defaultdict(int, self.candidates()))
         self._of(policy).prepared_step = self.run.state.global_step
         return path
 
-    def _written_last(self, policy: Any) -> None:
+    def _written_last(self, policy: CheckpointPolicy) -> None:
         """After a last-file write was queued: the previous one this fit wrote goes once it is in
         place, when the name changed (a ``CHECKPOINT_NAME_LAST`` with fields, e.g.
         ``"last-{epoch}"``), as in Lightning."""
@@ -603,13 +627,13 @@ class Checkpointer:
         ):
             self.run.checkpoint_writer.submit(remove_files, [old])
 
-    def _write_last(self, policy: Any) -> None:
+    def _write_last(self, policy: CheckpointPolicy) -> None:
         if policy.save_last:
             self._write(policy, self._name_last(policy), background=True)
             self._of(policy).last_written = self.run.state.global_step
             self._written_last(policy)
 
-    def save_now(self, policy: Any) -> None:
+    def save_now(self, policy: CheckpointPolicy) -> None:
         """Save now: a ranked file if it makes the top k, and ``last.ckpt``; then delete what fell
         out of the top k. Serialised now; the fsync, rename, ``last.ckpt`` copy and removals follow
         in that order on the checkpoint writer's thread, so the loop does not wait for the disk. A
@@ -623,7 +647,7 @@ class Checkpointer:
             raise
         self._of(policy).last_time = time.monotonic()
 
-    def _save(self, policy: Any) -> None:
+    def _save(self, policy: CheckpointPolicy) -> None:
         run, sched = self.run, self._of(policy)
         score = self._score(policy)
         if score is None:
@@ -656,10 +680,12 @@ class Checkpointer:
             # Old files go only once their replacement is in
             writer.submit(remove_files, evicted)
         step = run.state.global_step
-        sched.saved_step, sched.skipped_since_save, sched.pending = step, False, False
+        sched.saved_step = step
+        sched.skipped_since_save = sched.pending = False
         sched.last_written = step if last else sched.last_written
 
-    def _rank(self, policy: Any, score: float) -> tuple[str | None, list[str], dict[str, float]]:
+    def _rank(self, policy: CheckpointPolicy,
+              score: float) -> tuple[str | None, list[str], dict[str, float]]:
         """The ranked file this state goes to (None: not in the top k), the files it pushes out, and
         the scores before."""
         scores = policy.ranked_scores()
@@ -679,7 +705,7 @@ class Checkpointer:
         )
         return path, evicted, scores
 
-    def _exception_save(self, policy: Any, exception: BaseException) -> None:
+    def _exception_save(self, policy: CheckpointPolicy, exception: BaseException) -> None:
         """Lightning's ``save_on_exception``: the state as it is, to ``filename`` (unranked; a
         missing key is 0, no version counter) and to ``last.ckpt``. A save that fails is a warning:
         the error to report is ``exception``."""
