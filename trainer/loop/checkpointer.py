@@ -105,8 +105,20 @@ def _unwritable(folder: str) -> str | None:
     try:
         write_probe(folder)
     except OSError as exc:
-        return f"{exc.strerror or exc} ({type(exc).__name__}, errno {exc.errno})"
+        return _why(exc)
     return None
+
+
+def _why(exc: OSError) -> str:
+    return f"{exc.strerror or exc} ({type(exc).__name__}, errno {exc.errno})"
+
+
+def _unwritable_error(folder: str, problem: str) -> CheckpointError:
+    return CheckpointError(
+        f"Checkpoints cannot be written to {folder}: {problem}.",
+        "make the folder writable (permissions, a read-only or full file system), or pass "
+        "ModelCheckpoint(dirpath=...) / Trainer(default_root_dir=...) elsewhere.",
+    )
 
 
 class Checkpointer:
@@ -262,22 +274,23 @@ class Checkpointer:
             return
         self._claimed.append(folder)
         strategy = self.run.strategy
-        problem = None
+        # (holder, None): another live run; (None, why): the folder or its lock cannot be written
+        problem: tuple[str | None, str | None] | None = None
         if strategy.is_main:
             try:
                 hold(folder)
                 self._held.append(folder)
             except FolderHeld as exc:
-                problem = exc.describe()
+                problem = (exc.describe(), None)
             except OSError as exc:
-                problem = (
-                    f"its lock file cannot be written: {exc.strerror or exc} (errno {exc.errno})"
-                )
+                problem = (None, _why(exc))
         problem = strategy.broadcast(problem) if strategy.world_size > 1 else problem
+        if problem and problem[1]:
+            raise _unwritable_error(folder, problem[1])
         if problem:
             raise CheckpointError(
                 f"Checkpoints cannot be written to {folder}: another live run holds it "
-                f"({problem}). Two runs writing one folder overwrite each other's last.ckpt and "
+                f"({problem[0]}). Two runs writing one folder overwrite each other's last.ckpt and "
                 "top-k files, and a resume would continue the other run's weights.",
                 "give each run its own folder (ModelCheckpoint(dirpath=...), one per trial of a "
                 "sweep), or end the other run first; the lock of a run that has ended is taken "
@@ -327,11 +340,7 @@ class Checkpointer:
         problem = strategy.broadcast(_unwritable(folder) if strategy.is_main else None)
         # Before the first step, on every rank: not after an epoch of training
         if problem:
-            raise CheckpointError(
-                f"Checkpoints cannot be written to {folder}: {problem}.",
-                "make the folder writable (permissions, a read-only or full file system), or pass "
-                "ModelCheckpoint(dirpath=...) / Trainer(default_root_dir=...) elsewhere.",
-            )
+            raise _unwritable_error(folder, problem)
         self._hold(folder)
         if not run.state.resumed:
             policy.start_ranking()
