@@ -368,7 +368,7 @@ class Checkpointer:
         due = every is not None and step % every == 0
         if policy.train_time_interval is not None and not due:
             due = self._time_due(policy, sched, step)
-        if not due or step == sched.saved_step or run.trainer.fast_dev_run:
+        if not due or step == sched.saved_step or run.config.fast_dev_run:
             return
         if (
             policy.monitor not in (None, *LOOP_KEYS)
@@ -412,7 +412,7 @@ class Checkpointer:
         run, sched = self.run, self._of(policy)
         sched.fitting = False
         step = run.state.global_step
-        if step != sched.saved_step and not run.trainer.fast_dev_run:
+        if step != sched.saved_step and not run.config.fast_dev_run:
             # The ranked file too: best_model_path must be the final state
             if sched.skipped_since_save:
                 self.save_now(policy)
@@ -444,7 +444,7 @@ class Checkpointer:
             policy.save_on_exception
             and fitting
             and st.fn == "fit"
-            and not run.trainer.fast_dev_run
+            and not run.config.fast_dev_run
             and st.stage != "sanity"
             and st.global_step not in (sched.saved_step, sched.prepared_step)
         ):
@@ -478,7 +478,7 @@ class Checkpointer:
         strategy, interval = self.run.strategy, policy.train_time_interval
         # Ranks must agree: decide on rank 0, only where ranks sync anyway
         if strategy.world_size > 1:
-            if step % self.run.trainer.log_every_n_steps:
+            if step % self.run.config.log_every_n_steps:
                 return False
             return bool(strategy.broadcast(time.monotonic() - sched.last_time >= interval))
         return time.monotonic() - sched.last_time >= interval
@@ -509,10 +509,10 @@ class Checkpointer:
         """Lightning's rule for where epoch saves happen (see ``save_on_train_epoch_end``)."""
         if policy.save_on_train_epoch_end is not None:
             return policy.save_on_train_epoch_end
-        trainer = self.run.trainer
-        if trainer.check_val_every_n_epoch != 1:
+        config = self.run.config
+        if config.check_val_every_n_epoch != 1:
             return False
-        return not self.run.num_val_batches or trainer.val_check_interval == 1.0
+        return not self.run.num_val_batches or config.val_check_interval == 1.0
 
     def _epoch_due(self, policy: CheckpointPolicy) -> bool:
         st, every = self.run.state, policy.every_n_epochs
@@ -520,7 +520,7 @@ class Checkpointer:
             every >= 1
             and (st.epoch + 1) % every == 0
             and st.global_step != self._of(policy).saved_step
-            and not self.run.trainer.fast_dev_run
+            and not self.run.config.fast_dev_run
         )
 
     def _epoch_save(self, policy: CheckpointPolicy) -> None:
