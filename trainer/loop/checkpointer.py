@@ -23,7 +23,7 @@ from ..checkpoint.files import LAST, atomic_copy, load_checkpoint, remove_files,
 from ..checkpoint.folder_lock import FolderHeld, hold, release
 from ..checkpoint.lookup import folder_candidates, last_candidates, warn_skipped
 from ..checkpoint.sharded import checkpoint_exists
-from ..console import echo
+from ..console import echo, user_stacklevel
 from ..errors import CheckpointError, MisconfigurationError, NonFiniteLossError
 from .checkpointing import load_first, no_training_state, save_checkpoint
 from .run import Run
@@ -214,14 +214,14 @@ class Checkpointer:
         if not candidates and fresh:
             if self.run.strategy.is_main:
                 # A last.ckpt that is not one (an empty folder...); then the line that called fit
-                warn_skipped(skipped, None, stacklevel=7)
+                warn_skipped(skipped, None, stacklevel=user_stacklevel())
                 warnings.warn(
                     f'fit(ckpt_path="last"): there is no checkpoint to resume yet ({where}), so '
                     "this fit starts fresh. HINT: expected on a job's first start; otherwise check "
                     "default_root_dir (or ModelCheckpoint(dirpath=...)) is the folder of the run "
                     "to resume.",
                     UserWarning,
-                    stacklevel=7,
+                    stacklevel=user_stacklevel(),
                 )
             return [], skipped
         if not candidates:

@@ -31,6 +31,7 @@ from ..checkpoint.files import (
     module_state,
 )
 from ..checkpoint.lookup import warn_skipped
+from ..console import user_stacklevel
 from ..checkpoint.rng import gather_rng_states, set_rng_state
 from ..checkpoint.sharded import (
     is_sharded,
@@ -132,7 +133,8 @@ def load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[tu
             skipped.append((path, exc.what))
             continue
         if warn and run.strategy.is_main:
-            warn_skipped(skipped, path, stacklevel=7)  # the line that called fit / validate
+            # the line that called fit / validate
+            warn_skipped(skipped, path, stacklevel=user_stacklevel())
         return path, ckpt
     assert first is not None
     raise first
