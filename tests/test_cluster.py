@@ -352,9 +352,9 @@ def test_the_fresh_start_warning_names_the_line_that_called_fit(tmp_path):
 
 
 def test_an_incomplete_sharded_last_is_skipped_for_the_newest_complete_checkpoint(tmp_path, capsys):
-    """fsdp run 1 (6 steps, version_0), its resume (to step 18, version_1), then version_1's last.ckpt loses its
-    COMPLETE marker (a copy stopped half-way): "last" takes version_1's epoch=2-step=18.ckpt, not version_0's
-    last.ckpt (12 steps redone), and says which directory it skipped."""
+    """fsdp run 1 (6 steps, version_0), its resume (to step 18, in version_0 too: issue 47 row 1), then that
+    last.ckpt loses its COMPLETE marker (a copy stopped half-way): "last" takes the folder's
+    epoch=2-step=18.ckpt, not an older state (12 steps redone), and says which directory it skipped."""
     from fsdp_tasks import MLPTask
     from taskfit.checkpoint.sharded import MARKER
     from taskfit.strategies.fsdp import FSDPStrategy
@@ -366,7 +366,7 @@ def test_an_incomplete_sharded_last_is_skipped_for_the_newest_complete_checkpoin
 
     fit(1)
     fit(3)
-    folder = tmp_path / "version_1" / "checkpoints"
+    folder = tmp_path / "version_0" / "checkpoints"
     assert (folder / "epoch=2-step=18.ckpt" / MARKER).is_file()
     os.remove(folder / "last.ckpt" / MARKER)
     capsys.readouterr()

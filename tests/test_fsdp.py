@@ -182,7 +182,9 @@ def test_sigkill_mid_epoch_then_resume_from_last_is_bitwise_exact(runs, tmp_path
     assert trainer.state.resumed and trainer.state.global_step == 6
     got, expected = task.state_dict(), runs["task"].state_dict()
     assert all(torch.equal(got[k], v) for k, v in expected.items())
-    resumed = consolidate(str(tmp_path / "version_1" / "checkpoints" / "last.ckpt"), str(tmp_path / "resumed.ckpt"))
+    # The resume continues in the run directory it resumes (issue 47 row 1; version_1 before)
+    resumed = consolidate(str(tmp_path / "version_0" / "checkpoints" / "last.ckpt"),
+                          str(tmp_path / "resumed.ckpt"))
     reference = consolidate(str(runs["folder"] / "last.ckpt"), str(tmp_path / "reference.ckpt"))
     a, b = (torch.load(p, weights_only=True) for p in (resumed, reference))
     for key in ("module", "optimizer", "schedulers", "rng"):
