@@ -18,7 +18,8 @@ FOLDERS = (("trainer", "taskfit"), ("callbacks", "taskfit.callbacks"))
 LAYERS = (
     ("leaves", ("taskfit.errors", "taskfit.version", "taskfit.console", "taskfit.cluster", "taskfit.seed",
                 "taskfit.state", "taskfit.init_args", "taskfit.arguments", "taskfit.optim", "taskfit.callback")),
-    ("domains", ("taskfit.data", "taskfit.strategies", "taskfit.checkpoint", "taskfit.logs")),
+    ("domains", ("taskfit.data", "taskfit.precision", "taskfit.strategies", "taskfit.checkpoint",
+                 "taskfit.logs")),
     ("user classes", ("taskfit.module", "taskfit.datamodule")),
     ("loop", ("taskfit.loop",)),
     ("callbacks", ("taskfit.callbacks", "taskfit.profilers")),

@@ -35,11 +35,11 @@ from .loop.checkpointing import load_run_state, preempt, run_state, save_checkpo
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
 from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
-from .loop.precision import normalize_precision
 from .loop.preemption import normalize_signals, requeue_setting
 from .loop.run import Run
 from .loop.steps import batch_outputs, defines, step_loss
 from .module import TaskModule
+from .precision import building, check_strategy, normalize_precision
 from .profilers.choice import profiler_for
 from .state import TrainerState
 from .strategies import model_memory
@@ -150,8 +150,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     def init_module(self, empty_init: bool | None = None) -> Any:
         """``with trainer.init_module(empty_init=True): task = MyTask()``: layers on the meta device
-        (strategies/model_memory.py; docs/big-models.md)."""
-        return model_memory.init_module(self.strategy, empty_init)
+        (strategies/model_memory.py; docs/big-models.md); under a true precision ("bf16-true"), built in its
+        dtype (precision.py)."""
+        return building(self.precision_name, model_memory.init_module(self.strategy, empty_init))
 
     # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
     def fit(self, task: TaskModule | None = None, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -162,6 +163,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
+        check_strategy(self.precision_name, self.strategy)
         try:
             return self.strategy.launch(self._fit, task, data, ckpt_path)
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
@@ -192,6 +194,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         task, ckpt_path = lifecycle.fitted_task(self, fn, task, ckpt_path)
         data = DataSource(task, fn, datamodule, loaders=loaders)
         check_task(task, fn, data=data)
+        check_strategy(self.precision_name, self.strategy)
         try:
             return self.strategy.launch(self._run_eval, fn, task, data, ckpt_path, *more)
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
@@ -409,6 +412,13 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self.run.publish(LogBuffer.to_floats(metrics))
 
     @property
+    def precision(self) -> str:
+        """The precision's name, before a run too: "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true"
+        (Lightning's ``trainer.precision``). The run's :class:`~taskfit.precision.Precision`:
+        :attr:`precision_plugin`."""
+        return self.precision_name
+
+    @property
     def is_main(self) -> bool:
         """True on the process that logs, draws progress and writes files (rank 0)."""
         return self.strategy.is_main
@@ -462,7 +472,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     manual_optimizers = _run_part("manual_optimizers", "What self.optimizers() returns under manual optimization.",
                                   empty=[])
     schedulers = _run_part("schedulers", "The fit's learning-rate schedulers (optim.py's Schedulers).")
-    precision = _run_part("precision", "The run's autocast and GradScaler (loop/precision.py).")
+    precision_plugin = _run_part("precision", "The run's Precision: autocast, GradScaler... (precision.py).")
     logs = _run_part("logs", "The run's logging buffer (logs/buffer.py).")
     hooks = _run_part("hooks", "Hook name -> what the run calls for it, in Lightning's order (loop/hooks.py).")
     metrics = _run_part("metrics", "configure_metrics()' torchmetrics by stage.")

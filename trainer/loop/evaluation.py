@@ -28,7 +28,7 @@ from ..strategies.wrapped_step import Step, ThroughWrapper, own_step
 from . import modes
 from .checks import check_loss
 from .hooks import is_task_hook
-from .precision import warn_once
+from ..precision import warn_once
 from .steps import defines
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     too) gets ``/dataloader_idx_<i>``."""
     module.eval()
     book = logs.current
-    step = eval_step(task, module, prefix, metrics)
+    step = precision.wrap_step(eval_step(task, module, prefix, metrics))  # autocast, a true mode's dtype
     source = {"val": "validation_step", "test": "test_step"}[prefix]
     source = source if defines(task, source) else "loss"
     with torch.no_grad():
@@ -156,8 +156,7 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
                 book.batch_idx = i
                 for fn in on_start or ():
                     fn(trainer, task, batch, i, *extra)
-                with precision.autocast:
-                    out = step(batch, i, *extra)
+                out = step(batch, i, *extra)
                 for fn in on_end or ():
                     fn(trainer, task, out, batch, i, *extra)
                 loss = out.get("loss") if isinstance(out, Mapping) else out
@@ -216,7 +215,7 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     kept predictions of every rank come back in dataset order (see :func:`in_dataset_order`)."""
     module.eval()
     predictions: list[Any] = []
-    step = eval_step(task, module, "predict", {})
+    step = precision.wrap_step(eval_step(task, module, "predict", {}))  # autocast, a true mode's dtype
     with torch.no_grad():
         for i, batch in enumerate(loader):
             if i >= limit:
@@ -224,8 +223,7 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
             batch = strategy.batch_to_device(batch)
             for fn in on_batch_start or ():
                 fn(batch, i)
-            with precision.autocast:
-                out = step(batch, i, *dataloader_idx)
+            out = step(batch, i, *dataloader_idx)
             for fn in on_batch_end:
                 fn(out, batch, i)
             if keep:

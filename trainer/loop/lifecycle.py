@@ -28,7 +28,7 @@ from .cadence import ValidationSchedule
 from .checkpointing import load_weights, open_checkpoint, restore
 from .hooks import Hook, hook_table, publish_late, warn_uncalled
 from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_step, zero_grad_call
-from .precision import Precision
+from ..precision import Precision
 from .preemption import Preemption
 from .run import Run
 from .steps import ManualOptimizer, training_step
@@ -92,9 +92,11 @@ def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
             run.call_hooks("prepare_data")
         strategy.barrier()
     run.call_hooks("setup", run.fn)  # the module is still where the user built it (Lightning's order)
-    run.call_hooks("configure_model")
-    wrapped = strategy.setup_module(prepare_module(task, strategy, trainer.activation_checkpointing,
-                                                   trainer.channels_last))  # meta layers, checkpointing...
+    with run.precision.init_context():  # a true mode's layers are built in its dtype
+        run.call_hooks("configure_model")
+    # meta layers, checkpointing..., then a true mode's dtype, then the device and the wrapper
+    prepared = prepare_module(task, strategy, trainer.activation_checkpointing, trainer.channels_last)
+    wrapped = strategy.setup_module(run.precision.convert_module(prepared), run.precision)
     run.model = torch.compile(wrapped) if trainer.compile else wrapped
     run.metrics = build_metrics(task, strategy.device)
     run.data_seed = int(strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank
@@ -118,7 +120,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.clip_gradients = clip_call(task, run.optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
     run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
-    run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
+    run.training_step = run.precision.wrap_step(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
@@ -127,7 +129,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
         run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
     run.val_schedule = ValidationSchedule(trainer.val_check_interval, trainer.check_val_every_n_epoch,
                                           run.num_train_batches, run.val_loader is not None)
-    run.before_step_work = run.precision.scaler is not None or bool(hooks["on_before_optimizer_step"])
+    run.before_step_work = run.precision.scales_loss or bool(hooks["on_before_optimizer_step"])
     run.zero_grad = with_hooks(run, zero_grad_call(task, run.state, run.optimizer), hooks["on_before_zero_grad"], [],
                                run.optimizer)
     run.backward = with_hooks(run, backward_call(task, run.precision), hooks["on_before_backward"],

@@ -19,7 +19,7 @@ from ..state import TrainerState
 from ..strategies.base import Strategy
 from .cadence import ValidationSchedule
 from .hooks import Hook
-from .precision import Precision
+from ..precision import Precision
 from .preemption import Preemption
 
 
