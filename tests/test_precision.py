@@ -1,5 +1,6 @@
-"""Precision (trainer/precision.py): the names, what ``trainer.precision`` reports, and Lightning's true half
-modes ("bf16-true", "16-true") against a hand-written loop doing the same, bit for bit, on the CPU."""
+"""Precision (trainer/precision.py): the names, what ``trainer.precision`` reports, and
+Lightning's true half modes ("bf16-true", "16-true") against a hand-written loop doing the same,
+bit for bit, on the CPU."""
 from __future__ import annotations
 
 import os
@@ -9,17 +10,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from taskfit import MisconfigurationError, TaskModule, Trainer
+from taskfit.callbacks import Callback
 from taskfit.precision import Precision, normalize_precision
 from tasks import checkpointing_trainer, classification_data
 from torch import nn
 from torch.utils.data import DataLoader
 
-QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+             logger=False)
 TRUE_MODES = [("bf16-true", torch.bfloat16), ("16-true", torch.float16)]
 
 
 class Mlp(TaskModule):
-    """A classifier with Adam, a fixed batch order; records the default dtype inside its forward."""
+    """A classifier with Adam and a fixed batch order; records the default dtype in forward."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -53,7 +56,7 @@ def _seeded() -> Mlp:
 
 
 def _by_hand(task: Mlp, dtype: torch.dtype, steps: int) -> None:
-    """What Lightning's HalfPrecision does, written out: module and floating inputs in ``dtype``."""
+    """What Lightning's HalfPrecision does, by hand: module and floating inputs in ``dtype``."""
     task.to(dtype)
     optimizer = task.configure_optimizers()
     batches = [batch for _ in range(steps) for batch in task.train_dataloader()][:steps]
@@ -64,7 +67,7 @@ def _by_hand(task: Mlp, dtype: torch.dtype, steps: int) -> None:
         optimizer.step()
 
 
-# ---- names -----------------------------------------------------------------------------------------------
+# ---- names ------------------------------------------------------------------------------------
 def test_an_unknown_precision_is_one_error_naming_every_valid_value():
     with pytest.raises(MisconfigurationError) as info:
         Trainer(precision="fp8", max_epochs=1)
@@ -74,25 +77,28 @@ def test_an_unknown_precision_is_one_error_naming_every_valid_value():
         assert f'"{name}"' in message, name
 
 
-@pytest.mark.parametrize("given, name", [(32, "32"), ("32-true", "32"), ("bf16", "bf16-mixed"),
-                                         (16, "16-mixed"), ("16", "16-mixed"), ("bf16-true", "bf16-true"),
-                                         ("16-true", "16-true"), (None, "32")])
+@pytest.mark.parametrize("given, name", [
+    (32, "32"), ("32-true", "32"), ("bf16", "bf16-mixed"), (16, "16-mixed"), ("16", "16-mixed"),
+    ("bf16-true", "bf16-true"), ("16-true", "16-true"), (None, "32")])
 def test_trainer_precision_is_the_name_before_any_run(given, name):
     trainer = Trainer(precision=given, max_epochs=1)
     assert trainer.precision == name == normalize_precision(name)
-    assert trainer.precision_plugin is None  # the run's Precision (GradScaler...) comes with a run
+    # the run's Precision (its GradScaler...) comes with a run
+    assert trainer.precision_plugin is None
 
 
 def test_the_gradscaler_is_read_only_in_the_precision_module():
     """One owner: no other library module reaches for ``.scaler``."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    readers = []
+    owner, readers = os.path.join(root, "trainer", "precision.py"), []
     for folder in ("trainer", "callbacks"):
         for path, _, files in os.walk(os.path.join(root, folder)):
             for name in files:
                 full = os.path.join(path, name)
-                if name.endswith(".py") and full != os.path.join(root, "trainer", "precision.py"):
-                    if re.search(r"\.scaler\b", open(full, encoding="utf-8").read()):
+                if not name.endswith(".py") or full == owner:
+                    continue
+                with open(full, encoding="utf-8") as source:
+                    if re.search(r"\.scaler\b", source.read()):
                         readers.append(os.path.relpath(full, root))
     assert readers == []
 
@@ -109,27 +115,30 @@ def test_a_true_mode_builds_layers_in_its_dtype_and_restores_the_default():
 
 def test_a_true_mode_converts_floating_inputs_only():
     precision = Precision("bf16-true", torch.device("cpu"))
-    batch = {"x": torch.ones(2), "pair": (torch.zeros(1, dtype=torch.float64), torch.arange(2)), "n": 3}
+    pair = (torch.zeros(1, dtype=torch.float64), torch.arange(2))
+    batch = {"x": torch.ones(2), "pair": pair, "n": 3}
     out = precision.convert_input(batch)
     assert (out["x"].dtype, out["pair"][0].dtype, out["pair"][1].dtype, out["n"]) == (
         torch.bfloat16, torch.bfloat16, torch.int64, 3)
     assert Precision("32", torch.device("cpu")).convert_input(batch) is batch
 
 
-# ---- the true modes against a hand-written loop ----------------------------------------------------------
+# ---- the true modes against a hand-written loop -----------------------------------------------
 @pytest.mark.parametrize("precision, dtype", TRUE_MODES)
 def test_a_true_mode_trains_as_a_hand_written_loop_to_the_bit(precision, dtype):
     expected = _seeded()
     _by_hand(expected, dtype, steps=6)
     task = _seeded()
-    trainer = Trainer(precision=precision, max_steps=6, num_sanity_val_steps=0, limit_val_batches=0, **QUIET)
+    trainer = Trainer(precision=precision, max_steps=6, limit_val_batches=0, **QUIET)
     trainer.fit(task)
     assert trainer.precision_plugin.scaler is None
-    assert set(task.default_dtypes) == {dtype}  # tensors made in the forward are made in the dtype
+    # tensors made in the forward are made in the dtype
+    assert set(task.default_dtypes) == {dtype}
     for (name, want), got in zip(expected.state_dict().items(), task.state_dict().values()):
         assert got.dtype == dtype and torch.equal(got, want), name
-    assert all(v.dtype == dtype for state in trainer.optimizer.state.values() for k, v in state.items()
-               if k != "step")
+    states = [v for state in trainer.optimizer.state.values()
+              for k, v in state.items() if k != "step"]
+    assert states and all(v.dtype == dtype for v in states)
 
 
 def test_bf16_true_validates_and_predicts_in_bfloat16():
@@ -155,14 +164,25 @@ def test_bf16_true_configure_model_builds_in_bfloat16():
     assert task.head.weight.dtype == torch.bfloat16 and torch.get_default_dtype() == torch.float32
 
 
+class Batches(Callback):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx):
+        self.count += 1
+
+
 def test_bf16_true_resumes_from_a_checkpoint_to_the_bit(tmp_path):
     reference = _seeded()
     checkpointing_trainer(tmp_path / "ref", precision="bf16-true", max_steps=8,
                           enable_checkpointing=False).fit(reference)
     short = checkpointing_trainer(tmp_path / "run", precision="bf16-true", max_steps=3)
     short.fit(_seeded())
-    task = _seeded()
-    checkpointing_trainer(tmp_path / "run", precision="bf16-true", max_steps=8).fit(task, ckpt_path="last")
+    task, batches = _seeded(), Batches()
+    resumed = checkpointing_trainer(tmp_path / "run", precision="bf16-true", max_steps=8,
+                                    callbacks=[batches])
+    resumed.fit(task, ckpt_path="last")
+    assert batches.count == 5  # steps 4 to 8: it went on from the checkpoint of step 3
     for (name, want), got in zip(reference.state_dict().items(), task.state_dict().values()):
         assert got.dtype == torch.bfloat16 and torch.equal(got, want), name
 
@@ -173,8 +193,11 @@ def test_bf16_true_under_fsdp_shards_bfloat16_parameters_and_trains_as_one_devic
     single = _seeded()
     Trainer(precision="bf16-true", max_steps=4, limit_val_batches=0, **QUIET).fit(single)
     task = _seeded()
-    Trainer(strategy=FSDPStrategy("cpu", 1, auto_wrap_policy={nn.Linear}), precision="bf16-true", max_steps=4,
-            limit_val_batches=0, **QUIET).fit(task)
-    assert all(p.dtype == torch.bfloat16 for p in task.parameters())  # the shards themselves
+    strategy = FSDPStrategy("cpu", 1, auto_wrap_policy={nn.Linear})
+    Trainer(strategy=strategy, precision="bf16-true", max_steps=4, limit_val_batches=0,
+            **QUIET).fit(task)
+    # the shards themselves are bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in task.parameters())
     for (name, want), got in zip(single.state_dict().items(), task.state_dict().values()):
-        assert torch.equal(got.full_tensor() if hasattr(got, "full_tensor") else got, want), name
+        got = got.full_tensor() if hasattr(got, "full_tensor") else got
+        assert torch.equal(got, want), name

@@ -1,21 +1,24 @@
-"""Precision: the one place that decides number formats (docs/trainer.md, "Precision and optimization").
+"""Precision: the one place that decides number formats (docs/trainer.md, "Precision and
+optimization").
 
-It decides a mode's name and aliases, the autocast context, the GradScaler (backward, unscale, step), the
-module's and the inputs' dtype ("true" modes), the default dtype while layers are built, the FSDP
-mixed-precision policy, and which strategy a mode cannot run under. The Trainer keeps the normalized name
-(:func:`normalize_precision`); each run builds one :class:`Precision` (a GradScaler's state is a run's).
+It decides a mode's name and aliases, the autocast context, the GradScaler (backward, unscale,
+step), the module's and the inputs' dtype ("true" modes), the default dtype while layers are
+built, the FSDP mixed-precision policy, and which strategy a mode cannot run under. The Trainer
+keeps the normalized name (:func:`normalize_precision`); each run builds one :class:`Precision`
+(a GradScaler's state is a run's).
 
-The modes are Lightning's: "32", "bf16-mixed" and "16-mixed" (autocast; float32 parameters), "bf16-true" and
-"16-true" (parameters, inputs and compute in that dtype; no autocast, no GradScaler: Lightning's
-HalfPrecision). A new mode is a row of :data:`DTYPES` and, if it needs one, a branch below.
+The modes are Lightning's: "32", "bf16-mixed" and "16-mixed" (autocast; float32 parameters),
+"bf16-true" and "16-true" (parameters, inputs and compute in that dtype; no autocast, no
+GradScaler: Lightning's HalfPrecision). A new mode is a row of :data:`DTYPES` and, if it needs
+more than a dtype, a branch of :class:`Precision`.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,7 +37,8 @@ ALIASES = {"32-true": "32", "bf16": "bf16-mixed", "16": "16-mixed"}
 
 
 def normalize_precision(precision: Any) -> str:
-    """The mode's name ("bf16" -> "bf16-mixed", 16 -> "16-mixed"); an unknown one is an error naming all."""
+    """The mode's name ("bf16" -> "bf16-mixed", 16 -> "16-mixed"); an unknown one is an error
+    naming every valid one."""
     name = str(precision)
     name = ALIASES.get(name, name)
     if name not in DTYPES:
@@ -52,26 +56,41 @@ def is_true(name: str) -> bool:
 
 
 def init_context(name: str) -> contextlib.AbstractContextManager[Any]:
-    """Where layers are built (``trainer.init_module``, ``configure_model``): a true mode's default dtype,
-    so that they are created in it (Lightning's ``module_init_context``); else nothing."""
+    """Where layers are built (``trainer.init_module``, ``configure_model``): a true mode's
+    default dtype, so that they are made in it (Lightning's ``module_init_context``)."""
     return DefaultDtype(DTYPES[name]) if is_true(name) else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def building(name: str, layers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    """``layers`` (``trainer.init_module``'s meta-device context) inside :func:`init_context`."""
+    with init_context(name), layers:
+        yield
+
+
 def check_strategy(name: str, strategy: Any) -> None:
-    """Before any process starts: a mode the strategy cannot run is one error (16-mixed under fsdp, the
-    one strategy whose ranks each hold a shard of the gradients)."""
+    """Before any process starts: a mode the strategy cannot run is one error (16-mixed under
+    fsdp, the one strategy whose ranks each hold a shard of the gradients)."""
     if name == "16-mixed" and getattr(strategy, "shards_gradients", False):
         raise MisconfigurationError(
             'Trainer(precision="16-mixed") cannot run under strategy="fsdp": its GradScaler '
-            "decides on each rank whether the gradients overflowed, and under fsdp each rank sees only its "
-            "shard of them, so ranks could skip different steps.",
-            'use precision="bf16-mixed" (no scaler needed; FSDP then gathers in bfloat16 and reduces in '
-            'float32), "bf16-true", or "32".')
+            "decides on each rank whether the gradients overflowed, and under fsdp each rank "
+            "sees only its shard of them, so ranks could skip different steps.",
+            'use precision="bf16-mixed" (no scaler needed; FSDP then gathers in bfloat16 and '
+            'reduces in float32), "bf16-true", or "32".')
+
+
+def fsdp_norm_policy() -> MixedPrecisionPolicy:
+    """FSDP's policy for a BatchNorm unit when the rest gathers in a lower dtype: float32, as its
+    running statistics are (bfloat16 weights next to them fail in forward)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
 
 class DefaultDtype:
-    """``torch.set_default_dtype(dtype)`` inside, the previous one restored on exit; reusable (the previous
-    dtype is read at each entry, not when the context is made)."""
+    """``torch.set_default_dtype(dtype)`` inside, the previous one restored on exit. Reusable:
+    the previous dtype is read at each entry, not when the context is made."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
@@ -81,20 +100,20 @@ class DefaultDtype:
         self.previous.append(torch.get_default_dtype())
         torch.set_default_dtype(self.dtype)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         torch.set_default_dtype(self.previous.pop())
 
 
 _SLOW_FP16_ON_CPU = (
-    'precision="16-mixed" on the CPU: float16 autocast has few fast CPU kernels, and with its GradScaler it '
-    'trained the digits CNN about 13x slower than precision="32" (5.2 s against 0.39 s for 2 epochs, one '
-    'thread; docs/performance.md). HINT: use precision="bf16-mixed" on the CPU (0.32 s there), or '
-    '"16-mixed" on a CUDA GPU.')
+    'precision="16-mixed" on the CPU: float16 autocast has few fast CPU kernels, and with its '
+    'GradScaler it trained the digits CNN about 13x slower than precision="32" (5.2 s against '
+    '0.39 s for 2 epochs, one thread; docs/performance.md). HINT: use precision="bf16-mixed" '
+    'on the CPU (0.32 s there), or "16-mixed" on a CUDA GPU.')
 _warned: set[str] = set()
 
 
 def warn_once(message: str) -> None:
-    """A UserWarning the first time ``message`` is given in this process (not once per Trainer or fit)."""
+    """A UserWarning the first time ``message`` is given in this process (not once per fit)."""
     if message not in _warned:
         _warned.add(message)
         warnings.warn(message, UserWarning, stacklevel=3)
@@ -107,8 +126,8 @@ def _to_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Precision:
     """One run's precision: built once per run, not per step.
 
-    ``forward_context`` is a reusable context: autocast (mixed), the default dtype (true), a no-op
-    ``nullcontext`` for "32" (and the step is then not wrapped at all: no context entered per step).
+    ``forward_context`` is a reusable context: autocast (mixed), the default dtype (true), a
+    no-op ``nullcontext`` for "32" (where the step is not wrapped at all: nothing per step).
     """
 
     def __init__(self, precision: str, device: torch.device) -> None:
@@ -130,25 +149,26 @@ class Precision:
 
     @property
     def scales_loss(self) -> bool:
-        """A GradScaler scales the loss (16-mixed): gradients to unscale, overflowing steps skipped."""
+        """A GradScaler scales the loss (16-mixed): gradients to unscale, overflows skipped."""
         return self.scaler is not None
 
-    # ---- the module, the inputs, the forward ----------------------------------------------------------------
+    # ---- the module, the inputs, the forward ------------------------------------------------
     def init_context(self) -> contextlib.AbstractContextManager[Any]:
         """Around ``configure_model``: see :func:`init_context`."""
         return init_context(self.precision)
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        """A true mode's module in its dtype, parameters and buffers (Lightning's ``module.to(dtype)``)."""
+        """A true mode's module in its dtype, parameters and buffers (Lightning's
+        ``module.to(dtype)``); any other mode's as it is."""
         return module.to(dtype=self.dtype) if self.true else module
 
     def convert_input(self, batch: Any) -> Any:
-        """A true mode's batch with its floating tensors in the dtype (integer targets stay as they are)."""
+        """A true mode's batch with its floating tensors in the dtype (integer targets stay)."""
         return map_tensors(batch, _to_dtype, self.dtype) if self.true else batch
 
     def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        """``step(batch, batch_idx, ...)`` in this precision: under autocast (mixed); with the batch converted
-        and the default dtype set (true); ``step`` itself for "32" (no context entered per batch)."""
+        """``step(batch, batch_idx, ...)`` in this precision: under autocast (mixed); with the
+        batch converted and the default dtype set (true); ``step`` itself for "32"."""
         if self.precision == "32":
             return step
         context = self.forward_context
@@ -164,25 +184,27 @@ class Precision:
         return step_in_dtype
 
     def fsdp_policy(self) -> MixedPrecisionPolicy:
-        """FSDP's policy for ``mixed_precision="auto"``: bf16-mixed gathers and computes in bfloat16 and
-        reduces in float32 (float32 shards); otherwise the parameters' own dtype (a true mode's module is
-        converted before it is sharded)."""
+        """FSDP's policy for ``mixed_precision="auto"``: bf16-mixed gathers and computes in
+        bfloat16 and reduces in float32 (float32 shards); otherwise the parameters' own dtype (a
+        true mode's module is converted before it is sharded)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if self.precision == "bf16-mixed":
             return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         return MixedPrecisionPolicy()
 
-    # ---- backward, unscale, step ----------------------------------------------------------------------------
+    # ---- backward, unscale, step ------------------------------------------------------------
     def backward_call(self) -> Callable[..., None]:
-        """What the step calls for backward: ``torch.Tensor.backward`` itself without a GradScaler (no frame
-        of taskfit's per step), :meth:`backward` with one."""
+        """What the step calls for backward: ``torch.Tensor.backward`` itself without a
+        GradScaler (no frame of taskfit's per step), :meth:`backward` with one."""
         return torch.Tensor.backward if self.scaler is None else self.backward
 
     def step_call(self, optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
-        """What the step calls to step ``optimizer``: its ``step`` itself without a GradScaler (no frame of
-        taskfit's between the loop and the optimizer), else :meth:`step` for it. False: a skipped step."""
-        return optimizer.step if self.scaler is None else functools.partial(self.step, optimizer)
+        """What the step calls to step ``optimizer``: its ``step`` itself without a GradScaler (no
+        frame of taskfit's in between), else :meth:`step` for it. False: a skipped step."""
+        if self.scaler is None:
+            return optimizer.step
+        return functools.partial(self.step, optimizer)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` as backward must see it: scaled under 16-mixed, else itself."""
@@ -194,8 +216,8 @@ class Precision:
         self.scale(loss).backward(*args, **kwargs)
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Unscale gradients in place (before clipping), so clip values mean what they say; once per step (a
-        manual ``self.clip_gradients`` unscales before ``opt.step()`` does)."""
+        """Unscale gradients in place (before clipping), so clip values mean what they say; once
+        per step (a manual ``self.clip_gradients`` unscales before ``opt.step()`` does)."""
         if self.scaler is not None and id(optimizer) not in self.unscaled:
             self.scaler.unscale_(optimizer)
             self.unscaled.add(id(optimizer))
@@ -205,26 +227,20 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return True
-        # GradScaler.step already synchronises (it reads found_inf on the host), so reading the scale
-        # before and after update() adds no extra stall: a lowered scale means the step was skipped.
+        # GradScaler.step already synchronises (it reads found_inf on the host), so reading the
+        # scale before and after update() adds no stall: a lowered scale means a skipped step.
         before = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
         self.unscaled.discard(id(optimizer))
         return self.scaler.get_scale() >= before
 
-    # ---- checkpoints ----------------------------------------------------------------------------------------
+    # ---- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The GradScaler's state (16-mixed), else empty."""
         return {} if self.scaler is None else self.scaler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the GradScaler's state (a checkpoint of a 16-mixed run)."""
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)
-
-
-@contextlib.contextmanager
-def building(name: str, layers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
-    """``layers`` (e.g. the meta-device context of ``trainer.init_module``) inside :func:`init_context`."""
-    with init_context(name), layers:
-        yield

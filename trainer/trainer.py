@@ -150,8 +150,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     def init_module(self, empty_init: bool | None = None) -> Any:
         """``with trainer.init_module(empty_init=True): task = MyTask()``: layers on the meta device
-        (strategies/model_memory.py; docs/big-models.md); under a true precision ("bf16-true"), built in its
-        dtype (precision.py)."""
+        (strategies/model_memory.py; docs/big-models.md); under a true precision ("bf16-true"),
+        built in its dtype (precision.py)."""
         return building(self.precision_name, model_memory.init_module(self.strategy, empty_init))
 
     # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
@@ -413,9 +413,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def precision(self) -> str:
-        """The precision's name, before a run too: "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true"
-        (Lightning's ``trainer.precision``). The run's :class:`~taskfit.precision.Precision`:
-        :attr:`precision_plugin`."""
+        """The precision's name, before a run too: "32", "bf16-mixed", "16-mixed", "bf16-true",
+        "16-true" (Lightning's ``trainer.precision``). The run's
+        :class:`~taskfit.precision.Precision`: :attr:`precision_plugin`."""
         return self.precision_name
 
     @property
@@ -472,7 +472,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     manual_optimizers = _run_part("manual_optimizers", "What self.optimizers() returns under manual optimization.",
                                   empty=[])
     schedulers = _run_part("schedulers", "The fit's learning-rate schedulers (optim.py's Schedulers).")
-    precision_plugin = _run_part("precision", "The run's Precision: autocast, GradScaler... (precision.py).")
+    precision_plugin = _run_part("precision",
+                                 "The run's Precision: autocast, GradScaler... (precision.py).")
     logs = _run_part("logs", "The run's logging buffer (logs/buffer.py).")
     hooks = _run_part("hooks", "Hook name -> what the run calls for it, in Lightning's order (loop/hooks.py).")
     metrics = _run_part("metrics", "configure_metrics()' torchmetrics by stage.")

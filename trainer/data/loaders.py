@@ -124,8 +124,8 @@ def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None
 
 
 def map_tensors(batch: Any, fn: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> Any:
-    """``batch`` with ``fn(tensor, *args, **kwargs)`` for each tensor in nested tuples/lists/dicts (and
-    namedtuples, Mapping subclasses); anything else as it is."""
+    """``batch`` with ``fn(tensor, *args, **kwargs)`` for each tensor in nested tuples, lists,
+    dicts (and namedtuples, Mapping subclasses); anything else as it is."""
     if isinstance(batch, torch.Tensor):
         return fn(batch, *args, **kwargs)
     if isinstance(batch, Mapping):

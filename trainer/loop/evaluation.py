@@ -139,7 +139,8 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     too) gets ``/dataloader_idx_<i>``."""
     module.eval()
     book = logs.current
-    step = precision.wrap_step(eval_step(task, module, prefix, metrics))  # autocast, a true mode's dtype
+    # under autocast, or a true mode's dtype
+    step = precision.wrap_step(eval_step(task, module, prefix, metrics))
     source = {"val": "validation_step", "test": "test_step"}[prefix]
     source = source if defines(task, source) else "loss"
     with torch.no_grad():
@@ -215,7 +216,8 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     kept predictions of every rank come back in dataset order (see :func:`in_dataset_order`)."""
     module.eval()
     predictions: list[Any] = []
-    step = precision.wrap_step(eval_step(task, module, "predict", {}))  # autocast, a true mode's dtype
+    # under autocast, or a true mode's dtype
+    step = precision.wrap_step(eval_step(task, module, "predict", {}))
     with torch.no_grad():
         for i, batch in enumerate(loader):
             if i >= limit:

@@ -95,7 +95,8 @@ def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
     with run.precision.init_context():  # a true mode's layers are built in its dtype
         run.call_hooks("configure_model")
     # meta layers, checkpointing..., then a true mode's dtype, then the device and the wrapper
-    prepared = prepare_module(task, strategy, trainer.activation_checkpointing, trainer.channels_last)
+    prepared = prepare_module(task, strategy, trainer.activation_checkpointing,
+                              trainer.channels_last)
     wrapped = strategy.setup_module(run.precision.convert_module(prepared), run.precision)
     run.model = torch.compile(wrapped) if trainer.compile else wrapped
     run.metrics = build_metrics(task, strategy.device)
@@ -120,7 +121,8 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.clip_gradients = clip_call(task, run.optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
     run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
-    run.training_step = run.precision.wrap_step(  # the forward and the loss only, as torch.autocast asks
+    # the forward and the loss only under autocast, as torch.autocast asks
+    run.training_step = run.precision.wrap_step(
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(

@@ -165,8 +165,8 @@ class Strategy:
             torch.cuda.set_device(self.device)
 
     def setup_module(self, module: nn.Module, precision: Precision | None = None) -> nn.Module:
-        """Move the module to the device and wrap it; returns what the loop calls. ``precision``: the run's
-        (a strategy that shards asks it for its mixed-precision policy)."""
+        """Move the module to the device and wrap it; returns what the loop calls.
+        ``precision``: the run's (a strategy that shards asks it for its mixed-precision policy)."""
         return module.to(self.device)
 
     def eval_module(self, wrapped: nn.Module) -> nn.Module:

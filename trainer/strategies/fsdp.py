@@ -25,6 +25,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..errors import MisconfigurationError, TaskModuleError
+from ..precision import fsdp_norm_policy
 from .base import resolve_accelerator, unwrap
 from .ddp import DDPStrategy
 from .model_memory import has_meta, materialize
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 DEFAULT_WRAP = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 WrapPolicy = Iterable[type] | int | Callable[[nn.Module], bool] | None
 _GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # roots whose parameters evaluation has gathered
-_FLOAT32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)  # BatchNorm under bf16-mixed
 _RESHARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()  # root -> reshard_after_forward
 
 
@@ -52,9 +52,10 @@ class FSDPStrategy(DDPStrategy):
             already in a smaller unit), a function ``module -> bool``, or an empty set (the root only).
         reshard_after_forward: free a unit's gathered parameters after its forward (and gather them again in
             backward): less memory, one more all-gather per unit and step.
-        mixed_precision: "auto" (the Trainer's precision decides: ``"bf16-mixed"`` gathers and computes in
-            bfloat16 and reduces gradients in float32; precision.py's ``Precision.fsdp_policy``), None
-            (parameters as they are), or a ``MixedPrecisionPolicy``.
+        mixed_precision: "auto" (the Trainer's precision decides, precision.py's
+            ``Precision.fsdp_policy``: ``"bf16-mixed"`` gathers and computes in bfloat16 and
+            reduces gradients in float32), None (parameters as they are), or a
+            ``MixedPrecisionPolicy``.
         cpu_offload: keep the shards, gradients and optimizer states in CPU memory (CUDA only).
         timeout: as for :class:`~taskfit.ddp.DDPStrategy`.
         start_method: as for :class:`~taskfit.ddp.DDPStrategy`.
@@ -119,7 +120,7 @@ class FSDPStrategy(DDPStrategy):
         def shard(unit: nn.Module) -> None:
             fp32 = isinstance(unit, nn.modules.batchnorm._BatchNorm) and options["mp_policy"].param_dtype is not None
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward,
-                        **{**options, "mp_policy": _FLOAT32} if fp32 else options)
+                        **{**options, "mp_policy": fsdp_norm_policy()} if fp32 else options)
 
         if has_meta(module):  # built by trainer.init_module: each unit is initialised, then sharded at once
             ids = {id(u) for u in units}
