@@ -1,7 +1,8 @@
 """Trainer: the loop, top to bottom, in this one file; its configuration, and the current run (loop/run.py).
 
-One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``optimizer.step`` (16-mixed: through
-``precision.step``, the GradScaler's).
+One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``optimizer.step``
+(16-mixed: through ``precision.step``, the GradScaler's). Manual optimization: ``_manual_step``,
+whose task's training_step steps its optimizers itself.
 The step is the one written by hand: batch to the device (not on the CPU), zero_grad at a group's start, forward
 and loss under autocast, backward, every ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step. No
 device value is read per step: the loss is converted once per ``log_every_n_steps`` (the one CPU-GPU sync).
@@ -212,6 +213,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             run.call_hooks("on_fit_start")
             on_start, on_end = drop_idle_batch_hooks(run.hooks, self)  # a per-batch call only where it does work
             max_steps = math.inf if self.max_steps is None else self.max_steps
+            # automatic or manual optimization: one plain function each, chosen once per fit
+            train_step = self._manual_step if run.manual else self._train_step
             if self.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
             self._epoch_hooks("on_train_start")
@@ -229,7 +232,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
-                    outputs = self._train_step(batch, batch_idx)
+                    outputs = train_step(batch, batch_idx)
                     if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
                         self._log_interval()  # every log_every_n_steps optimizer steps
                     st.batches_done = batch_idx + 1
@@ -265,47 +268,78 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                               "default). HINT: pass Trainer(max_epochs=N) or max_steps=N.", stacklevel=5)
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
-        """One batch: the step (steps.py), backward, an optimizer step when its group is complete. Returns what
-        on_train_batch_end gets (Lightning's mapping with the detached loss)."""
+        """Automatic optimization, one batch, in a hand-written loop's order: zero_grad at a
+        group's start, the step (forward and loss, steps.py), backward, and at a group's end
+        unscale -> hooks -> clip -> optimizer.step. Returns what on_train_batch_end gets
+        (Lightning's mapping with the detached loss)."""
         run, st = self.run, self.state
-        task, optimizer = run.task, run.optimizer
-        run.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
+        # epoch means of logged values weigh by the batch's size
+        run.logs.train.weight = samples = batch_size_of(batch)
         k = self.accumulate_grad_batches
-        group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, run.num_train_batches)
-        if k > 1:  # ddp/fsdp reduce the gradients only on the micro-batch that steps (a flag: no context per batch)
+        group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k,
+                                                                    run.num_train_batches)
+        if k > 1:
+            # ddp/fsdp reduce gradients only on the micro-batch that steps (a flag, no context)
             self.strategy.gradient_sync(run.model, steps)
-        if batch_idx % k == 0 and not run.manual:  # a group's first batch: zero_grad before the forward, where a
-            run.zero_grad(set_to_none=True)  # hand-written loop puts it (manual: the task does); + on_before_zero_grad
-        out = run.training_step(batch, batch_idx)  # under autocast (forward and loss only: lifecycle.setup_fit)
-        if type(out) is torch.Tensor:  # the usual step: a loss, detached once for the log and the batch hooks
+        if batch_idx % k == 0:
+            # a group's first batch: zero_grad before the forward (+ on_before_zero_grad hooks)
+            run.zero_grad(set_to_none=True)
+        # under autocast (the forward and the loss only: lifecycle.setup_fit)
+        out = run.training_step(batch, batch_idx)
+        if type(out) is torch.Tensor:
+            # the usual step: a loss, detached once for the log and the batch hooks
             loss, outputs = out, {"loss": out.detach()}
-        else:  # the task's mapping (or None): steps.py
-            loss, outputs = step_loss(out, task, run.manual), batch_outputs(out)
-        if not run.loss_checked and loss is not None:
-            check_loss(loss, task, not run.manual, "training_step" if defines(task, "training_step") else "loss")
-            run.loss_checked = True
-        if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
-            run.logs.add_loss(outputs["loss"], samples)
-        if run.manual or loss is None:  # manual: the task's step did backward and stepped (ManualOptimizer counts
-            return outputs  # global_step); None: the task skips this batch (Lightning's meaning), no step
-        if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
-            st.skipped_steps += 1
-            optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
+        else:
+            loss, outputs = step_loss(out, run.task, False), batch_outputs(out)
+        if loss is None:
+            # the task skips this batch (Lightning's meaning): no backward, no step
             return outputs
-        run.backward(loss if group == 1 else loss / group)  # loss.backward() (+ the backward hooks, if any)
+        if not run.loss_checked:
+            source = "training_step" if defines(run.task, "training_step") else "loss"
+            check_loss(loss, run.task, True, source)
+            run.loss_checked = True
+        # kept as a tensor, converted at the log interval (no sync here)
+        run.logs.add_loss(outputs["loss"], samples)
+        if self.nonfinite_loss == "skip" and not torch.isfinite(loss):
+            # a sync per step, opted into; this group's gradients so far go with the step
+            st.skipped_steps += 1
+            run.optimizer.zero_grad(set_to_none=True)
+            return outputs
+        # loss.backward() (+ the backward hooks, if any)
+        run.backward(loss if group == 1 else loss / group)
         if not steps:
             return outputs
-        if run.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
-            run.before_optimizer_step(optimizer)
+        if run.before_step_work:
+            # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
+            run.before_optimizer_step(run.optimizer)
         if run.clip_gradients is not None:
             run.clip_gradients()
-        if run.task_optimizer_step is None:  # optimizer.step (None), or through the GradScaler: False when it
-            stepped = run.optimizer_step() is not False  # skipped a step whose gradients overflowed
-        else:  # the task's optimizer_step (Lightning's override, loop/overrides.py): it steps through precision
+        if run.task_optimizer_step is None:
+            # optimizer.step (None), or through the GradScaler: False when it skipped the step
+            stepped = run.optimizer_step() is not False
+        else:
+            # the task's optimizer_step (Lightning's override, loop/overrides.py)
             stepped = run.task_optimizer_step(loss)
         st.global_step += 1
         if stepped and run.schedulers.per_step:
             run.schedulers.after_step(st.global_step, st.metrics)
+        return outputs
+
+    def _manual_step(self, batch: Any, batch_idx: int) -> Any:
+        """Manual optimization, one batch: the task's training_step zeroes, backpropagates
+        (``self.manual_backward``) and steps its optimizers itself (steps.py's ManualOptimizer:
+        unscale, hooks, ddp average, global_step); the loop logs the loss it returns. Returns
+        what on_train_batch_end gets."""
+        run = self.run
+        run.logs.train.weight = samples = batch_size_of(batch)
+        out = run.training_step(batch, batch_idx)
+        loss, outputs = step_loss(out, run.task, True), batch_outputs(out)
+        if loss is None:
+            return outputs
+        if not run.loss_checked:
+            check_loss(loss, run.task, False, "training_step")
+            run.loss_checked = True
+        run.logs.add_loss(outputs["loss"], samples)
         return outputs
 
     def _log_interval(self) -> None:
