@@ -20,15 +20,14 @@ from ..data.loaders import (
     set_epoch,
 )
 from ..errors import MisconfigurationError
-from ..logs.buffer import LogBuffer
 from ..logs.metrics import metric_values
 from ..module import TaskModule, predict_inputs
+from ..precision import warn_once
 from ..strategies.base import Strategy
 from ..strategies.wrapped_step import Step, ThroughWrapper, own_step
 from . import modes
 from .checks import check_loss
 from .hooks import is_task_hook
-from ..precision import warn_once
 from .steps import defines
 
 if TYPE_CHECKING:
@@ -106,15 +105,12 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     ``on_<stage>_batch_start/end``, the pass's values computed into ``state.metrics`` (callback_metrics; not in the
     sanity check), ``on_<stage>_epoch_end`` (its torchmetrics not yet reset; what it logs joins the values), then
     the metrics reset. Returns the values, as floats."""
-    name, logs, table = HOOK[stage], run.logs, run.hooks
+    name, logs = HOOK[stage], run.logs
     run.call_hooks(f"on_{name}_epoch_start")
     book = logs.enter(stage)
     metrics, module = run.metrics.get(stage, {}), run.strategy.eval_module(run.model)
     kept = modes.capture(run.task)
-    values = evaluate(run.task, module, loader, limit, prefix=stage,
-                      strategy=run.strategy, precision=run.precision, logs=logs, metrics=metrics,
-                      data_seed=run.data_seed, trainer=run.trainer, on_start=table[f"on_{name}_batch_start"],
-                      on_end=table[f"on_{name}_batch_end"], fraction=run.trainer.limits[stage])
+    values = evaluate(run, module, stage, loader, limit)
     if not sanity:
         run.state.metrics.update(logs.callback_view(values))
     book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
@@ -128,37 +124,40 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     return values
 
 
-def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, prefix: str,
-             strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any], data_seed: int,
-             trainer: Any = None, on_start: list[Any] | None = None, on_end: list[Any] | None = None,
-             fraction: int | float = 1.0) -> dict[str, float]:
-    """At most ``limit`` batches of each loader of ``loader`` (and ``fraction``, its ``limit_*_batches``):
-    ``{prefix}/loss`` (what the step returned: the loss, or a dict's ``"loss"``), ``self.log`` values and
-    ``metrics``, as floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
-    after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each name (the loss's
+def evaluate(run: Run, module: torch.nn.Module, stage: str, loader: Any,
+             limit: float) -> dict[str, float]:
+    """At most ``limit`` batches of each loader of ``loader`` (and ``limit_<stage>_batches``) through
+    ``module``: ``{stage}/loss`` (what the step returned: the loss, or a dict's ``"loss"``),
+    ``self.log`` values and the stage's metrics, as floats (computed, not reset), with the stage's
+    batch hooks. Several loaders (:class:`SequentialLoaders`) run one after the other, as
+    Lightning's: the step and the batch hooks get ``dataloader_idx``, and each name (the loss's
     too) gets ``/dataloader_idx_<i>``."""
+    task, trainer, logs = run.task, run.trainer, run.logs
+    metrics, fraction = run.metrics.get(stage, {}), run.trainer.limits[stage]
+    on_start = run.hooks[f"on_{HOOK[stage]}_batch_start"]
+    on_end = run.hooks[f"on_{HOOK[stage]}_batch_end"]
     module.eval()
     book = logs.current
     # under autocast, or a true mode's dtype
-    step = precision.wrap_step(eval_step(task, module, prefix, metrics))
-    source = {"val": "validation_step", "test": "test_step"}[prefix]
+    step = run.precision.wrap_step(eval_step(task, module, stage, metrics))
+    source = {"val": "validation_step", "test": "test_step"}[stage]
     source = source if defines(task, source) else "loss"
     with torch.no_grad():
         for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,) only with several loaders, as Lightning
             book.dataloader_idx = extra[0] if extra else None
-            set_epoch(part, 0, data_seed)
-            builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
+            set_epoch(part, 0, run.data_seed)
+            builtin = book.builtin_loss(None, f"{stage}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
             for i, batch in enumerate(part):
                 if i >= cap:
                     break
-                batch = strategy.batch_to_device(batch)
+                batch = run.strategy.batch_to_device(batch)
                 book.weight = batch_size_of(batch)
                 book.batch_idx = i
-                for fn in on_start or ():
+                for fn in on_start:
                     fn(trainer, task, batch, i, *extra)
                 out = step(batch, i, *extra)
-                for fn in on_end or ():
+                for fn in on_end:
                     fn(trainer, task, out, batch, i, *extra)
                 loss = out.get("loss") if isinstance(out, Mapping) else out
                 if source != "loss" and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
@@ -173,10 +172,10 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
         if source != "loss" and getattr(metric, "update_count", 1) == 0:  # its own step never updated it
             warn_once(f"configure_metrics()'s {name!r} was not updated by {type(task).__name__}.{source}, so "
-                      f"{prefix}/{name} is not logged. HINT: call self.stage_metrics[{name!r}].update(outputs, "
+                      f"{stage}/{name} is not logged. HINT: call self.stage_metrics[{name!r}].update(outputs, "
                       "targets) in the step (docs/steps.md), or log a value of your own with self.log.")
             continue
-        computed = metric_values(f"{prefix}/{name}", metric.compute())
+        computed = metric_values(f"{stage}/{name}", metric.compute())
         clash = sorted(set(computed) & set(values))
         if clash:
             raise MisconfigurationError(
