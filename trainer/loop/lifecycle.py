@@ -82,7 +82,8 @@ def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
         run.log_dir = strategy.broadcast(strategy.is_main and run_directory(run.callbacks, trainer.default_root_dir))
     run.moves_batches = strategy.moves_batches
     run.precision = Precision(trainer.precision_name, strategy.device)
-    run.logs = LogBuffer(strategy, trainer.nonfinite_loss, run.precision, trainer.accumulate_grad_batches)
+    run.logs = LogBuffer(strategy, trainer.nonfinite_loss, run.precision.scales_loss,
+                         trainer.accumulate_grad_batches)
     task.trainer = trainer
     if datamodule is not None:
         datamodule.trainer = trainer
