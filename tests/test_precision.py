@@ -16,9 +16,11 @@ from tasks import checkpointing_trainer, classification_data
 from torch import nn
 from torch.utils.data import DataLoader
 
+# on the CPU, where the hand-written loops run, even on a machine with a GPU
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-             logger=False)
+             logger=False, accelerator="cpu")
 TRUE_MODES = [("bf16-true", torch.bfloat16), ("16-true", torch.float16)]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 class Mlp(TaskModule):
@@ -55,14 +57,15 @@ def _seeded() -> Mlp:
     return Mlp()
 
 
-def _by_hand(task: Mlp, dtype: torch.dtype, steps: int) -> None:
+def _by_hand(task: Mlp, dtype: torch.dtype, steps: int, device: str = "cpu") -> None:
     """What Lightning's HalfPrecision does, by hand: module and floating inputs in ``dtype``."""
-    task.to(dtype)
+    task.to(device=device, dtype=dtype)
     optimizer = task.configure_optimizers()
     batches = [batch for _ in range(steps) for batch in task.train_dataloader()][:steps]
     for inputs, targets in batches:
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(task(inputs.to(dtype)), targets)
+        outputs = task(inputs.to(device=device, dtype=dtype))
+        loss = F.cross_entropy(outputs, targets.to(device))
         loss.backward()
         optimizer.step()
 
@@ -124,12 +127,14 @@ def test_a_true_mode_converts_floating_inputs_only():
 
 
 # ---- the true modes against a hand-written loop -----------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("precision, dtype", TRUE_MODES)
-def test_a_true_mode_trains_as_a_hand_written_loop_to_the_bit(precision, dtype):
+def test_a_true_mode_trains_as_a_hand_written_loop_to_the_bit(precision, dtype, device):
     expected = _seeded()
-    _by_hand(expected, dtype, steps=6)
+    _by_hand(expected, dtype, steps=6, device=device)
     task = _seeded()
-    trainer = Trainer(precision=precision, max_steps=6, limit_val_batches=0, **QUIET)
+    trainer = Trainer(precision=precision, max_steps=6, limit_val_batches=0,
+                      **{**QUIET, "accelerator": device})
     trainer.fit(task)
     assert trainer.precision_plugin.scaler is None
     # tensors made in the forward are made in the dtype
