@@ -110,7 +110,7 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     book = logs.enter(stage)
     metrics, module = run.metrics.get(stage, {}), run.strategy.eval_module(run.model)
     kept = modes.capture(run.task)
-    values = evaluate(run, module, stage, loader, limit)
+    values = evaluate(run, stage, module, loader, limit)
     if not sanity:
         run.state.metrics.update(logs.callback_view(values))
     book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
@@ -124,34 +124,34 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     return values
 
 
-def evaluate(run: Run, module: torch.nn.Module, stage: str, loader: Any,
+def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
              limit: float) -> dict[str, float]:
-    """At most ``limit`` batches of each loader of ``loader`` (and ``limit_<stage>_batches``) through
-    ``module``: ``{stage}/loss`` (what the step returned: the loss, or a dict's ``"loss"``),
-    ``self.log`` values and the stage's metrics, as floats (computed, not reset), with the stage's
-    batch hooks. Several loaders (:class:`SequentialLoaders`) run one after the other, as
-    Lightning's: the step and the batch hooks get ``dataloader_idx``, and each name (the loss's
-    too) gets ``/dataloader_idx_<i>``."""
-    task, trainer, logs = run.task, run.trainer, run.logs
-    metrics, fraction = run.metrics.get(stage, {}), run.trainer.limits[stage]
-    on_start = run.hooks[f"on_{HOOK[stage]}_batch_start"]
-    on_end = run.hooks[f"on_{HOOK[stage]}_batch_end"]
+    """At most ``limit`` batches of each loader of ``loader`` (and ``limit_<prefix>_batches``)
+    through ``module`` (the run's model as evaluation calls it): ``{prefix}/loss`` (what the step
+    returned: the loss, or a dict's ``"loss"``), ``self.log`` values and the stage's metrics, as
+    floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
+    after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each
+    name (the loss's too) gets ``/dataloader_idx_<i>``."""
+    task, logs, strategy, precision = run.task, run.logs, run.strategy, run.precision
+    metrics, trainer, fraction = run.metrics.get(prefix, {}), run.trainer, run.config.limits[prefix]
+    on_start = run.hooks[f"on_{HOOK[prefix]}_batch_start"]
+    on_end = run.hooks[f"on_{HOOK[prefix]}_batch_end"]
     module.eval()
     book = logs.current
     # under autocast, or a true mode's dtype
-    step = run.precision.wrap_step(eval_step(task, module, stage, metrics))
-    source = {"val": "validation_step", "test": "test_step"}[stage]
+    step = precision.wrap_step(eval_step(task, module, prefix, metrics))
+    source = {"val": "validation_step", "test": "test_step"}[prefix]
     source = source if defines(task, source) else "loss"
     with torch.no_grad():
         for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,) only with several loaders, as Lightning
             book.dataloader_idx = extra[0] if extra else None
             set_epoch(part, 0, run.data_seed)
-            builtin = book.builtin_loss(None, f"{stage}/loss{book.suffix}")
+            builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
             for i, batch in enumerate(part):
                 if i >= cap:
                     break
-                batch = run.strategy.batch_to_device(batch)
+                batch = strategy.batch_to_device(batch)
                 book.weight = batch_size_of(batch)
                 book.batch_idx = i
                 for fn in on_start:
@@ -172,10 +172,10 @@ def evaluate(run: Run, module: torch.nn.Module, stage: str, loader: Any,
     for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
         if source != "loss" and getattr(metric, "update_count", 1) == 0:  # its own step never updated it
             warn_once(f"configure_metrics()'s {name!r} was not updated by {type(task).__name__}.{source}, so "
-                      f"{stage}/{name} is not logged. HINT: call self.stage_metrics[{name!r}].update(outputs, "
+                      f"{prefix}/{name} is not logged. HINT: call self.stage_metrics[{name!r}].update(outputs, "
                       "targets) in the step (docs/steps.md), or log a value of your own with self.log.")
             continue
-        computed = metric_values(f"{stage}/{name}", metric.compute())
+        computed = metric_values(f"{prefix}/{name}", metric.compute())
         clash = sorted(set(computed) & set(values))
         if clash:
             raise MisconfigurationError(
@@ -198,7 +198,8 @@ def predict_pass(run: Run, loader: Any, keep: bool = True) -> list[Any] | None:
     for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,), for the step and the batch hooks
         start = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_start"]]
         end = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_end"]]
-        results.append(predict(task, module, part, limit_batches(length(part), run.trainer.limits["predict"]),
+        limit = limit_batches(length(part), run.config.limits["predict"])
+        results.append(predict(task, module, part, limit,
                                strategy=run.strategy, precision=run.precision, keep=keep, on_batch_start=start,
                                on_batch_end=end, dataloader_idx=extra))
     modes.restore(module, task, kept)
