@@ -146,6 +146,31 @@ def test_a_true_mode_trains_as_a_hand_written_loop_to_the_bit(precision, dtype, 
     assert states and all(v.dtype == dtype for v in states)
 
 
+class BatchDtypes(Callback):
+    """The inputs' dtype each batch hook sees."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, torch.dtype]] = []
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx):
+        self.seen.append(("train", batch[0].dtype))
+
+    def on_validation_batch_start(self, trainer, task, batch, batch_idx, dataloader_idx=0):
+        self.seen.append(("val", batch[0].dtype))
+
+    def on_predict_batch_start(self, trainer, task, batch, batch_idx, dataloader_idx=0):
+        self.seen.append(("predict", batch[0].dtype))
+
+
+def test_a_true_mode_converts_the_batch_before_the_batch_hooks_as_lightning():
+    hooks = BatchDtypes()
+    trainer = Trainer(precision="bf16-true", max_steps=1, callbacks=[hooks], **QUIET)
+    trainer.fit(_seeded())
+    trainer.predict(trainer.task)
+    assert {stage for stage, _ in hooks.seen} == {"train", "val", "predict"}
+    assert {dtype for _, dtype in hooks.seen} == {torch.bfloat16}
+
+
 def test_bf16_true_validates_and_predicts_in_bfloat16():
     task = _seeded()
     trainer = Trainer(precision="bf16-true", max_steps=2, **QUIET)

@@ -166,22 +166,28 @@ class Precision:
         """A true mode's batch with its floating tensors in the dtype (integer targets stay)."""
         return map_tensors(batch, _to_dtype, self.dtype) if self.true else batch
 
+    def batch_mover(self, move: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """What the loop calls to bring a batch to the device, ``move``: a true mode converts the
+        batch first (before the batch hooks and the transfer, as Lightning), the others do not."""
+        if not self.true:
+            return move
+
+        def convert_then_move(batch: Any) -> Any:
+            return move(self.convert_input(batch))
+        return convert_then_move
+
     def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        """``step(batch, batch_idx, ...)`` in this precision: under autocast (mixed); with the
-        batch converted and the default dtype set (true); ``step`` itself for "32"."""
+        """``step(batch, batch_idx, ...)`` in this precision: under autocast (mixed), under the
+        default dtype (true: tensors made in the forward are made in it); ``step`` itself
+        for "32" (no context entered per batch)."""
         if self.precision == "32":
             return step
         context = self.forward_context
-        if not self.true:
-            def step_under_autocast(*args: Any) -> Any:
-                with context:
-                    return step(*args)
-            return step_under_autocast
 
-        def step_in_dtype(batch: Any, *args: Any) -> Any:
+        def step_in_context(*args: Any) -> Any:
             with context:
-                return step(self.convert_input(batch), *args)
-        return step_in_dtype
+                return step(*args)
+        return step_in_context
 
     def fsdp_policy(self) -> MixedPrecisionPolicy:
         """FSDP's policy for ``mixed_precision="auto"``: bf16-mixed gathers and computes in

@@ -217,7 +217,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                         break
                     st.batch_idx = batch_idx
                     if run.moves_batches:  # on the CPU a batch stays where it is, without even a call
-                        batch = self.strategy.batch_to_device(batch)
+                        batch = run.batch_to_device(batch)
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step

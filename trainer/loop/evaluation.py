@@ -132,7 +132,7 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
     floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
     after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each
     name (the loss's too) gets ``/dataloader_idx_<i>``."""
-    task, logs, strategy, precision = run.task, run.logs, run.strategy, run.precision
+    task, logs, precision = run.task, run.logs, run.precision
     metrics, trainer, fraction = run.metrics.get(prefix, {}), run.trainer, run.config.limits[prefix]
     on_start = run.hooks[f"on_{HOOK[prefix]}_batch_start"]
     on_end = run.hooks[f"on_{HOOK[prefix]}_batch_end"]
@@ -151,7 +151,7 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
             for i, batch in enumerate(part):
                 if i >= cap:
                     break
-                batch = strategy.batch_to_device(batch)
+                batch = run.batch_to_device(batch)
                 book.weight = batch_size_of(batch)
                 book.batch_idx = i
                 for fn in on_start:
@@ -218,11 +218,12 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     predictions: list[Any] = []
     # under autocast, or a true mode's dtype
     step = precision.wrap_step(eval_step(task, module, "predict", {}))
+    move = precision.batch_mover(strategy.batch_to_device)
     with torch.no_grad():
         for i, batch in enumerate(loader):
             if i >= limit:
                 break
-            batch = strategy.batch_to_device(batch)
+            batch = move(batch)
             for fn in on_batch_start or ():
                 fn(batch, i)
             out = step(batch, i, *dataloader_idx)

@@ -108,8 +108,9 @@ def _attach(run: Run, weights: str | None) -> Run:
     if run.log_dir is None:  # chosen on rank 0
         chosen = strategy.is_main and run_directory(run.callbacks, config.default_root_dir)
         run.log_dir = strategy.broadcast(chosen)
-    run.moves_batches = strategy.moves_batches
     run.precision = Precision(config.precision, strategy.device)
+    run.moves_batches = strategy.moves_batches or run.precision.true
+    run.batch_to_device = run.precision.batch_mover(strategy.batch_to_device)
     run.logs = LogBuffer(strategy, config.nonfinite_loss, run.precision.scales_loss,
                          config.accumulate_grad_batches)
     task.trainer = run.trainer

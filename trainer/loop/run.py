@@ -53,7 +53,10 @@ class Run:
     metrics: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # configure_metrics by stage
     data_seed: int = 0  # the data order: rank 0's seed on every rank
     preemption: Preemption | None = None
-    moves_batches: bool = True  # read once from the strategy: the loop asks it every batch
+    # read once from the strategy (and a true precision, which converts): asked every batch
+    moves_batches: bool = True
+    # the strategy's batch_to_device, after a true precision's conversion (precision.batch_mover)
+    batch_to_device: Callable[[Any], Any] | None = None
     predict_dataloader: Any = None
     # ---- fit only (setup_fit) ----
     manual: bool = False  # the task's training_step steps its optimizers (automatic_optimization = False)
