@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -173,3 +174,25 @@ def test_the_command_prints_the_suggestion_and_the_override(tmp_path):
     assert (run_dir / "lr_find" / "lr_find.png").is_file()
     assert json.loads((run_dir / "lr_find" / "lr_find.json").read_text())["num_training"] == 30
     assert not any(p.name.startswith("version_") for p in run_dir.iterdir())  # no training run was started
+
+
+def test_on_a_terminal_the_command_shows_one_bar_of_its_own_then_the_suggestion(tmp_path):
+    """`taskfit mode=lr_find` on a terminal: the range test's own bar (its steps, the current lr
+    and smoothed loss), no epoch bars of the fit it runs underneath, then the suggestion and the
+    override."""
+    from test_console import on_a_terminal
+
+    args = ["mode=lr_find", "lr_find.num_training=30", f"paths.log_dir={tmp_path}"]
+    redraws = on_a_terminal(f"from taskfit.cli import main; main({args!r})", tmp_path)
+    bar = (r"lr_find(?: \(stopped: the loss diverged\))?: +\d+%\|.*\| *(\d+)/30 "
+           r"\[.*lr=([\d.e+-]+), loss=")
+    bars = [m for line in redraws if (m := re.match(bar, line))]
+    run_dir = next((tmp_path / "digits" / "runs").iterdir())
+    curve = json.loads((run_dir / "lr_find" / "lr_find.json").read_text())
+    assert bars and int(bars[-1].group(1)) == len(curve["lr"]), redraws  # the last bar: every step
+    # the last step's lr
+    assert float(bars[-1].group(2)) == pytest.approx(curve["lr"][-1], rel=1e-2)
+    assert not [line for line in redraws if "Epoch" in line], redraws
+    tail = redraws[redraws.index(bars[-1].string) + 1:]
+    assert tail[0].startswith("taskfit: lr_find in")
+    assert "use it:          taskfit task.optimizer.lr=" in tail[-1]
