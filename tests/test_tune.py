@@ -13,7 +13,7 @@ import pytest
 import torch
 from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.tools.lr_finder import LRFinder, lr_find
-from tasks import ClassifierTask, RegressionTask, same_state
+from tasks import ClassifierTask, RegressionTask, one_process_of_ddp, same_state
 from test_cli import _env, read_events, taskfit
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
@@ -149,7 +149,8 @@ def test_bad_arguments_fail_before_any_work(kwargs, message):
 
 def test_ddp_ranks_agree_and_equal_one_process_with_the_same_global_batch(tmp_path):
     seed_everything(0)
-    single = lr_find(Trainer(max_epochs=1, default_root_dir=str(tmp_path / "a"), **QUIET), ClassifierTask(batch_size=16),
+    single = lr_find(Trainer(max_epochs=1, default_root_dir=str(tmp_path / "a"), **QUIET),
+                     one_process_of_ddp(ClassifierTask)(batch_size=16),  # ddp's data order, whole
                      num_training=15, early_stop_threshold=None)
     seed_everything(0)
     task = ClassifierTask(batch_size=8)

@@ -32,7 +32,7 @@ from ..checkpoint.dirs import checkpoint_exists
 from ..checkpoint.lookup import last_checkpoint
 from ..cluster import global_rank
 from ..errors import CheckpointError, MisconfigurationError, TaskfitError, find_in_chain
-from ..seed import seed_everything
+from ..seed import seed_everything, seeds_workers
 from ..tools import lr_finder
 from . import config_errors, modes, sweep
 from .config import check_targets, explain, locate
@@ -210,7 +210,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
                                                   predict.get("write_interval", "batch")))
         seed = config["trainer"].get("seed")
         if seed is not None:  # before the task is built: its initial weights depend on the seed
-            seed_everything(seed)
+            seed_everything(seed, workers=seeds_workers())
         task = instantiate(config["task"], _convert_="all")
         trainer = build_trainer(config, callbacks)
     except Exception:
