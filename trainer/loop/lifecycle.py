@@ -15,6 +15,7 @@ from ..callback import Callback
 from ..checkpoint.files import CheckpointWriter
 from ..checkpoint.rng import isolated_rng
 from ..data.loaders import ASK, fit_loaders
+from ..data.workers import restore_sigchld
 from ..datamodule import DataSource
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
@@ -94,6 +95,7 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
         finally:
             if run.preemption is not None:
                 run.preemption.uninstall()
+            restore_sigchld()
             if run.fn == "fit" and config.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
             task.trainer = None
