@@ -161,6 +161,8 @@ class ShardProbe(Callback):
             return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
         params = list(task.parameters())
+        # the policy the strategy applies for the run's precision (precision.py decides it)
+        policy = trainer.strategy._mp_policy(trainer.precision_plugin)
         states = [v for o in trainer.optimizers for s in o.state.values() for v in s.values()
                   if isinstance(v, torch.Tensor) and v.dim() > 0]
         torch.save({"param_local": sum(map(local, params)), "param_global": sum(p.numel() for p in params),
@@ -168,7 +170,7 @@ class ShardProbe(Callback):
                     "units": sorted(n or "<root>" for n, m in task.named_modules() if isinstance(m, FSDPModule)),
                     "class": type(task).__name__, "sharded": all(isinstance(p, DTensor) for p in params),
                     "eval_forwards": self.eval_forwards,
-                    "gather_dtype": str(trainer.strategy._mp_policy().param_dtype)},
+                    "gather_dtype": str(policy.param_dtype)},
                    os.path.join(self.out, f"shards_rank{trainer.strategy.rank}.pt"))
 
 

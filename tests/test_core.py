@@ -108,7 +108,7 @@ def test_bf16_autocast_on_cpu(quiet):
     trainer = Trainer(max_epochs=1, precision="bf16-mixed", **quiet)
     metrics = trainer.fit(ClassifierTask())
     assert torch.isfinite(torch.tensor(metrics["train/loss_epoch"]))
-    assert trainer.precision.scaler is None
+    assert trainer.precision_plugin.scaler is None
 
 
 class _GradNorms(Callback):
@@ -126,7 +126,7 @@ def test_16_mixed_unscales_before_clipping(quiet):
     trainer = Trainer(max_steps=4, precision="16-mixed", gradient_clip_val=0.01, callbacks=[seen], **quiet)
     trainer.fit(task)
     after = torch.cat([p.detach().flatten() for p in task.parameters()])
-    assert trainer.precision.scaler is not None
+    assert trainer.precision_plugin.scaler is not None
     # on_before_optimizer_step sees unscaled gradients: norms of a few units, not scaled by 2**16. (The first
     # steps overflow float16 at the initial scale and are skipped by the GradScaler: inf/nan norms.)
     finite = [n for n in seen.norms if n == n and n != float("inf")]

@@ -25,8 +25,8 @@ LAYERS: Layers = (
     ("leaves", ("taskfit.errors", "taskfit.version", "taskfit.console", "taskfit.cluster",
                 "taskfit.seed", "taskfit.state", "taskfit.init_args", "taskfit.arguments",
                 "taskfit.optim", "taskfit.callback", "taskfit.trainer_config")),
-    ("domains", ("taskfit.data.*", "taskfit.strategies.*", "taskfit.checkpoint.*",
-                 "taskfit.logs.*")),
+    ("domains", ("taskfit.data.*", "taskfit.precision", "taskfit.strategies.*",
+                 "taskfit.checkpoint.*", "taskfit.logs.*")),
     ("user classes", ("taskfit.module", "taskfit.datamodule")),
     ("loop", ("taskfit.loop.*",)),
     ("callbacks", ("taskfit.callbacks.*", "taskfit.profilers.*")),
@@ -45,9 +45,6 @@ ALLOWED_READS = {  # (module, function, attribute): why
     ("taskfit.loop.lifecycle", "new_run", "trainer_config"): "the run's configuration",
     ("taskfit.loop.lifecycle", "new_run", "strategy"): "the run's strategy",
     ("taskfit.loop.lifecycle", "new_run", "checkpoint_writer"): "background saves outlive a run",
-    # precision's owner (issue 44, "precision") replaces both with run.config.precision
-    ("taskfit.loop.lifecycle", "_attach", "precision_name"): "the run's precision",
-    ("taskfit.strategies.fsdp", "launch", "precision_name"): "fsdp's checks, before any process",
 }
 
 
@@ -236,8 +233,8 @@ def test_nothing_below_the_trainer_reads_a_trainer_attribute():
 
 
 def test_the_allowed_reads_are_few_and_still_there():
-    """At most 5 reads where the Run is built (the fsdp one is precision's to remove), each one
-    still in the source: an allowance nothing uses is removed, not kept."""
+    """At most 5 reads where the Run is built, each one still in the source: an allowance
+    nothing uses is removed, not kept."""
     built = [key for key in ALLOWED_READS if key[1] in ("new_run", "_attach")]
     assert len(built) <= 5
     for module, function, attribute in ALLOWED_READS:

@@ -151,7 +151,7 @@ def test_16_mixed_manual_backward_scales_and_the_step_skips_overflowing_gradient
             loss = F.cross_entropy(self(batch[0]), batch[1])
             opt.zero_grad()
             self.manual_backward(loss * (float("inf") if batch_idx == 0 else 1.0))
-            scale = self.trainer.precision.scaler.get_scale()
+            scale = self.trainer.precision_plugin.scaler.get_scale()
             self.results.append((opt.step(), scale, torch.equal(before, self.net[0].weight)))
             return loss
 

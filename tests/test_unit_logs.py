@@ -27,7 +27,7 @@ def log(book: LogBook, name: str, value, batch_size=None, **changes) -> None:
 
 def buffer(nonfinite_loss="raise", accumulate=1) -> LogBuffer:
     strategy = types.SimpleNamespace(device=CPU, world_size=1, all_reduce=lambda tensor, op: tensor)
-    return LogBuffer(strategy, nonfinite_loss, types.SimpleNamespace(scaler=None), accumulate)
+    return LogBuffer(strategy, nonfinite_loss, False, accumulate)
 
 
 # ---- options: Lightning's defaults, names and refusals ------------------------------------------------------

@@ -324,7 +324,7 @@ class TaskModule(nn.Module):
         if hasattr(optimizer, "sync_gradients"):  # a ManualOptimizer: clip the gradients averaged over ranks
             optimizer.sync_gradients()
         optimizer = getattr(optimizer, "optimizer", optimizer)
-        self._running_trainer("self.clip_gradients(...)").precision.unscale(optimizer)
+        self._running_trainer("self.clip_gradients(...)").run.precision.unscale(optimizer)
         gradient_clipper(optimizer, gradient_clip_val, gradient_clip_algorithm)()
 
     @property

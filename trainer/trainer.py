@@ -1,7 +1,8 @@
 """Trainer: the loop, top to bottom, in this one file; its configuration, and the current run (loop/run.py).
 
-One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``optimizer.step`` (16-mixed: through
-``precision.step``, the GradScaler's).
+One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``optimizer.step``
+(16-mixed: through ``precision.step``, the GradScaler's). Manual optimization: ``_manual_step``,
+whose task's training_step steps its optimizers itself.
 The step is the one written by hand: batch to the device (not on the CPU), zero_grad at a group's start, forward
 and loss under autocast, backward, every ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step. No
 device value is read per step: the loss is converted once per ``log_every_n_steps`` (the one CPU-GPU sync).
@@ -43,11 +44,11 @@ from .loop.checkpointing import load_run_state, no_training_state, preempt, run_
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
 from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
-from .loop.precision import normalize_precision
 from .loop.preemption import normalize_signals, requeue_setting
 from .loop.run import Run
 from .loop.steps import batch_outputs, defines, step_loss
 from .module import TaskModule
+from .precision import building, check_strategy, normalize_precision
 from .profilers.choice import profiler_for
 from .state import TrainerState
 from .strategies import model_memory
@@ -145,8 +146,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     def init_module(self, empty_init: bool | None = None) -> Any:
         """``with trainer.init_module(empty_init=True): task = MyTask()``: layers on the meta device
-        (strategies/model_memory.py; docs/big-models.md)."""
-        return model_memory.init_module(self.strategy, empty_init)
+        (strategies/model_memory.py; docs/big-models.md); under a true precision ("bf16-true"),
+        built in its dtype (precision.py)."""
+        return building(self.precision_name, model_memory.init_module(self.strategy, empty_init))
 
     # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
     def fit(self, task: TaskModule | None = None, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -157,6 +159,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
+        check_strategy(self.precision_name, self.strategy)
         try:
             return self.strategy.launch(self._fit, task, data, ckpt_path)
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
@@ -187,6 +190,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         task, ckpt_path = lifecycle.fitted_task(self.task, fn, task, ckpt_path)
         data = DataSource(task, fn, datamodule, loaders=loaders)
         check_task(task, fn, data=data)
+        check_strategy(self.precision_name, self.strategy)
         try:
             return self.strategy.launch(self._run_eval, fn, task, data, ckpt_path, *more)
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
@@ -207,6 +211,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             config = run.config
             max_steps = math.inf if config.max_steps is None else config.max_steps
             log_every = config.log_every_n_steps
+            # automatic or manual optimization: one plain function each, chosen once per fit
+            train_step = self._manual_step if run.manual else self._train_step
             if config.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
             # the first epoch's iterator, before on_train_start, as Lightning's
@@ -224,11 +230,11 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                         break
                     st.batch_idx = batch_idx
                     if run.moves_batches:  # on the CPU a batch stays where it is, without even a call
-                        batch = self.strategy.batch_to_device(batch)
+                        batch = run.batch_to_device(batch)
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
-                    outputs = self._train_step(batch, batch_idx)
+                    outputs = train_step(batch, batch_idx)
                     if st.global_step // log_every != step // log_every:
                         self._log_interval()  # every log_every_n_steps optimizer steps
                     st.batches_done = batch_idx + 1
@@ -265,48 +271,78 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                               "default). HINT: pass Trainer(max_epochs=N) or max_steps=N.", stacklevel=5)
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
-        """One batch: the step (steps.py), backward, an optimizer step when its group is complete. Returns what
-        on_train_batch_end gets (Lightning's mapping with the detached loss)."""
+        """Automatic optimization, one batch, in a hand-written loop's order: zero_grad at a
+        group's start, the step (forward and loss, steps.py), backward, and at a group's end
+        unscale -> hooks -> clip -> optimizer.step. Returns what on_train_batch_end gets
+        (Lightning's mapping with the detached loss)."""
         run, st = self.run, self.state
-        task, optimizer = run.task, run.optimizer
-        run.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
+        # epoch means of logged values weigh by the batch's size
+        run.logs.train.weight = samples = batch_size_of(batch)
         k = run.config.accumulate_grad_batches
-        group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, run.num_train_batches)
-        if k > 1:  # ddp/fsdp reduce the gradients only on the micro-batch that steps (a flag: no context per batch)
+        group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k,
+                                                                    run.num_train_batches)
+        if k > 1:
+            # ddp/fsdp reduce gradients only on the micro-batch that steps (a flag, no context)
             self.strategy.gradient_sync(run.model, steps)
-        if batch_idx % k == 0 and not run.manual:  # a group's first batch: zero_grad before the forward, where a
-            run.zero_grad(set_to_none=True)  # hand-written loop puts it (manual: the task does); + on_before_zero_grad
-        out = run.training_step(batch, batch_idx)  # under autocast (forward and loss only: lifecycle.setup_fit)
-        if type(out) is torch.Tensor:  # the usual step: a loss, detached once for the log and the batch hooks
+        if batch_idx % k == 0:
+            # a group's first batch: zero_grad before the forward (+ on_before_zero_grad hooks)
+            run.zero_grad(set_to_none=True)
+        # under autocast (the forward and the loss only: lifecycle.setup_fit)
+        out = run.training_step(batch, batch_idx)
+        if type(out) is torch.Tensor:
+            # the usual step: a loss, detached once for the log and the batch hooks
             loss, outputs = out, {"loss": out.detach()}
-        else:  # the task's mapping (or None): steps.py
-            loss, outputs = step_loss(out, task, run.manual), batch_outputs(out)
-        if not run.loss_checked and loss is not None:
-            check_loss(loss, task, not run.manual, "training_step" if defines(task, "training_step") else "loss")
-            run.loss_checked = True
-        if loss is not None:  # kept as a tensor, converted at the log interval (no sync here)
-            run.logs.add_loss(outputs["loss"], samples)
-        if run.manual or loss is None:  # manual: the task's step did backward and stepped (ManualOptimizer counts
-            return outputs  # global_step); None: the task skips this batch (Lightning's meaning), no step
-        # a sync per step, opted into
-        if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
-            st.skipped_steps += 1
-            optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
+        else:
+            loss, outputs = step_loss(out, run.task, False), batch_outputs(out)
+        if loss is None:
+            # the task skips this batch (Lightning's meaning): no backward, no step
             return outputs
-        run.backward(loss if group == 1 else loss / group)  # loss.backward() (+ the backward hooks, if any)
+        if not run.loss_checked:
+            source = "training_step" if defines(run.task, "training_step") else "loss"
+            check_loss(loss, run.task, True, source)
+            run.loss_checked = True
+        # kept as a tensor, converted at the log interval (no sync here)
+        run.logs.add_loss(outputs["loss"], samples)
+        if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
+            # a sync per step, opted into; this group's gradients so far go with the step
+            st.skipped_steps += 1
+            run.optimizer.zero_grad(set_to_none=True)
+            return outputs
+        # loss.backward() (+ the backward hooks, if any)
+        run.backward(loss if group == 1 else loss / group)
         if not steps:
             return outputs
-        if run.before_step_work:  # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
-            run.before_optimizer_step(optimizer)
+        if run.before_step_work:
+            # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
+            run.before_optimizer_step(run.optimizer)
         if run.clip_gradients is not None:
             run.clip_gradients()
-        if run.task_optimizer_step is None:  # optimizer.step (None), or through the GradScaler: False when it
-            stepped = run.optimizer_step() is not False  # skipped a step whose gradients overflowed
-        else:  # the task's optimizer_step (Lightning's override, loop/overrides.py): it steps through precision
+        if run.task_optimizer_step is None:
+            # optimizer.step (None), or through the GradScaler: False when it skipped the step
+            stepped = run.optimizer_step() is not False
+        else:
+            # the task's optimizer_step (Lightning's override, loop/overrides.py)
             stepped = run.task_optimizer_step(loss)
         st.global_step += 1
         if stepped and run.schedulers.per_step:
             run.schedulers.after_step(st.global_step, st.metrics)
+        return outputs
+
+    def _manual_step(self, batch: Any, batch_idx: int) -> Any:
+        """Manual optimization, one batch: the task's training_step zeroes, backpropagates
+        (``self.manual_backward``) and steps its optimizers itself (steps.py's ManualOptimizer:
+        unscale, hooks, ddp average, global_step); the loop logs the loss it returns. Returns
+        what on_train_batch_end gets."""
+        run = self.run
+        run.logs.train.weight = samples = batch_size_of(batch)
+        out = run.training_step(batch, batch_idx)
+        loss, outputs = step_loss(out, run.task, True), batch_outputs(out)
+        if loss is None:
+            return outputs
+        if not run.loss_checked:
+            check_loss(loss, run.task, False, "training_step")
+            run.loss_checked = True
+        run.logs.add_loss(outputs["loss"], samples)
         return outputs
 
     def _log_interval(self) -> None:
@@ -421,6 +457,13 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self.run.publish(LogBuffer.to_floats(metrics))
 
     @property
+    def precision(self) -> str:
+        """The precision's name, before a run too: "32", "bf16-mixed", "16-mixed", "bf16-true",
+        "16-true" (Lightning's ``trainer.precision``). The run's
+        :class:`~taskfit.precision.Precision`: :attr:`precision_plugin`."""
+        return self.precision_name
+
+    @property
     def is_main(self) -> bool:
         """True on the process that logs, draws progress and writes files (rank 0)."""
         return self.strategy.is_main
@@ -518,7 +561,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     manual_optimizers = _run_part("manual_optimizers", "What self.optimizers() returns under manual optimization.",
                                   empty=[])
     schedulers = _run_part("schedulers", "The fit's learning-rate schedulers (optim.py's Schedulers).")
-    precision = _run_part("precision", "The run's autocast and GradScaler (loop/precision.py).")
+    precision_plugin = _run_part("precision",
+                                 "The run's Precision: autocast, GradScaler... (precision.py).")
     logs = _run_part("logs", "The run's logging buffer (logs/buffer.py).")
     hooks = _run_part("hooks", "Hook name -> what the run calls for it, in Lightning's order (loop/hooks.py).")
     metrics = _run_part("metrics", "configure_metrics()' torchmetrics by stage.")

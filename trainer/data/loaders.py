@@ -222,18 +222,24 @@ class Iterated:
         return iterate(self.loader)
 
 
+def map_tensors(batch: Any, fn: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+    """``batch`` with ``fn(tensor, *args, **kwargs)`` for each tensor in nested tuples, lists,
+    dicts (and namedtuples, Mapping subclasses); anything else as it is."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch, *args, **kwargs)
+    if isinstance(batch, Mapping):
+        mapped = {k: map_tensors(v, fn, *args, **kwargs) for k, v in batch.items()}
+        return mapped if type(batch) is dict else type(batch)(mapped)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(v, fn, *args, **kwargs) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(v, fn, *args, **kwargs) for v in batch)
+    return batch
+
+
 def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
     """Move every tensor in nested tuples/lists/dicts (and namedtuples) to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: batch_to_device(v, device, non_blocking) for k, v in batch.items()}) \
-            if type(batch) is not dict else {k: batch_to_device(v, device, non_blocking) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(batch_to_device(v, device, non_blocking) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(batch_to_device(v, device, non_blocking) for v in batch)
-    return batch
+    return map_tensors(batch, torch.Tensor.to, device, non_blocking=non_blocking)
 
 
 def batch_size_of(batch: Any) -> int:

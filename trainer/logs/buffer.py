@@ -30,11 +30,11 @@ class LogBuffer:
     NaN/Inf loss found at the next check. Everything a resume needs is in :meth:`state_dict`.
     """
 
-    def __init__(self, strategy: Strategy, nonfinite_loss: str, precision: Any,
+    def __init__(self, strategy: Strategy, nonfinite_loss: str, scales_loss: bool,
                  accumulate_grad_batches: int) -> None:
         self.strategy, self.accumulate = strategy, accumulate_grad_batches
-        # With 16-mixed the GradScaler already skips steps whose gradients overflow: that is not an error.
-        self.raise_nonfinite = nonfinite_loss == "raise" and precision.scaler is None
+        # With a GradScaler (16-mixed) overflowing steps are skipped by it: not an error.
+        self.raise_nonfinite = nonfinite_loss == "raise" and not scales_loss
         self.prog_bar: set[str] = set()  # published names logged with prog_bar=True (any stage)
         self.not_logged: set[str] = set()  # published names logged with logger=False: callbacks only
         self.aliases: dict[str, str] = {}  # "<key>_step"/"<key>_epoch" -> "<key>": callback_metrics has the latest

@@ -23,12 +23,12 @@ from ..data.loaders import (
 from ..errors import MisconfigurationError
 from ..logs.metrics import metric_values
 from ..module import TaskModule, predict_inputs
+from ..precision import warn_once
 from ..strategies.base import Strategy
 from ..strategies.wrapped_step import Step, ThroughWrapper, own_step
 from . import modes
 from .checks import check_loss
 from .hooks import is_task_hook
-from .precision import warn_once
 from .steps import defines
 
 if TYPE_CHECKING:
@@ -133,13 +133,14 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
     floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
     after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each
     name (the loss's too) gets ``/dataloader_idx_<i>``."""
-    task, logs, strategy, precision = run.task, run.logs, run.strategy, run.precision
+    task, logs, precision = run.task, run.logs, run.precision
     metrics, trainer, fraction = run.metrics.get(prefix, {}), run.trainer, run.config.limits[prefix]
     on_start = run.hooks[f"on_{HOOK[prefix]}_batch_start"]
     on_end = run.hooks[f"on_{HOOK[prefix]}_batch_end"]
     module.eval()
     book = logs.current
-    step = eval_step(task, module, prefix, metrics)
+    # under autocast, or a true mode's dtype
+    step = precision.wrap_step(eval_step(task, module, prefix, metrics))
     source = {"val": "validation_step", "test": "test_step"}[prefix]
     source = source if defines(task, source) else "loss"
     with torch.no_grad():
@@ -152,13 +153,12 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
             for i, batch in enumerate(epoch_batches(part, cap)):
                 if i >= cap:
                     break
-                batch = strategy.batch_to_device(batch)
+                batch = run.batch_to_device(batch)
                 book.weight = batch_size_of(batch)
                 book.batch_idx = i
                 for fn in on_start:
                     fn(trainer, task, batch, i, *extra)
-                with precision.autocast:
-                    out = step(batch, i, *extra)
+                out = step(batch, i, *extra)
                 for fn in on_end:
                     fn(trainer, task, out, batch, i, *extra)
                 loss = out.get("loss") if isinstance(out, Mapping) else out
@@ -218,16 +218,17 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     kept predictions of every rank come back in dataset order (see :func:`in_dataset_order`)."""
     module.eval()
     predictions: list[Any] = []
-    step = eval_step(task, module, "predict", {})
+    # under autocast, or a true mode's dtype
+    step = precision.wrap_step(eval_step(task, module, "predict", {}))
+    move = precision.batch_mover(strategy.batch_to_device)
     with torch.no_grad():
         for i, batch in enumerate(epoch_batches(loader, limit)):
             if i >= limit:
                 break
-            batch = strategy.batch_to_device(batch)
+            batch = move(batch)
             for fn in on_batch_start or ():
                 fn(batch, i)
-            with precision.autocast:
-                out = step(batch, i, *dataloader_idx)
+            out = step(batch, i, *dataloader_idx)
             for fn in on_batch_end:
                 fn(out, batch, i)
             if keep:

@@ -34,7 +34,7 @@ from .checkpointer import Checkpointer, CheckpointPolicy
 from .checkpointing import load_weights, open_checkpoint, restore
 from .hooks import Hook, hook_table, warn_uncalled
 from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_step, zero_grad_call
-from .precision import Precision
+from ..precision import Precision
 from .preemption import Preemption
 from .run import Run
 from .steps import ManualOptimizer, training_step
@@ -112,9 +112,10 @@ def _attach(run: Run, weights: str | None) -> Run:
     if run.log_dir is None:  # chosen on rank 0
         chosen = strategy.is_main and run_directory(run.callbacks, config.default_root_dir)
         run.log_dir = strategy.broadcast(chosen)
-    run.moves_batches = strategy.moves_batches
-    run.precision = Precision(run.trainer.precision_name, strategy.device)
-    run.logs = LogBuffer(strategy, config.nonfinite_loss, run.precision,
+    run.precision = Precision(config.precision, strategy.device)
+    run.moves_batches = strategy.moves_batches or run.precision.true
+    run.batch_to_device = run.precision.batch_mover(strategy.batch_to_device)
+    run.logs = LogBuffer(strategy, config.nonfinite_loss, run.precision.scales_loss,
                          config.accumulate_grad_batches)
     task.trainer = run.trainer
     if datamodule is not None:
@@ -125,10 +126,12 @@ def _attach(run: Run, weights: str | None) -> Run:
             run.call_hooks("prepare_data")
         strategy.barrier()
     run.call_hooks("setup", run.fn)  # the module is still where the user built it (Lightning's order)
-    run.call_hooks("configure_model")
-    # meta layers, activation checkpointing, channels_last, then the strategy's wrapper
-    wrapped = strategy.setup_module(prepare_module(task, strategy, config.activation_checkpointing,
-                                                   config.channels_last))
+    with run.precision.init_context():  # a true mode's layers are built in its dtype
+        run.call_hooks("configure_model")
+    # meta layers, activation checkpointing, channels_last, then a true mode's dtype, then the
+    # strategy's wrapper
+    prepared = prepare_module(task, strategy, config.activation_checkpointing, config.channels_last)
+    wrapped = strategy.setup_module(run.precision.convert_module(prepared), run.precision)
     run.model = torch.compile(wrapped) if config.compile else wrapped
     run.metrics = build_metrics(task, strategy.device)
     run.data_seed = int(strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank
@@ -153,7 +156,8 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
                                    config.gradient_clip_algorithm)
     run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
     run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
-    run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
+    # the forward and the loss only under autocast, as torch.autocast asks
+    run.training_step = run.precision.wrap_step(
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     run.checkpointer.hold_folders()
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
@@ -171,7 +175,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
         run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
     run.val_schedule = ValidationSchedule(config.val_check_interval, config.check_val_every_n_epoch,
                                           run.num_train_batches, run.val_loader is not None)
-    run.before_step_work = run.precision.scaler is not None or bool(hooks["on_before_optimizer_step"])
+    run.before_step_work = run.precision.scales_loss or bool(hooks["on_before_optimizer_step"])
     run.zero_grad = with_hooks(run, zero_grad_call(task, run.state, run.optimizer), hooks["on_before_zero_grad"], [],
                                run.optimizer)
     run.backward = with_hooks(run, backward_call(task, run.precision), hooks["on_before_backward"],

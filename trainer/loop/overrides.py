@@ -17,7 +17,7 @@ import torch
 from ..errors import MisconfigurationError
 from ..optim import gradient_clipper
 from .hooks import defines as overrides  # the task replaces TaskModule's default_hook
-from .precision import Precision
+from ..precision import Precision
 
 
 def zero_grad_call(task: Any, state: Any, optimizer: torch.optim.Optimizer) -> Callable[..., None]:
@@ -37,7 +37,7 @@ def backward_call(task: Any, precision: Precision) -> Callable[..., None]:
         return precision.backward_call()
 
     def task_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        task.backward(loss if precision.scaler is None else precision.scaler.scale(loss), *args, **kwargs)
+        task.backward(precision.scale(loss), *args, **kwargs)
     return task_backward
 
 

@@ -21,7 +21,7 @@ from ..strategies.base import Strategy
 from ..trainer_config import TrainerConfig
 from .cadence import ValidationSchedule
 from .hooks import Hook
-from .precision import Precision
+from ..precision import Precision
 from .preemption import Preemption
 
 
@@ -54,7 +54,10 @@ class Run:
     preemption: Preemption | None = None
     # The checkpoint manager (loop/checkpointer.py): every save and the resume lookup go through it
     checkpointer: Any = None
-    moves_batches: bool = True  # read once from the strategy: the loop asks it every batch
+    # read once from the strategy (and a true precision, which converts): asked every batch
+    moves_batches: bool = True
+    # the strategy's batch_to_device, after a true precision's conversion (precision.batch_mover)
+    batch_to_device: Callable[[Any], Any] | None = None
     predict_dataloader: Any = None
     # ---- fit only (setup_fit) ----
     manual: bool = False  # the task's training_step steps its optimizers (automatic_optimization = False)

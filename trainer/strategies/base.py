@@ -12,13 +12,16 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ..data.loaders import batch_to_device
 from ..errors import MisconfigurationError
+
+if TYPE_CHECKING:
+    from ..precision import Precision
 
 _ACCELERATORS = ("auto", "cpu", "cuda", "mps")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
@@ -121,6 +124,8 @@ class Strategy:
     """One process, one device (cuda:k, mps or cpu)."""
 
     name = "single"
+    # each rank holds only a shard of the gradients (fsdp): precision.check_strategy reads it
+    shards_gradients = False
     rank = 0
     local_rank = 0
     world_size = 1
@@ -159,8 +164,9 @@ class Strategy:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        """Move the module to the device and wrap it; returns what the loop calls."""
+    def setup_module(self, module: nn.Module, precision: Precision | None = None) -> nn.Module:
+        """Move the module to the device and wrap it; returns what the loop calls.
+        ``precision``: the run's (a strategy that shards asks it for its mixed-precision policy)."""
         return module.to(self.device)
 
     def eval_module(self, wrapped: nn.Module) -> nn.Module:
@@ -260,7 +266,7 @@ class DataParallelStrategy(Strategy):
                       "strategy='single' would. HINT: on a CPU machine, strategy='ddp' with devices=N runs N "
                       "processes; on a GPU machine strategy='dp' uses every visible GPU.", UserWarning, stacklevel=4)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, precision: Precision | None = None) -> nn.Module:
         module = module.to(self.device)
         if self.device_ids:
             return nn.DataParallel(module, device_ids=self.device_ids, output_device=self.device_ids[0])

@@ -21,7 +21,7 @@ import multiprocessing
 import os
 import sys
 from datetime import timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,9 @@ from ..cluster import detect, restart_store, watch_parent
 from ..errors import MisconfigurationError
 from .base import Strategy, gpu_indices, parse_devices, resolve_accelerator, unwrap
 from .spawn import free_port, spawn
+
+if TYPE_CHECKING:
+    from ..precision import Precision
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 _FAILED = False  # an entry point raised in this process (under torchrun)
@@ -149,7 +152,7 @@ class DDPStrategy(Strategy):
         self._flag_group = self._last_work = None  # destroyed with the default group
 
     # ---- the module -------------------------------------------------------------------------------
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, precision: Precision | None = None) -> nn.Module:
         """Move to this rank's device and wrap in DDP (which broadcasts rank 0's weights and buffers)."""
         module = module.to(self.device)
         return DistributedDataParallel(module, device_ids=[self.device.index] if self._gpus else None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,15 +25,18 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..errors import MisconfigurationError, TaskModuleError
+from ..precision import fsdp_norm_policy
 from .base import resolve_accelerator, unwrap
 from .ddp import DDPStrategy
 from .model_memory import has_meta, materialize
 from .wrapped_step import ThroughWrapper
 
+if TYPE_CHECKING:
+    from ..precision import Precision
+
 DEFAULT_WRAP = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 WrapPolicy = Iterable[type] | int | Callable[[nn.Module], bool] | None
 _GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # roots whose parameters evaluation has gathered
-_FLOAT32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)  # BatchNorm under bf16-mixed
 _RESHARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()  # root -> reshard_after_forward
 
 
@@ -49,14 +52,17 @@ class FSDPStrategy(DDPStrategy):
             already in a smaller unit), a function ``module -> bool``, or an empty set (the root only).
         reshard_after_forward: free a unit's gathered parameters after its forward (and gather them again in
             backward): less memory, one more all-gather per unit and step.
-        mixed_precision: "auto" (``Trainer(precision="bf16-mixed")`` gathers and computes in bfloat16 and reduces
-            gradients in float32), None (parameters as they are), or a ``MixedPrecisionPolicy``.
+        mixed_precision: "auto" (the Trainer's precision decides, precision.py's
+            ``Precision.fsdp_policy``: ``"bf16-mixed"`` gathers and computes in bfloat16 and
+            reduces gradients in float32), None (parameters as they are), or a
+            ``MixedPrecisionPolicy``.
         cpu_offload: keep the shards, gradients and optimizer states in CPU memory (CUDA only).
         timeout: as for :class:`~taskfit.ddp.DDPStrategy`.
         start_method: as for :class:`~taskfit.ddp.DDPStrategy`.
     """
 
     name = "fsdp"
+    shards_gradients = True
     sharded_checkpoints = True
 
     def __init__(self, accelerator: str = "auto", devices: Any = "auto", *, auto_wrap_policy: WrapPolicy = None,
@@ -82,24 +88,10 @@ class FSDPStrategy(DDPStrategy):
                                         "torch.distributed.fsdp.MixedPrecisionPolicy.")
         self.reshard_after_forward, self.mixed_precision = reshard_after_forward, mixed_precision
         self.cpu_offload = cpu_offload
-        self.precision = "32"  # the Trainer's, read by launch
         super().__init__(resolved, devices, timeout=timeout, start_method=start_method)
 
-    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """As ddp; first, settings of the Trainer that FSDP cannot honour fail here, before any process starts."""
-        trainer = getattr(fn, "__self__", None)
-        self.precision = getattr(trainer, "precision_name", "32")
-        if self.precision == "16-mixed":
-            raise MisconfigurationError(
-                'Trainer(precision="16-mixed") cannot run under strategy="fsdp": its GradScaler decides on each rank '
-                "whether the gradients overflowed, and under fsdp each rank sees only its shard of them, so ranks "
-                "could skip different steps.",
-                'use precision="bf16-mixed" (no scaler needed; FSDP then gathers in bfloat16 and reduces in '
-                'float32), or "32".')
-        return super().launch(fn, *args)
-
     # ---- the module ---------------------------------------------------------------------------------
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module, precision: Precision | None = None) -> nn.Module:
         """Shard ``module`` in place: each unit the wrap policy picks (innermost first), then the root. Layers built
         on the meta device (``trainer.init_module``) are materialised one unit at a time, each sharded at once.
 
@@ -117,7 +109,7 @@ class FSDPStrategy(DDPStrategy):
             release(module)
             return module
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        options = dict(mesh=mesh, mp_policy=self._mp_policy(),
+        options = dict(mesh=mesh, mp_policy=self._mp_policy(precision),
                        offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy())
         units = wrapped_units(module, self.auto_wrap_policy)
         if options["mp_policy"].param_dtype is not None:  # BatchNorm's running statistics stay float32, so its
@@ -128,7 +120,7 @@ class FSDPStrategy(DDPStrategy):
         def shard(unit: nn.Module) -> None:
             fp32 = isinstance(unit, nn.modules.batchnorm._BatchNorm) and options["mp_policy"].param_dtype is not None
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward,
-                        **{**options, "mp_policy": _FLOAT32} if fp32 else options)
+                        **{**options, "mp_policy": fsdp_norm_policy()} if fp32 else options)
 
         if has_meta(module):  # built by trainer.init_module: each unit is initialised, then sharded at once
             ids = {id(u) for u in units}
@@ -144,11 +136,11 @@ class FSDPStrategy(DDPStrategy):
             sub.register_forward_pre_hook(_refuse_sharded_call(name))
         return module
 
-    def _mp_policy(self) -> MixedPrecisionPolicy:
+    def _mp_policy(self, precision: Precision | None) -> MixedPrecisionPolicy:
         if isinstance(self.mixed_precision, MixedPrecisionPolicy):
             return self.mixed_precision
-        if self.mixed_precision == "auto" and self.precision == "bf16-mixed":
-            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if self.mixed_precision == "auto" and precision is not None:
+            return precision.fsdp_policy()
         return MixedPrecisionPolicy()
 
     def eval_module(self, wrapped: nn.Module) -> Any:
