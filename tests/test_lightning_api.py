@@ -873,6 +873,32 @@ def test_every_name_the_guide_calls_same_is_accepted_or_called():
         assert hasattr(Data(), name), name
 
 
+# Lightning 2.6.6: lightning.pytorch.__all__, and the other names its examples/ import from lightning.pytorch
+LIGHTNING_ALL = ("Trainer", "LightningDataModule", "LightningModule", "Callback", "seed_everything")
+LIGHTNING_EXAMPLES_IMPORT = ("callbacks", "cli_lightning_logo")
+GUIDE_RENAMES = {"LightningModule": "TaskModule", "LightningDataModule": "DataModule"}
+
+
+def test_every_top_level_name_lightning_programs_import_resolves_after_the_guides_rename(capsys):
+    import taskfit
+    from taskfit import Callback as TopLevelCallback
+    from taskfit import callbacks, cli_lightning_logo
+
+    for name in LIGHTNING_ALL + LIGHTNING_EXAMPLES_IMPORT:
+        assert hasattr(taskfit, GUIDE_RENAMES.get(name, name)), name
+    assert set(GUIDE_RENAMES.get(n, n) for n in LIGHTNING_ALL) <= set(taskfit.__all__)
+    assert TopLevelCallback is Callback is callbacks.Callback  # one class: a subclass is a taskfit callback
+    cli_lightning_logo()  # cosmetic: a plain banner, no terminal codes
+    out = capsys.readouterr().out
+    assert "taskfit" in out and "\033" not in out
+
+
+def test_lightnings_top_level_names_are_the_recorded_ones():
+    lightning = pytest.importorskip("lightning.pytorch")
+    assert tuple(lightning.__all__) == LIGHTNING_ALL
+    assert all(hasattr(lightning, name) for name in LIGHTNING_EXAMPLES_IMPORT)
+
+
 def test_test_returns_the_epoch_values_as_lightning():
     class Tested(Line):
         def test_step(self, batch, batch_idx):
