@@ -170,6 +170,7 @@ def test_each_fit_gets_its_own_version_directory(tmp_path):
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
     trainer.fit(RegressionTask(n=16))
     first = trainer.log_dir
+    trainer.max_epochs = 2  # this Trainer's next fit continues at epoch 1 (Lightning's counters), in a new run
     trainer.fit(RegressionTask(n=16))
     assert (Path(first).name, Path(trainer.log_dir).name) == ("version_0", "version_1")
     assert all(len(event_files(d)) == 1 for d in (first, trainer.log_dir))

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from . import console
 from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
 from .checkpoint.files import CheckpointWriter
 from .checkpoint.rng import isolated_rng
@@ -45,6 +46,12 @@ from .state import TrainerState
 from .strategies import model_memory
 from .strategies.model_memory import checkpoint_policy
 from .strategies.registry import select_strategy
+
+
+def fitted_counters(state: TrainerState) -> tuple[int, int]:
+    """Where a finished fit left off, for the next fit: (epoch, global_step). A fit stopped mid-epoch
+    (``max_steps``) continues at the next epoch, as Lightning's, whose ``current_epoch`` has moved on."""
+    return state.epoch + (1 if state.batches_done else 0), state.global_step
 
 
 def _run_part(name: str, doc: str, empty: Any = None) -> property:
@@ -146,6 +153,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self.run: Run | None = None  # the current or last run: task, model, optimizers, loaders... (loop/run.py)
         self._log_dir: str | None = None  # a self-launched fit's run directory and task, as its rank 0 reported them
         self._spawned_task: TaskModule | None = None
+        # (epoch, global_step) where the last fit that ran to its end left off: the next fit without ckpt_path
+        # continues from there, as Lightning's fit loop does (nothing left: it returns at once)
+        self._fitted: tuple[int, int] | None = None
         self.checkpoint_writer = CheckpointWriter()  # writes checkpoint files off the training thread
 
     def init_module(self, empty_init: bool | None = None) -> Any:
@@ -162,6 +172,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
+        if ckpt_path is None and self._nothing_left_to_fit():  # Lightning's early return
+            return {}
         try:
             return self.strategy.launch(self._fit, task, data, ckpt_path)
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
@@ -200,7 +212,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     # ---- fit: epochs and batches ----------------------------------------------------------------------
     def _fit(self, task: TaskModule, data: DataSource, ckpt_path: str | None) -> dict[str, float]:
         self._default_max_epochs()
-        self.state = TrainerState()
+        epoch, step = self._fitted if ckpt_path is None and self._fitted else (0, 0)
+        self.state = TrainerState(epoch=epoch, global_step=step)  # Lightning's fit loop continues its counters
         self.callbacks = merge_task_callbacks(self.callbacks, task)  # the task's configure_callbacks()
         self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state, log_dir=None)
         with lifecycle.running(run):
@@ -251,7 +264,27 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             run.call_hooks("on_train_end")
             run.call_hooks("on_fit_end")
             self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
+            self._fitted = fitted_counters(st)
             return dict(st.metrics)
+
+    def _nothing_left_to_fit(self) -> bool:
+        """Lightning's fit loop keeps its progress: after a fit that reached ``max_steps``/``max_epochs``, another
+        fit trains nothing. Lightning's message, and its emptied ``callback_metrics``."""
+        epoch, step = self._fitted or (0, 0)
+        if self._fitted is None or not (self._max_steps_reached_at(step) or self._max_epochs_reached_at(epoch)):
+            return False
+        name = "max_steps" if self._max_steps_reached_at(step) else "max_epochs"
+        console.echo(f"`Trainer.fit` stopped: `{name}={getattr(self, name)!r}` reached. (This Trainer's last fit "
+                     f"reached it: this one trains nothing, as in Lightning. HINT: raise trainer.{name} to train "
+                     "on from there, or fit with a new Trainer to start over.)")
+        self.state.metrics.clear()
+        return True
+
+    def _max_steps_reached_at(self, step: int) -> bool:
+        return self.max_steps is not None and step >= self.max_steps
+
+    def _max_epochs_reached_at(self, epoch: int) -> bool:
+        return self.max_epochs is not None and epoch >= self.max_epochs
 
     def _default_max_epochs(self) -> None:
         """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning."""
@@ -318,7 +351,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         if preemption.requested:
             preempt(self.run)
         return (st.should_stop and self._can_stop) or self._max_steps_reached or (
-            self.max_epochs is not None and st.epoch >= self.max_epochs)
+            self._max_epochs_reached_at(st.epoch))
 
     @property
     def _can_stop(self) -> bool:
@@ -333,7 +366,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def _max_steps_reached(self) -> bool:
-        return self.max_steps is not None and self.state.global_step >= self.max_steps
+        return self._max_steps_reached_at(self.state.global_step)
 
     def _start_epoch(self) -> tuple[Any, float, bool]:  # the loader set to this epoch, its batches, validating?
         st, run = self.state, self.run
@@ -485,6 +518,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def load_worker_snapshot(self, snapshot: Mapping[str, Any], task: TaskModule | None) -> None:
         """In the parent process: continue from :meth:`worker_snapshot` of rank 0, with the fitted ``task``."""
         self.state = TrainerState(**snapshot["state"])
+        if self.state.fn == "fit" and self.state.finished:
+            self._fitted = fitted_counters(self.state)
         self.run, self._log_dir, self._spawned_task = None, snapshot["log_dir"], task
         for cb in self.callbacks:
             if cb.state_key in snapshot["callbacks"]:
