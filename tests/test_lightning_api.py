@@ -550,6 +550,27 @@ def test_hparams_attributes_and_helpers_lightning_code_uses(tmp_path, capsys):
     assert "rank zero says hi" in capsys.readouterr().out
 
 
+# Lightning 2.6.6: Shaped.load_from_checkpoint(path).hparams, with each value's type (its checkpoint pickles them)
+LIGHTNING_LOADED_HPARAMS = {"shape": (1, 4), "layers": [(2, 3), (3, 4)], "table": {1: "a", "b": (2,)},
+                            "tags": {"x"}, "n": 3, "lr": 0.1, "nothing": None}
+
+
+def test_hyperparameters_keep_their_types_through_a_checkpoint_as_lightning(tmp_path):
+    class Shaped(Line):
+        def __init__(self, shape=(1, 4), layers=[(2, 3), (3, 4)], table={1: "a", "b": (2,)}, tags={"x"}, n=3,
+                     lr=0.1, nothing=None):
+            super().__init__()
+            self.save_hyperparameters()
+
+    trainer = Trainer(max_steps=1, **QUIET)
+    trainer.fit(Shaped())
+    trainer.save_checkpoint(path := str(tmp_path / "shaped.ckpt"))
+    loaded = Shaped.load_from_checkpoint(path)
+    assert dict(loaded.hparams) == LIGHTNING_LOADED_HPARAMS
+    assert repr(dict(loaded.hparams)) == repr(LIGHTNING_LOADED_HPARAMS)  # (1, 4), not [1, 4]; 1, not "1"
+    assert (1,) + loaded.hparams.shape == (1, 1, 4)  # the tutorial's line: a TypeError with a list
+
+
 def test_toggle_optimizer_sets_requires_grad_as_lightning():
     states = []
 
