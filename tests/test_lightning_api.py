@@ -791,19 +791,20 @@ def test_a_plateau_scheduler_with_strict_false_skips_a_missing_monitor_with_one_
 
 
 # ---- deliberate differences (docs/migrating-lightning.md, "Where taskfit differs") ----------------------------
-def test_the_logged_x_axis_is_the_step_count_a_value_was_produced_after():
+def test_the_logged_x_axis_is_lightnings_count_of_batches_that_stepped_before():
     steps = []
 
     class At(Callback):
         def on_log(self, trainer, task, metrics):
             if "train/loss" in metrics:
-                steps.append(trainer.state.global_step)
+                steps.append((trainer.state.log_step, trainer.state.global_step))
 
     Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=1, callbacks=[At()], **QUIET).fit(Line())
-    assert steps == [1, 2, 3, 4]  # Lightning writes them at 0, 1, 2, 3 (its batches-that-stepped count before +1)
+    # Lightning 2.6.6 writes them at 0, 1, 2, 3: its batches-that-stepped count before the batch's own +1
+    assert steps == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
-def test_manual_optimization_logs_every_log_every_n_steps_optimizer_steps():
+def test_manual_optimization_counts_log_every_n_steps_in_batches_as_lightning():
     logged = []
 
     class Manual(Line):
@@ -826,11 +827,93 @@ def test_manual_optimization_logs_every_log_every_n_steps_optimizer_steps():
     class At(Callback):
         def on_log(self, trainer, task, metrics):
             if "m" in metrics:
-                logged.append(trainer.state.global_step)
+                logged.append((trainer.state.log_step, trainer.state.global_step))
 
     Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=2, callbacks=[At()], **QUIET).fit(Manual())
-    # two optimizer steps per batch: every batch logs. Lightning counts batches (every 2nd batch, at x = 1, 3, 5, 7)
-    assert logged == list(range(2, 19, 2))
+    # two optimizer steps per batch; Lightning 2.6.6 counts batches: every 2nd batch, at x = 1, 3, 5, 7
+    assert logged == [(1, 4), (3, 8), (5, 12), (7, 16)]
+
+
+# Lightning 2.6.6, metrics.csv of _csv_steps' program (13 batches, 2 epochs, log_every_n_steps=5,
+# val_check_interval=0.5): the steps each key was written at, and global_step after fit
+LIGHTNING_CSV_STEPS = {
+    ("automatic", 1): (26, {"hook_value": [12, 25], "train_loss_epoch": [12, 25],
+                            "train_loss_step": [4, 9, 14, 19, 24], "val_loss": [5, 11, 18, 24]}),
+    ("manual", 1): (52, {"hook_value": [12, 25], "train_loss_epoch": [12, 25],
+                         "train_loss_step": [4, 9, 14, 19, 24], "val_loss": [5, 11, 18, 24]}),
+    ("automatic", 2): (14, {"hook_value": [6, 13], "train_loss_epoch": [6, 13], "train_loss_step": [4, 9],
+                            "val_loss": [2, 5, 9, 12]}),
+}
+
+
+def _csv_steps(framework, root, optimization: str, accumulate: int) -> tuple[int, dict[str, list[int]]]:
+    """A program run by ``framework`` (taskfit, or lightning.pytorch) with a CSVLogger: global_step, and the steps
+    metrics.csv holds each key of the program at."""
+    import csv
+
+    if framework.__name__ == "taskfit":
+        from taskfit.callbacks import CSVLogger
+        base = framework.TaskModule
+    else:
+        from lightning.pytorch.loggers import CSVLogger
+        base = framework.LightningModule
+    manual = optimization == "manual"
+
+    class Program(base):
+        def __init__(self):
+            super().__init__()
+            self.net, self.head = nn.Linear(2, 1), nn.Linear(2, 1)
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            loss = self.net(batch[0]).pow(2).mean()
+            self.log("train_loss", loss, on_step=True, on_epoch=True)
+            if not manual:
+                return loss
+            for opt in self.optimizers():
+                opt.zero_grad()
+                self.manual_backward(self.net(batch[0]).pow(2).mean() + self.head(batch[0]).pow(2).mean())
+                opt.step()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self.net(batch[0]).pow(2).mean())
+
+        def on_train_epoch_end(self):
+            self.log("hook_value", 1.0)
+
+        def configure_optimizers(self):
+            if manual:
+                return [torch.optim.SGD(m.parameters(), lr=0.01) for m in (self.net, self.head)]
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.randn(30, 2, generator=torch.Generator().manual_seed(0))
+    trainer = framework.Trainer(max_epochs=2, logger=CSVLogger(str(root)), enable_progress_bar=False,
+                                enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=5,
+                                num_sanity_val_steps=0, val_check_interval=0.5, accumulate_grad_batches=accumulate)
+    trainer.fit(Program(), DataLoader(TensorDataset(data[:26]), batch_size=2),
+                DataLoader(TensorDataset(data[26:]), batch_size=2))
+    steps: dict[str, list[int]] = {}
+    for row in csv.DictReader(open(os.path.join(trainer.logger.log_dir, "metrics.csv"), encoding="utf-8")):
+        for key in ("hook_value", "train_loss_epoch", "train_loss_step", "val_loss"):
+            if row.get(key):
+                steps.setdefault(key, []).append(int(row["step"]))
+    return trainer.global_step, steps
+
+
+@pytest.mark.parametrize("optimization, accumulate", sorted(LIGHTNING_CSV_STEPS))
+def test_every_logged_value_is_written_at_lightnings_step(tmp_path, optimization, accumulate):
+    import taskfit
+
+    assert _csv_steps(taskfit, tmp_path, optimization, accumulate) == LIGHTNING_CSV_STEPS[optimization, accumulate]
+
+
+@pytest.mark.parametrize("optimization, accumulate", sorted(LIGHTNING_CSV_STEPS))
+def test_lightning_writes_the_recorded_steps(tmp_path, optimization, accumulate):
+    lightning = pytest.importorskip("lightning.pytorch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        observed = _csv_steps(lightning, tmp_path, optimization, accumulate)
+    assert observed == LIGHTNING_CSV_STEPS[optimization, accumulate]
 
 
 # ---- ddp: epoch values reduced over ranks with each reduce_fx (real processes, gloo) ---------------------------

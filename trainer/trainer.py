@@ -49,9 +49,9 @@ from .strategies.registry import select_strategy
 
 
 def fitted_counters(state: TrainerState) -> tuple[int, int]:
-    """Where a finished fit left off, for the next fit: (epoch, global_step). A fit stopped mid-epoch
+    """Where a finished fit left off, for the next fit: (epoch, global_step, stepped_batches). A fit stopped mid-epoch
     (``max_steps``) continues at the next epoch, as Lightning's, whose ``current_epoch`` has moved on."""
-    return state.epoch + (1 if state.batches_done else 0), state.global_step
+    return state.epoch + (1 if state.batches_done else 0), state.global_step, state.stepped_batches
 
 
 def _run_part(name: str, doc: str, empty: Any = None) -> property:
@@ -155,7 +155,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self._spawned_task: TaskModule | None = None
         # (epoch, global_step) where the last fit that ran to its end left off: the next fit without ckpt_path
         # continues from there, as Lightning's fit loop does (nothing left: it returns at once)
-        self._fitted: tuple[int, int] | None = None
+        self._fitted: tuple[int, int, int] | None = None  # (and state.stepped_batches)
         self.checkpoint_writer = CheckpointWriter()  # writes checkpoint files off the training thread
 
     def init_module(self, empty_init: bool | None = None) -> Any:
@@ -212,8 +212,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     # ---- fit: epochs and batches ----------------------------------------------------------------------
     def _fit(self, task: TaskModule, data: DataSource, ckpt_path: str | None) -> dict[str, float]:
         self._default_max_epochs()
-        epoch, step = self._fitted if ckpt_path is None and self._fitted else (0, 0)
-        self.state = TrainerState(epoch=epoch, global_step=step)  # Lightning's fit loop continues its counters
+        # Lightning's fit loop continues its counters from the last finished fit
+        epoch, step, stepped = self._fitted if ckpt_path is None and self._fitted else (0, 0, 0)
+        self.state = TrainerState(epoch=epoch, global_step=step, stepped_batches=stepped)
         self.callbacks = merge_task_callbacks(self.callbacks, task)  # the task's configure_callbacks()
         self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state, log_dir=None)
         with lifecycle.running(run):
@@ -222,6 +223,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             run.call_hooks("on_fit_start")
             on_start, on_end = drop_idle_batch_hooks(run.hooks, self)  # a per-batch call only where it does work
             max_steps = math.inf if self.max_steps is None else self.max_steps
+            every_batch = run.manual or self.accumulate_grad_batches == 1  # each batch counts as stepped (Lightning)
             if self.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
             self._epoch_hooks("on_train_start")
@@ -240,13 +242,16 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
                     outputs = self._train_step(batch, batch_idx)
-                    if st.global_step // self.log_every_n_steps != step // self.log_every_n_steps:
-                        self._log_interval()  # every log_every_n_steps optimizer steps
+                    st.log_at_previous = stepped = every_batch or st.global_step != step
+                    st.stepped_batches += stepped  # Lightning's log_every_n_steps counts these (manual: batches)
+                    if stepped and st.stepped_batches % self.log_every_n_steps == 0:
+                        self._log_interval()  # at state.log_step: the count before this batch, as Lightning
                     st.batches_done = batch_idx + 1
                     for fn in on_end:  # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
                         fn(self, task, outputs, batch, batch_idx)
                     if validating and run.val_schedule.due(st.epoch, batch_idx):
                         self._validate()  # after the batch's hooks, as Lightning
+                    st.log_at_previous = False  # what is published from here on is at the count with this batch
                     if st.global_step != step:  # the batch stepped: step-interval ReduceLROnPlateau (it may read
                         if run.schedulers.plateau_per_step:  # a value logged in this step), then leave the epoch?
                             run.schedulers.after_step(st.global_step, run.logs.monitored(st.metrics), plateau=True)
@@ -263,6 +268,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             st.stage = "idle"
             run.call_hooks("on_train_end")
             run.call_hooks("on_fit_end")
+            st.log_at_previous = False  # a validate/test after fit: at the fit's count (Lightning's)
             self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
             self._fitted = fitted_counters(st)
             return dict(st.metrics)
@@ -270,7 +276,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def _nothing_left_to_fit(self) -> bool:
         """Lightning's fit loop keeps its progress: after a fit that reached ``max_steps``/``max_epochs``, another
         fit trains nothing. Lightning's message, and its emptied ``callback_metrics``."""
-        epoch, step = self._fitted or (0, 0)
+        epoch, step, _ = self._fitted or (0, 0, 0)
         if self._fitted is None or not (self._max_steps_reached_at(step) or self._max_epochs_reached_at(epoch)):
             return False
         name = "max_steps" if self._max_steps_reached_at(step) else "max_epochs"
@@ -371,13 +377,14 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def _start_epoch(self) -> tuple[Any, float, bool]:  # the loader set to this epoch, its batches, validating?
         st, run = self.state, self.run
         set_epoch(run.train_dataloader, st.epoch, run.data_seed, st.batches_done)
-        st.stage = "train"
+        st.stage, st.log_at_previous = "train", False
         self._epoch_hooks("on_train_epoch_start")  # (each submodule keeps its mode: loop/modes.py)
         return run.train_dataloader, run.num_train_batches, run.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
         st, run, logs = self.state, self.run, self.run.logs
-        st.epoch_done = completed
+        # the epoch's values, and the fit's closing ones after the last epoch: at the last batch's step (Lightning)
+        st.epoch_done, st.log_at_previous = completed, True
         if not logs.logged_this_epoch and logs.step_logged:  # an epoch shorter than log_every_n_steps
             self._log_interval()  # logs its last step here: a short run still has its curves
         logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)

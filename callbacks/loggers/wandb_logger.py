@@ -163,7 +163,7 @@ class WandbLogger(Logger):
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         self._sent_until = -1
         if recorded is not None:
-            self._resumed(trainer.state.global_step, killed)
+            self._resumed(trainer.state.log_step, killed)
         _write_status(self._folder, "running")
 
     def _resumed(self, step: int, killed: bool) -> None:
