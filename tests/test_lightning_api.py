@@ -8,6 +8,7 @@ tests/test_lightning_semantics.py does: CI needs no Lightning. Where taskfit dif
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
@@ -467,7 +468,7 @@ def test_a_users_train_loss_replaces_the_built_in_one_never_mixed():
             published.append({k: v for k, v in metrics.items() if k.startswith("train/loss")})
 
         def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
-            kept.append(trainer.logs.last_loss is outputs["loss"])  # the step's own loss is still kept (bar, NaN)
+            kept.append(trainer.logs.last_loss is None)  # the bar shows the user's loss only
 
     trainer = Trainer(max_epochs=2, num_sanity_val_steps=0, log_every_n_steps=1, callbacks=[Published()], **QUIET)
     metrics = trainer.fit(Template())
@@ -475,6 +476,110 @@ def test_a_users_train_loss_replaces_the_built_in_one_never_mixed():
     assert metrics["train/loss"] == 1.5 and "train/loss_epoch" not in metrics
     assert trainer.progress_bar_metrics == {"train/loss": 1.5}
     assert kept == [True] * 8
+
+
+# Lightning 2.6.6 on _ViewsProgram (fit, then validate and test): callback_metrics, logged_metrics,
+# progress_bar_metrics after each, and validate/test's results
+LIGHTNING_VIEWS = {
+    "fit": (None, ["train_loss", "val_loss"], ["train_loss", "val_loss"], ["train_loss", "val_loss"]),
+    "validate": ([["val_loss"]], ["val_loss"], ["val_loss"], ["val_loss"]),
+    "test": ([["test_loss"]], ["test_loss"], ["test_loss"], []),
+}
+
+
+class _ViewsProgram(Line):
+    """A Lightning program: its own steps, each logging its loss (and returning it)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(self(batch[0]), batch[1])
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss = self.loss(self(batch[0]), batch[1])
+        self.log("val_loss", loss, prog_bar=True)
+        return loss
+
+    def test_step(self, batch, batch_idx):
+        loss = self.loss(self(batch[0]), batch[1])
+        self.log("test_loss", loss)
+        return loss
+
+    test_dataloader = Line.val_dataloader
+
+
+def test_a_program_that_logs_its_own_values_sees_exactly_those_as_lightning(tmp_path):
+    from taskfit.callbacks import CSVLogger, ProgressBar
+
+    class Screen(io.StringIO):
+        def isatty(self):
+            return True
+
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1, enable_model_summary=False, enable_checkpointing=False,
+                      logger=CSVLogger(str(tmp_path)), callbacks=[ProgressBar(stream=(screen := Screen()))])
+    task, seen = _ViewsProgram(), {}
+
+    def views(result):
+        return (result and [sorted(r) for r in result], sorted(trainer.callback_metrics),
+                sorted(trainer.logged_metrics), sorted(trainer.progress_bar_metrics))
+
+    trainer.fit(task)
+    seen["fit"] = views(None)
+    seen["validate"] = views(trainer.validate(task, verbose=False))
+    seen["test"] = views(trainer.test(task, verbose=False))
+    assert seen == LIGHTNING_VIEWS
+    bar = screen.getvalue()
+    assert "train_loss=" in bar and not re.search(r"[ ,]loss=", bar)  # no taskfit loss beside the user's
+    with open(os.path.join(trainer.log_dir, "metrics.csv"), encoding="utf-8") as f:
+        header = f.readline().strip().split(",")
+    # the loggers: the user's keys, and taskfit's vitals/* for the first screen; never a second train loss
+    assert {"train_loss", "val_loss"} <= set(header) and not any(k.startswith(("train/", "val/")) for k in header)
+    assert any(k.startswith("vitals/") for k in header)
+
+
+def test_a_program_that_logs_nothing_still_gets_taskfits_loss_curve():
+    class Silent(_ViewsProgram):
+        def log(self, *args, **kwargs):  # the same program, its self.log calls removed
+            pass
+
+    trainer = Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET)
+    metrics = trainer.fit(Silent())
+    assert {"train/loss", "train/loss_epoch", "val/loss"} <= set(metrics)
+    assert trainer.test(Silent(), verbose=False)[0].keys() == {"test/loss"}
+
+
+def test_lightning_shows_the_recorded_views(tmp_path):
+    lightning = pytest.importorskip("lightning.pytorch")
+
+    class Program(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(1, 1, bias=False)
+
+        training_step, validation_step, test_step = (_ViewsProgram.training_step, _ViewsProgram.validation_step,
+                                                     _ViewsProgram.test_step)
+        loss, forward = Line.loss, Line.forward
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    data = _loader(0, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = lightning.Trainer(max_epochs=1, log_every_n_steps=1, enable_progress_bar=False,
+                                    enable_model_summary=False, enable_checkpointing=False,
+                                    default_root_dir=str(tmp_path))
+        task, seen = Program(), {}
+
+        def views(result):
+            return (result and [sorted(r) for r in result], sorted(trainer.callback_metrics),
+                    sorted(trainer.logged_metrics), sorted(trainer.progress_bar_metrics))
+
+        trainer.fit(task, data, data)
+        seen["fit"] = views(None)
+        seen["validate"] = views(trainer.validate(task, data, verbose=False))
+        seen["test"] = views(trainer.test(task, data, verbose=False))
+    assert seen == LIGHTNING_VIEWS
 
 
 def test_torchmetrics_are_computed_before_the_epoch_end_hooks_and_reset_after():

@@ -255,7 +255,8 @@ def test_lightning_names_for_callbacks_data_modules_and_reductions():
     from taskfit.callbacks import EarlyStopping, ModelCheckpoint, ProgressBar
     from tasks import regression_data
 
-    trainer = Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="train/loss_epoch", patience=5)],
+    # (the program logs "peak": its keys only, as Lightning's; no taskfit train/loss_epoch beside them)
+    trainer = Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="peak", patience=5)],
                       enable_model_summary=False, logger=False, num_sanity_val_steps=0)
     assert [type(cb) for cb in trainer.checkpoint_callbacks] == [ModelCheckpoint]
     assert isinstance(trainer.early_stopping_callback, EarlyStopping)

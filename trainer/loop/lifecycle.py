@@ -31,7 +31,7 @@ from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_
 from .precision import Precision
 from .preemption import Preemption
 from .run import Run
-from .steps import ManualOptimizer, training_step
+from .steps import ManualOptimizer, defines, training_step
 
 
 def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
@@ -82,7 +82,8 @@ def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
         run.log_dir = strategy.broadcast(strategy.is_main and run_directory(run.callbacks, trainer.default_root_dir))
     run.moves_batches = strategy.moves_batches
     run.precision = Precision(trainer.precision_name, strategy.device)
-    run.logs = LogBuffer(strategy, trainer.nonfinite_loss, run.precision, trainer.accumulate_grad_batches)
+    run.logs = LogBuffer(strategy, trainer.nonfinite_loss, run.precision, trainer.accumulate_grad_batches,
+                         exact=defines(task, "training_step"))  # a Lightning program: its keys only (buffer.py)
     task.trainer = trainer
     if datamodule is not None:
         datamodule.trainer = trainer
