@@ -445,7 +445,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     # ---- what callbacks read and call -------------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
-        """Publish values from a callback at the current global step: into ``state.metrics`` and every ``on_log``."""
+        """Publish values from a callback at the current step (``state.log_step``): into ``state.metrics`` and every
+        ``on_log``."""
         self.run.publish(LogBuffer.to_floats(metrics))
 
     @property

@@ -383,7 +383,7 @@ class _HistogramLogger(TensorBoardLogger):
 
 def summary_writer(trainer: Any) -> SummaryWriter | None:
     """The ``SummaryWriter`` of ``trainer``'s TensorBoardLogger for your own callbacks; None on other ranks or
-    when the Trainer has no logger (``logger=False``). Write at ``trainer.state.global_step``."""
+    when the Trainer has no logger (``logger=False``). Write at ``trainer.state.log_step`` (the loggers' step)."""
     for callback in trainer.callbacks:
         if isinstance(callback, TensorBoardLogger):
             return callback.writer(trainer)
