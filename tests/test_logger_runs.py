@@ -151,11 +151,11 @@ def test_lr_monitor_logs_every_optimizer_at_its_schedulers_interval(tmp_path):
     def logged(key):
         return [(int(r["step"]), float(r[key])) for r in table if r.get(key)]
 
-    # SGD's scheduler steps per step: at every log interval; Adam's per epoch: at every epoch start (global_step
-    # counts both optimizers' steps, as Lightning's does: 8 per epoch)
+    # SGD's scheduler steps per step: at every log interval; Adam's per epoch: at every epoch start. As Lightning's,
+    # the interval and the step count batches under manual optimization (4 per epoch), not the 8 optimizer steps
     # Lightning's names: one group is lr-SGD, two are lr-Adam/<"name"> and lr-Adam/pg2 (counted from 1)
-    assert [s for s, _ in logged("lr-SGD")] == [s for s, _ in logged("train/loss")] == list(range(2, 17, 2))
-    assert logged("lr-Adam/weights") == [(0, pytest.approx(0.01)), (8, pytest.approx(0.001))]
+    assert [s for s, _ in logged("lr-SGD")] == [s for s, _ in logged("train/loss")] == [1, 3, 5, 7]
+    assert logged("lr-Adam/weights") == [(0, pytest.approx(0.01)), (4, pytest.approx(0.001))]
     assert logged("lr-Adam/pg2") == logged("lr-Adam/weights")  # both groups of the second optimizer
     assert {v for _, v in logged("lr-SGD-weight_decay")} == {0.01}
     assert {v for _, v in logged("lr-SGD-momentum")} == {0.9} and logged("lr-Adam/pg2-momentum")
@@ -193,7 +193,7 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     killed_run = logged_run(tmp_path, uri, "11")  # the newest checkpoint: step 8 (epoch 1, batch 2)
     assert killed_run.returncode == -signal.SIGKILL, killed_run.stderr[-3000:]
     run_dir = tmp_path / "version_0"
-    assert [int(r["step"]) for r in rows(run_dir / "metrics.csv")] == list(range(1, 11))  # 11's was not complete
+    assert [int(r["step"]) for r in rows(run_dir / "metrics.csv")] == list(range(10))  # 10's was not complete
     assert [e.step for e in read_run(run_dir).Scalars("train/loss")][-3:] == [8, 9, 10]  # past the checkpoint
     client = mlflow.tracking.MlflowClient(uri)
     (killed,) = client.search_runs([client.get_experiment_by_name("taskfit").experiment_id])
@@ -241,7 +241,7 @@ def test_a_resume_whose_run_directory_is_gone_starts_a_new_one_and_says_so(tmp_p
     with pytest.warns(RuntimeWarning, match=r"CSVLogger: the run this checkpoint was logged to \(.*version_0\) is "
                                             r"gone; the resumed fit starts a new one in .*version_0"):
         second.fit(RegressionTask(n=16), ckpt_path=str(moved))
-    assert [int(r["step"]) for r in rows(Path(second.log_dir) / "metrics.csv")] == [6]  # the third epoch only
+    assert [int(r["step"]) for r in rows(Path(second.log_dir) / "metrics.csv")] == [5]  # the third epoch only
 
 
 def test_a_resumed_fit_with_mlflow_alone_continues_its_run_and_directory(tmp_path):
@@ -259,7 +259,7 @@ def test_a_resumed_fit_with_mlflow_alone_continues_its_run_and_directory(tmp_pat
     second, second_logger = fit(2, ckpt_path="last")  # extend the finished fit by an epoch
     assert second.log_dir == first.log_dir and second_logger.run_id == first_logger.run_id
     run = mlflow.tracking.MlflowClient(uri).get_run(first_logger.run_id)
-    assert run.info.status == "FINISHED" and run.data.tags["taskfit.resumed_at"] == "2"
+    assert run.info.status == "FINISHED" and run.data.tags["taskfit.resumed_at"] == "1"  # (the log step)
     assert "taskfit.killed" not in run.data.tags  # it was closed: FINISHED, not left RUNNING
     assert [m.step for m in mlflow.tracking.MlflowClient(uri).get_metric_history(run.info.run_id,
                                                                                "train/loss_epoch")] == [2, 4]

@@ -161,7 +161,8 @@ def test_an_offline_run_reads_back_as_the_tensorboard_run_and_a_resume_continues
     tb = tensorboard_steps(first.log_dir)
     assert {"train/loss", "train/loss_epoch", "val/loss"} <= set(tb)
     same_points(run.steps(), tb)  # every key, step and value TensorBoard has, and nothing else
-    assert [s for s, _ in run.steps()["val/loss"]] == [4, 8]  # 32 samples / 8 per batch: 4 steps per epoch
+    # 32 samples / 8 per batch: 4 steps per epoch; validation at each epoch's last step (Lightning's: 3, 7)
+    assert [s for s, _ in run.steps()["val/loss"]] == [3, 7]
     assert run.summary["val/loss"] == pytest.approx(first.state.metrics["val/loss"])
     hparams = dict(first.hparams)
     assert hparams and {k: run.config[k] for k in hparams} == hparams and run.config["dataset"] == "regression"
@@ -198,7 +199,7 @@ def test_an_exception_marks_the_run_failed(tmp_path):
         trainer.fit(RegressionTask(n=32))
     (run,) = offline_runs(tmp_path)
     assert run.exit_code == 1  # W&B shows the run as failed
-    assert [s for s, _ in run.steps()["train/loss"]] == [1, 2, 3]  # what was logged before the error is there
+    assert [s for s, _ in run.steps()["train/loss"]] == [0, 1, 2]  # what was logged before the error is there
     assert json.loads((run.folder / "taskfit-status.json").read_text())["status"] == "failed"
 
 
@@ -239,7 +240,7 @@ def test_a_killed_run_is_marked_when_a_resume_continues_it(tmp_path):
     assert logger.run_id == killed_id
     later = closed_run(next(f for f in (wb / "wandb").glob("offline-run-*") if f != first.folder))
     assert "died without closing the run" in later.summary["taskfit.killed"]
-    assert later.summary["taskfit.resumed_at"] == "4" and later.exit_code == 0
+    assert later.summary["taskfit.resumed_at"] == "3" and later.exit_code == 0
     assert [s for s, _ in later.steps()["train/loss"]] == [5, 6, 7, 8]
 
 

@@ -60,8 +60,8 @@ def guess_mode(key: str) -> str:
 
 
 class TensorBoardLogger(Logger):
-    """Writes every published value as a scalar into its run directory (x-axis: ``trainer.state.log_step``, the step
-    Lightning records a value at).
+    """Writes every published value as a scalar into its run directory (x-axis: ``trainer.state.log_step``,
+    the step Lightning records a value at).
 
     On by default (``Trainer(logger=True)``); rank 0 only. One run directory per fit: ``<save_dir>/<name>/version_N``
     (``save_dir`` defaults to ``Trainer(default_root_dir=...)``, no ``name`` level unless given). A
@@ -383,7 +383,8 @@ class _HistogramLogger(TensorBoardLogger):
 
 def summary_writer(trainer: Any) -> SummaryWriter | None:
     """The ``SummaryWriter`` of ``trainer``'s TensorBoardLogger for your own callbacks; None on other ranks or
-    when the Trainer has no logger (``logger=False``). Write at ``trainer.state.log_step`` (the loggers' step)."""
+    when the Trainer has no logger (``logger=False``). Write at ``trainer.state.log_step`` (the loggers'
+    step)."""
     for callback in trainer.callbacks:
         if isinstance(callback, TensorBoardLogger):
             return callback.writer(trainer)
