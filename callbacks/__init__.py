@@ -6,16 +6,16 @@ from typing import Any
 
 from ..callback import Callback, callback_states, load_callback_states
 from ..errors import MisconfigurationError
-from ..logs.logger import Logger, run_directory
+from ..logs.outputs import run_directory
 from ..loop.hooks import (
     HOOKS,
     drop_idle_batch_hooks,
     hook_table,
     is_task_hook,
     merge_task_callbacks,
-    publish_late,
     warn_uncalled,
 )
+from .loggers.logger import Logger
 
 LAZY = {  # class name: its module, relative to this package (imported on first use)
     "ProgressBar": ".progress",
@@ -37,7 +37,7 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",
-           "is_task_hook", "load_callback_states", "merge_task_callbacks", "publish_late", "run_directory",
+           "is_task_hook", "load_callback_states", "merge_task_callbacks", "run_directory",
            "warn_uncalled", "with_defaults", *LAZY]
 
 

@@ -162,3 +162,14 @@ def test_a_call_the_signature_does_not_take_is_one_error(build, message):
     with pytest.raises(MisconfigurationError) as info:
         build()
     assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("n, k", [(9, 1), (9, 2), (9, 3), (8, 4), (1, 4), (10, 3)])
+def test_steps_per_epoch_counts_the_batches_that_step(n, k):
+    """The one count of an epoch's optimizer steps (estimated_stepping_batches, a resume's schedule
+    warning) agrees with the groups the loop steps after (the short last group steps too)."""
+    from taskfit.loop.cadence import steps_per_epoch
+
+    stepping = sum(accumulation_group(i, k, n)[1] for i in range(n))
+    assert steps_per_epoch(n, k) == stepping
+    assert steps_per_epoch(INF, k) == INF

@@ -51,6 +51,8 @@ class Callback:
 
     order: int = 0
     monitors_epoch_values: bool = False  # True: on_train_epoch_end after the task's own (it reads what that logs)
+    # Methods that share a hook's name but are not hooks (a Logger's ``setup(trainer)``)
+    not_hooks: frozenset[str] = frozenset()
 
     def on_fit_start(self, trainer: Trainer, task: TaskModule) -> None:
         """Before the first epoch (after the module is on its device and a checkpoint, if any, is restored)."""

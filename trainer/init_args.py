@@ -114,3 +114,14 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
     return out
+
+
+def run_hparams(command_config: Mapping[str, Any] | None, task: Any) -> dict[str, Any]:
+    """A run's hyperparameters as loggers and checkpoints record them (``trainer.hparams``): the
+    taskfit command's resolved config, else the task's init arguments (none after
+    ``save_hyperparameters(logger=False)``), flattened."""
+    if command_config is not None:
+        return flatten(command_config)
+    if task is None or not task.__dict__.get("_log_hparams", True):
+        return flatten({})
+    return flatten(plain_hparams(task))

@@ -22,16 +22,16 @@ import torch
 
 from . import console
 from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
+from .callbacks.loggers.logger import DUMMY_LOGGER
 from .checkpoint.files import CheckpointWriter
 from .checkpoint.rng import isolated_rng
 from .compat.lightning.trainer import LightningArguments, LightningNames, entry_keywords
 from .data.loaders import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
 from .datamodule import DataModule, DataSource
-from .init_args import flatten, plain_hparams
+from .init_args import run_hparams
 from .logs.buffer import LogBuffer
-from .logs.logger import DUMMY_LOGGER
 from .loop import lifecycle, user_errors
-from .loop.cadence import accumulation_group
+from .loop.cadence import accumulation_group, steps_per_epoch
 from .loop.checkpointing import load_run_state, preempt, run_state, save_checkpoint
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
@@ -46,9 +46,10 @@ from .state import TrainerState
 from .strategies import model_memory
 from .strategies.model_memory import checkpoint_policy
 from .strategies.registry import select_strategy
+from .trainer_config import Limits, TrainerConfig
 
 
-def fitted_counters(state: TrainerState) -> tuple[int, int]:
+def fitted_counters(state: TrainerState) -> tuple[int, int, int]:
     """Where a finished fit left off, for the next fit: (epoch, global_step, stepped_batches). A fit stopped mid-epoch
     (``max_steps``) continues at the next epoch, as Lightning's, whose ``current_epoch`` has moved on."""
     return state.epoch + (1 if state.batches_done else 0), state.global_step, state.stepped_batches
@@ -57,6 +58,15 @@ def fitted_counters(state: TrainerState) -> tuple[int, int]:
 def _run_part(name: str, doc: str, empty: Any = None) -> property:
     """A read-only Trainer property: ``name`` of the current (or last) run, ``empty`` before any run."""
     return property(lambda self: getattr(self.run, name) if self.run is not None else empty, doc=doc)
+
+
+def _configured(name: str, doc: str) -> property:
+    """A Trainer property: the field ``name`` of its :class:`TrainerConfig` (trainer_config.py).
+    Assigning it (``trainer.max_epochs = 3`` between fits) gives the Trainer a new configuration
+    object with that field replaced; a run keeps the one it started with (``run.config``)."""
+    def replace(self: Trainer, value: Any) -> None:
+        self.trainer_config = dataclasses.replace(self.trainer_config, **{name: value})
+    return property(lambda self: getattr(self.trainer_config, name), replace, doc=doc)
 
 
 class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning/trainer.py: Lightning's names,
@@ -105,48 +115,25 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         activation_checkpointing: Any = None,
     ) -> None:
         check_arguments(locals())
-        # what to run on
-        self.precision_name = normalize_precision(precision)
+        precision_name = normalize_precision(precision)
         self.strategy = select_strategy(strategy, accelerator, devices)
-        self.compile = compile
-        self.channels_last = channels_last
-        self.activation_checkpointing = checkpoint_policy(activation_checkpointing)  # strategies/model_memory.py
-        # how long, and how each step is taken
-        self.max_epochs = max_epochs
-        self.max_steps = max_steps
-        self.min_epochs = min_epochs
-        self.min_steps = min_steps
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = gradient_clip_algorithm
-        self.nonfinite_loss = nonfinite_loss
-        self.seed = seed
-        self.deterministic = deterministic
-        # how much data, and when to validate and log
-        self.limits = {"train": limit_train_batches, "val": limit_val_batches, "test": limit_test_batches,
-                       "predict": limit_predict_batches}  # limit_*_batches by stage
-        self.overfit_batches = overfit_batches
-        self.val_check_interval = val_check_interval
-        self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.num_sanity_val_steps = num_sanity_val_steps
-        self.log_every_n_steps = log_every_n_steps
-        # where runs write, and what a preemption signal does
-        self.default_root_dir = default_root_dir
-        self.preempt_signals = normalize_signals(preempt_signals)
-        self.preempt_exit_code = preempt_exit_code
-        self.requeue = requeue_setting(requeue, self.preempt_signals)  # SIGUSR1 under SLURM: save, requeue, exit
-        self.config = dict(config) if config is not None else None  # the taskfit command's resolved config
-        self.fast_dev_run = int(fast_dev_run)
+        policy = checkpoint_policy(activation_checkpointing)  # strategies/model_memory.py
+        signals = normalize_signals(preempt_signals)
+        # The one configuration object (trainer_config.py), every run holds it: built here from
+        # the arguments, replaced (never changed) by fast_dev_run, overfit_batches and fit's
+        # default max_epochs.
+        limits = Limits(limit_train_batches, limit_val_batches, limit_test_batches,
+                        limit_predict_batches)
+        self.trainer_config = TrainerConfig.from_arguments(
+            locals(), precision=precision_name, activation_checkpointing=policy, limits=limits,
+            fast_dev_run=int(fast_dev_run), preempt_signals=signals,
+            requeue=requeue_setting(requeue, signals),
+            command_config=dict(config) if config is not None else None)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
-            self.limits = dict.fromkeys(self.limits, self.fast_dev_run)
-            self.max_epochs = 1
-            self.max_steps = None
-            self.num_sanity_val_steps = 0
-            self.val_check_interval = 1.0
-            self.log_every_n_steps = 1
+            self.trainer_config = self.trainer_config.for_fast_dev_run()
             enable_checkpointing = logger = False
         if overfit_batches:
-            self.limits["train"] = self.limits["val"] = overfit_batches
+            self.trainer_config = self.trainer_config.for_overfit_batches()
         self.callbacks, self.profiler = profiler_for(profiler, with_defaults(callbacks, progress=enable_progress_bar,
             summary=enable_model_summary, checkpointing=enable_checkpointing, logger=logger))  # None: adds nothing
         self.state = TrainerState()  # the counters of the current or last run (a new one per fit)
@@ -201,7 +188,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     def _entry(self, fn: str, task: TaskModule | None, loaders: Any, datamodule: Any, ckpt_path: str | None,
                *more: Any) -> Any:
-        task, ckpt_path = lifecycle.fitted_task(self, fn, task, ckpt_path)
+        task, ckpt_path = lifecycle.fitted_task(self.task, fn, task, ckpt_path)
         data = DataSource(task, fn, datamodule, loaders=loaders)
         check_task(task, fn, data=data)
         try:
@@ -222,9 +209,11 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             st = self.state
             run.call_hooks("on_fit_start")
             on_start, on_end = drop_idle_batch_hooks(run.hooks, self)  # a per-batch call only where it does work
-            max_steps = math.inf if self.max_steps is None else self.max_steps
-            every_batch = run.manual or self.accumulate_grad_batches == 1  # each batch counts as stepped (Lightning)
-            if self.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
+            config = run.config
+            max_steps = math.inf if config.max_steps is None else config.max_steps
+            log_every = config.log_every_n_steps
+            every_batch = run.manual or config.accumulate_grad_batches == 1  # each batch counts as stepped
+            if config.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
             self._epoch_hooks("on_train_start")
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
@@ -244,7 +233,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                     outputs = self._train_step(batch, batch_idx)
                     st.log_at_previous = stepped = every_batch or st.global_step != step
                     st.stepped_batches += stepped  # Lightning's log_every_n_steps counts these (manual: batches)
-                    if stepped and st.stepped_batches % self.log_every_n_steps == 0:
+                    if stepped and st.stepped_batches % log_every == 0:
                         self._log_interval()  # at state.log_step: the count before this batch, as Lightning
                     st.batches_done = batch_idx + 1
                     for fn in on_end:  # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
@@ -295,7 +284,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def _default_max_epochs(self) -> None:
         """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning."""
         if self.max_epochs is None and self.max_steps is None:
-            self.max_epochs = 1000
+            self.trainer_config = dataclasses.replace(self.trainer_config, max_epochs=1000)
             if self.strategy.rank == 0:
                 warnings.warn("Trainer: max_epochs was not set, so fit stops after 1000 epochs (Lightning's "
                               "default). HINT: pass Trainer(max_epochs=N) or max_steps=N.", stacklevel=5)
@@ -306,7 +295,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         run, st = self.run, self.state
         task, optimizer = run.task, run.optimizer
         run.logs.train.weight = samples = batch_size_of(batch)  # epoch means of logged values weigh by it
-        k = self.accumulate_grad_batches
+        k = run.config.accumulate_grad_batches
         group, steps = (1, True) if k == 1 else accumulation_group(batch_idx, k, run.num_train_batches)
         if k > 1:  # ddp/fsdp reduce the gradients only on the micro-batch that steps (a flag: no context per batch)
             self.strategy.gradient_sync(run.model, steps)
@@ -324,7 +313,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             run.logs.add_loss(outputs["loss"], samples)
         if run.manual or loss is None:  # manual: the task's step did backward and stepped (ManualOptimizer counts
             return outputs  # global_step); None: the task skips this batch (Lightning's meaning), no step
-        if self.nonfinite_loss == "skip" and not torch.isfinite(loss):  # a sync per step, opted into
+        # a sync per step, opted into
+        if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
             st.skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)  # this group's gradients so far go with it
             return outputs
@@ -457,8 +447,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     @property
     def hparams(self) -> dict[str, Any]:
         """The run's hyperparameters: the flattened resolved config (CLI) or the TaskModule's init arguments."""
-        task = self.task if self.task is not None and self.task.__dict__.get("_log_hparams", True) else None
-        return flatten(self.config if self.config is not None else plain_hparams(task) if task is not None else {})
+        return run_hparams(self.config, self.task)
 
     @property
     def should_stop(self) -> bool:
@@ -483,6 +472,46 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+    # ---- the configuration: Lightning's names for trainer_config.py's fields -----------------
+    precision_name = _configured("precision",
+                                 '``Trainer(precision=...)`` normalized (``"bf16-mixed"``).')
+    compile = _configured("compile", "``Trainer(compile=...)``: torch.compile the wrapped module.")
+    channels_last = _configured("channels_last", "``Trainer(channels_last=...)``.")
+    activation_checkpointing = _configured(
+        "activation_checkpointing", "The checked activation checkpointing policy.")
+    max_epochs = _configured("max_epochs",
+                             "The epochs a fit runs at most (None: no limit, or max_steps).")
+    max_steps = _configured("max_steps",
+                            "The optimizer steps a fit takes at most (None: no limit).")
+    min_epochs = _configured("min_epochs", "should_stop waits for this many epochs.")
+    min_steps = _configured("min_steps", "should_stop waits for this many optimizer steps.")
+    accumulate_grad_batches = _configured("accumulate_grad_batches", "Batches per optimizer step.")
+    gradient_clip_val = _configured("gradient_clip_val",
+                                    "The clipping threshold (None: no clipping).")
+    gradient_clip_algorithm = _configured("gradient_clip_algorithm", '``"norm"`` or ``"value"``.')
+    nonfinite_loss = _configured("nonfinite_loss", '``"raise"`` or ``"skip"`` a NaN/Inf loss.')
+    seed = _configured("seed", "The seed every run starts from (None: not seeded).")
+    deterministic = _configured("deterministic", "torch.use_deterministic_algorithms during runs.")
+    limits = _configured("limits", '``limit_*_batches`` by stage: ``trainer.limits["val"]``.')
+    overfit_batches = _configured("overfit_batches", "``Trainer(overfit_batches=...)``.")
+    val_check_interval = _configured("val_check_interval",
+                                     "Validation within an epoch: a fraction or batches.")
+    check_val_every_n_epoch = _configured("check_val_every_n_epoch", "Validation every n epochs.")
+    num_sanity_val_steps = _configured("num_sanity_val_steps",
+                                       "Validation batches of the sanity check.")
+    log_every_n_steps = _configured("log_every_n_steps",
+                                    "Optimizer steps between two log intervals.")
+    fast_dev_run = _configured("fast_dev_run",
+                               "``Trainer(fast_dev_run=n)``: n batches of everything (0: off).")
+    default_root_dir = _configured("default_root_dir",
+                                   "Where runs write without a logger's save_dir.")
+    preempt_signals = _configured("preempt_signals", "The signals that save a checkpoint and exit.")
+    preempt_exit_code = _configured("preempt_exit_code",
+                                    "The status of that exit (None: 128 + the signal).")
+    requeue = _configured("requeue", "A SIGUSR1 also requeues the SLURM job.")
+    config = _configured("command_config",
+                         "The taskfit command's resolved config (``Trainer(config=...)``) or None.")
 
     # ---- the current (or last) run's parts, read-only: loop/run.py declares each ----------------------------------
     @property
@@ -537,7 +566,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def estimated_stepping_batches(self) -> float:
         """Optimizer steps this fit will take (``max_steps``, or ``max_epochs`` of the training loader)."""
         loader = self.data.train_dataloader() if self.train_dataloader is None else self.train_dataloader
-        per_epoch = -(-limit_batches(length(loader), self.limits["train"]) // self.accumulate_grad_batches)
+        batches = limit_batches(length(loader), self.limits["train"])
+        per_epoch = steps_per_epoch(batches, self.accumulate_grad_batches)
         epochs = float("inf") if self.max_epochs is None else self.max_epochs * per_epoch
         return epochs if self.max_steps is None else min(epochs, self.max_steps)
 

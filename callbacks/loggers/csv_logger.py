@@ -20,7 +20,8 @@ import os
 from typing import Any
 
 from ...arguments import arguments_checked
-from ...logs.logger import Logger, check_writable, hparams_dict, replace_file, write_hparams_yaml
+from ...logs.outputs import check_writable, hparams_dict, replace_file, write_hparams_yaml
+from .logger import Logger
 
 STEP, EPOCH = "step", "epoch"  # the first columns: the global step of the row, and the epoch it belongs to
 _LIGHTNING_ONLY = {"flush_logs_every_n_steps": "remove it: taskfit's CSVLogger writes each step's row as soon as the "

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 from ...arguments import arguments_checked
 from ...console import echo
 from ...errors import MisconfigurationError
-from ...logs.logger import PREFIX_SEPARATOR, Logger, display_name
+from .logger import PREFIX_SEPARATOR, Logger, display_name
 
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 _BATCH_METRICS, _BATCH_PARAMS = 1000, 100  # MLflow's limits per log_batch request

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from ...arguments import arguments_checked
 from ...data.loaders import batch_to_device
 from ...errors import MisconfigurationError
-from ...logs.logger import Logger, check_writable, hparams_dict, write_hparams_yaml
+from ...logs.outputs import check_writable, hparams_dict, write_hparams_yaml
+from .logger import Logger
 from ...module import TaskModule
 from .tensorboard_hparams import BEST, config_text, experiment, loggable, metric_order, session_end, session_start
 

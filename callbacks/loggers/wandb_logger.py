@@ -23,7 +23,7 @@ from typing import Any
 
 from ...arguments import arguments_checked
 from ...errors import MisconfigurationError
-from ...logs.logger import Logger, display_name
+from .logger import Logger, display_name
 
 STEP_KEY = "trainer/global_step"  # the x-axis of every chart (Lightning's WandbLogger uses the same key)
 _EXIT_CODES = {"success": 0, "failed": 1, "interrupted": 255}  # 255: what wandb itself records for Ctrl-C

@@ -20,7 +20,7 @@ MOVED = {  # old name: new name
     "taskfit.callbacks.csv_logger": "taskfit.callbacks.loggers.csv_logger",
     "taskfit.callbacks.hparams": "taskfit.callbacks.loggers.tensorboard_hparams",
     "taskfit.callbacks.lightning_hooks": "taskfit.loop.hooks",
-    "taskfit.callbacks.logger": "taskfit.logs.logger",
+    "taskfit.callbacks.logger": "taskfit.callbacks.loggers.logger",
     "taskfit.callbacks.mlflow_logger": "taskfit.callbacks.loggers.mlflow_logger",
     "taskfit.callbacks.tensorboard": "taskfit.callbacks.loggers.tensorboard",
     "taskfit.checkpoint_dirs": "taskfit.checkpoint.dirs",

@@ -16,6 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from ..errors import MisconfigurationError, TaskModuleError
 from ..seed import worker_init_fn
+from ..trainer_config import Limits, TrainerConfig
 from .workers import shield
 
 
@@ -186,7 +187,7 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
         "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
 
 
-def fit_loaders(task: Any, limits: Mapping[str, int | float], overfit: bool, seed: int, strategy: Any,
+def fit_loaders(task: Any, limits: Limits, overfit: bool, seed: int, strategy: Any,
                 ignore_signals: tuple[str, ...] = ()) -> tuple[Any, float, Any, list[float]]:
     """``(train loader, its batches per epoch, val loader or None, the batches of each validation loader)`` for fit,
     after ``limit_*_batches``;
@@ -297,11 +298,13 @@ def restore_position(train: Any, val: Any, data: Mapping[str, Any]) -> None:
         train.load_state_dict(data["loader"])
 
 
-def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, trainer: Any) -> dict[str, Any]:
+def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, world_size: int,
+                  config: TrainerConfig) -> dict[str, Any]:
     """Where the data stands, for a checkpoint: the order (seed, epoch), the batches done, and the settings that
     give a batch position its meaning, the run's planned length included (a resume warns when they changed)."""
     return {"seed": int(seed), "epoch": state.epoch, "batches_done": state.batches_done,
-            "batch_size": getattr(loader, "batch_size", None), "world_size": trainer.strategy.world_size,
-            "accumulate_grad_batches": trainer.accumulate_grad_batches, "num_train_batches": finite(num_train_batches),
-            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
+            "batch_size": getattr(loader, "batch_size", None), "world_size": world_size,
+            "accumulate_grad_batches": config.accumulate_grad_batches,
+            "num_train_batches": finite(num_train_batches),
+            "max_epochs": config.max_epochs, "max_steps": config.max_steps,
             "loader": loader.state_dict() if stateful(loader) else None}

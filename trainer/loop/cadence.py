@@ -62,3 +62,9 @@ def accumulation_group(batch_idx: int, k: int, n: float) -> tuple[int, bool]:
     start = batch_idx - batch_idx % k
     size = k if start + k <= n else int(n - start)
     return size, batch_idx + 1 - start == size
+
+
+def steps_per_epoch(n: float, k: int) -> float:
+    """Optimizer steps in an epoch of ``n`` batches grouped by ``k`` (:func:`accumulation_group`: the
+    short last group steps too); inf for a loader without a length."""
+    return n if n == float("inf") else -(-n // k)

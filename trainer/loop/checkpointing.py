@@ -10,7 +10,6 @@ a directory of per-rank shards with the same contents (checkpoint/sharded.py).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -46,10 +45,11 @@ from ..cluster import requeue_job, slurm_job_id
 from ..console import echo
 from ..data.loaders import ResumableSampler, data_position, finite, restore_position, stateful
 from ..errors import CheckpointError, NonFiniteLossError
-from ..init_args import plain_hparams
+from ..init_args import plain_hparams, run_hparams
 from ..optim import check_optimizer_state, lr_course
 from ..strategies.base import unwrap
 from ..version import __version__
+from .cadence import steps_per_epoch
 from .hooks import is_task_hook
 from .run import Run
 
@@ -101,7 +101,7 @@ def _check_losses(run: Run, path: str) -> None:
     try:
         run.logs.check_pending(run.state.epoch)
     except NonFiniteLossError as exc:
-        cb = run.trainer.checkpoint_callback
+        cb = run.checkpoint_callback
         good = [p for p in ((cb.last_model_path, cb.best_model_path) if cb else ()) if p and checkpoint_exists(p)]
         raise NonFiniteLossError(
             f"{exc.what} Nothing was saved to {path}; the last good checkpoint is {good[0] if good else 'none yet'}.",
@@ -119,7 +119,8 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
                  "hyper_parameters": hparams, **({"state_dict": state["module"]} if alias_weights else {})}
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
-            "hparams": run.trainer.hparams, "config": run.trainer.config,
+            "hparams": run_hparams(run.config.command_config, task),
+            "config": run.config.command_config,
             "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams}, **lightning}
 
 
@@ -134,7 +135,7 @@ def _resolve_all(run: Run, ckpt_path: Any, fresh: bool = False) -> tuple[list[st
             raise CheckpointError(f"ckpt_path={ckpt_path!r} is not a path.",
                                   'pass "last", "best" or the path of a .ckpt file.')
         return [os.path.abspath(os.path.expanduser(os.fspath(ckpt_path)))], []
-    cb = run.trainer.checkpoint_callback
+    cb = run.checkpoint_callback
     looked: list[str] = []
     candidates: list[str] = []
     skipped: list[tuple[str, str]] = []
@@ -269,20 +270,22 @@ def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
 
 def _warn_schedule(run: Run, data: Mapping[str, Any], path: str) -> None:
     """A longer (or shorter) run resumed with schedulers sized for the original one: say what the lr will do."""
-    old = (data.get("max_epochs", run.trainer.max_epochs), data.get("max_steps", run.trainer.max_steps))
-    if not len(run.schedulers) or old == (run.trainer.max_epochs, run.trainer.max_steps):
+    config = run.config
+    old = (data.get("max_epochs", config.max_epochs), data.get("max_steps", config.max_steps))
+    if not len(run.schedulers) or old == (config.max_epochs, config.max_steps):
         return
     st, n = run.state, run.num_train_batches
-    per_epoch = math.ceil(n / run.trainer.accumulate_grad_batches) if n != float("inf") else 0
-    ends = [run.trainer.max_steps] if run.trainer.max_steps is not None else []
-    if run.trainer.max_epochs is not None and per_epoch:
-        ends.append(run.trainer.max_epochs * per_epoch)
+    per_epoch = steps_per_epoch(n, config.accumulate_grad_batches) if n != float("inf") else 0
+    ends = [config.max_steps] if config.max_steps is not None else []
+    if config.max_epochs is not None and per_epoch:
+        ends.append(config.max_epochs * per_epoch)
     steps = max(0, min(ends, default=st.global_step) - st.global_step)
-    epochs = max(0, (run.trainer.max_epochs or st.epoch) - st.epoch)
+    epochs = max(0, (config.max_epochs or st.epoch) - st.epoch)
     course = "; ".join(lr_course(run.schedulers, steps, epochs))
     warnings.warn(
-        f"Resuming from {path} with max_epochs {old[0]} -> {run.trainer.max_epochs} and max_steps {old[1]} -> "
-        f"{run.trainer.max_steps}: the learning-rate schedulers continue from the checkpoint's state, which was sized "
+        f"Resuming from {path} with max_epochs {old[0]} -> {config.max_epochs} and max_steps "
+        f"{old[1]} -> {config.max_steps}: the learning-rate schedulers continue from the "
+        "checkpoint's state, which was sized "
         f"for the original run. {course}. HINT: to train longer with a schedule of its own, start a new fit from the "
         "checkpoint's weights (TaskModule.load_from_checkpoint) with a scheduler sized for the new length "
         "(docs/checkpointing.md, 'Extending a run').", UserWarning, stacklevel=4)
@@ -292,7 +295,7 @@ def _warn_changes(run: Run, ckpt: Mapping[str, Any], path: str) -> None:
     data = ckpt["data"]
     now = {"batch size": getattr(run.train_dataloader, "batch_size", None),
            "world size": run.strategy.world_size,
-           "accumulate_grad_batches": run.trainer.accumulate_grad_batches,
+           "accumulate_grad_batches": run.config.accumulate_grad_batches,
            "batches per epoch": finite(run.num_train_batches)}
     saved = {"batch size": data.get("batch_size"), "world size": data.get("world_size"),
              "accumulate_grad_batches": data.get("accumulate_grad_batches"),
@@ -350,7 +353,8 @@ def run_state(run: Run) -> dict[str, Any]:
             "logbook": book,  # rank 0's; under ddp/fsdp every rank's too, so that epoch means resume exactly
             "logbooks": None if book is None or strategy.world_size == 1 else strategy.all_gather_object(_cpu(book)),
             "rng": gather_rng_states(run.strategy),
-            "data": data_position(run.train_dataloader, run.num_train_batches, st, run.data_seed, run.trainer),
+            "data": data_position(run.train_dataloader, run.num_train_batches, st, run.data_seed,
+                                  strategy.world_size, run.config),
             "callbacks": callback_states(run.callbacks),
             "datamodule": run.data.datamodule.state_dict() if run.data.datamodule is not None else None}
 
@@ -386,21 +390,23 @@ def load_run_state(run: Run, state: Mapping[str, Any]) -> None:
 
 def preempt(run: Run) -> None:
     """A preemption signal was seen at a step boundary: save to the ``last`` checkpoint, report it, exit."""
-    trainer, signum = run.trainer, run.preemption.signum
-    cb = trainer.checkpoint_callback
+    config, signum = run.config, run.preemption.signum
+    cb = run.checkpoint_callback
     if cb is not None:
-        path = cb.prepare_last(trainer)  # its bookkeeping names the file it is about to be saved in
+        # its bookkeeping names the file it is about to be saved in
+        path = cb.prepare_last(run.trainer)
     else:
         path = os.path.join(run.log_dir, "checkpoints", LAST)
     save_checkpoint(run, path)
-    code = trainer.preempt_exit_code if trainer.preempt_exit_code is not None else 128 + signum
-    job = slurm_job_id() if trainer.requeue and signum == signal.SIGUSR1 and run.strategy.is_main else None
+    code = config.preempt_exit_code if config.preempt_exit_code is not None else 128 + signum
+    requeue = config.requeue and signum == signal.SIGUSR1 and run.strategy.is_main
+    job = slurm_job_id() if requeue else None
     requeued = f" Then {requeue_job(job)}." if job is not None else ""  # rank 0, once the checkpoint is in place
     if run.strategy.is_main:
         st, name = run.state, signal.Signals(signum).name
         # A run of the `taskfit` command carries its config: say how to resume it there.
-        how = "the same `taskfit` command with ckpt_path=last" if trainer.config is not None else \
-            'trainer.fit(task, ckpt_path="last")'
+        how = "the same `taskfit` command with ckpt_path=last" \
+            if config.command_config is not None else 'trainer.fit(task, ckpt_path="last")'
         echo(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
              f"step {st.global_step} to {path}.{requeued} Exiting with status {code}. Resume with {how} (or "
              f"ckpt_path=\"{path}\").", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")

@@ -20,7 +20,6 @@ from ..data.loaders import (
     set_epoch,
 )
 from ..errors import MisconfigurationError
-from ..logs.buffer import LogBuffer
 from ..logs.metrics import metric_values
 from ..module import TaskModule, predict_inputs
 from ..strategies.base import Strategy
@@ -106,15 +105,12 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     ``on_<stage>_batch_start/end``, the pass's values computed into ``state.metrics`` (callback_metrics; not in the
     sanity check), ``on_<stage>_epoch_end`` (its torchmetrics not yet reset; what it logs joins the values), then
     the metrics reset. Returns the values, as floats."""
-    name, logs, table = HOOK[stage], run.logs, run.hooks
+    name, logs = HOOK[stage], run.logs
     run.call_hooks(f"on_{name}_epoch_start")
     book = logs.enter(stage)
     metrics, module = run.metrics.get(stage, {}), run.strategy.eval_module(run.model)
     kept = modes.capture(run.task)
-    values = evaluate(run.task, module, loader, limit, prefix=stage,
-                      strategy=run.strategy, precision=run.precision, logs=logs, metrics=metrics,
-                      data_seed=run.data_seed, trainer=run.trainer, on_start=table[f"on_{name}_batch_start"],
-                      on_end=table[f"on_{name}_batch_end"], fraction=run.trainer.limits[stage])
+    values = evaluate(run, stage, module, loader, limit)
     if not sanity:
         run.state.metrics.update(logs.callback_view(values))
     book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
@@ -128,15 +124,18 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     return values
 
 
-def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, prefix: str,
-             strategy: Strategy, precision: Any, logs: LogBuffer, metrics: dict[str, Any], data_seed: int,
-             trainer: Any = None, on_start: list[Any] | None = None, on_end: list[Any] | None = None,
-             fraction: int | float = 1.0) -> dict[str, float]:
-    """At most ``limit`` batches of each loader of ``loader`` (and ``fraction``, its ``limit_*_batches``):
-    ``{prefix}/loss`` (what the step returned: the loss, or a dict's ``"loss"``), ``self.log`` values and
-    ``metrics``, as floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
-    after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each name (the loss's
-    too) gets ``/dataloader_idx_<i>``."""
+def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
+             limit: float) -> dict[str, float]:
+    """At most ``limit`` batches of each loader of ``loader`` (and ``limit_<prefix>_batches``)
+    through ``module`` (the run's model as evaluation calls it): ``{prefix}/loss`` (what the step
+    returned: the loss, or a dict's ``"loss"``), ``self.log`` values and the stage's metrics, as
+    floats (the metrics computed, not reset). Several loaders (:class:`SequentialLoaders`) run one
+    after the other, as Lightning's: the step and the batch hooks get ``dataloader_idx``, and each
+    name (the loss's too) gets ``/dataloader_idx_<i>``."""
+    task, logs, strategy, precision = run.task, run.logs, run.strategy, run.precision
+    metrics, trainer, fraction = run.metrics.get(prefix, {}), run.trainer, run.config.limits[prefix]
+    on_start = run.hooks[f"on_{HOOK[prefix]}_batch_start"]
+    on_end = run.hooks[f"on_{HOOK[prefix]}_batch_end"]
     module.eval()
     book = logs.current
     step = eval_step(task, module, prefix, metrics)
@@ -145,7 +144,7 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
     with torch.no_grad():
         for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,) only with several loaders, as Lightning
             book.dataloader_idx = extra[0] if extra else None
-            set_epoch(part, 0, data_seed)
+            set_epoch(part, 0, run.data_seed)
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
             for i, batch in enumerate(part):
@@ -154,11 +153,11 @@ def evaluate(task: TaskModule, module: torch.nn.Module, loader: Any, limit: floa
                 batch = strategy.batch_to_device(batch)
                 book.weight = batch_size_of(batch)
                 book.batch_idx = i
-                for fn in on_start or ():
+                for fn in on_start:
                     fn(trainer, task, batch, i, *extra)
                 with precision.autocast:
                     out = step(batch, i, *extra)
-                for fn in on_end or ():
+                for fn in on_end:
                     fn(trainer, task, out, batch, i, *extra)
                 loss = out.get("loss") if isinstance(out, Mapping) else out
                 if source != "loss" and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
@@ -199,7 +198,8 @@ def predict_pass(run: Run, loader: Any, keep: bool = True) -> list[Any] | None:
     for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,), for the step and the batch hooks
         start = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_start"]]
         end = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_end"]]
-        results.append(predict(task, module, part, limit_batches(length(part), run.trainer.limits["predict"]),
+        limit = limit_batches(length(part), run.config.limits["predict"])
+        results.append(predict(task, module, part, limit,
                                strategy=run.strategy, precision=run.precision, keep=keep, on_batch_start=start,
                                on_batch_end=end, dataloader_idx=extra))
     modes.restore(module, task, kept)

@@ -20,7 +20,6 @@ from torch import nn
 
 from ..callback import HOOKS as CORE_HOOKS
 from ..callback import Callback
-from ..logs.logger import Logger
 
 Hook = Callable[..., Any]
 
@@ -99,7 +98,7 @@ def defines(obj: Any, name: str) -> bool:
         return False
     if isinstance(obj, Callback) and method is getattr(Callback, name, None):
         return False
-    return not (isinstance(obj, Logger) and name in ("setup", "teardown"))  # a Logger's setup(trainer) is its own API
+    return name not in getattr(obj, "not_hooks", ())  # a Logger's setup(trainer) is its own API
 
 
 def _adapter(bound: Hook) -> Hook:
@@ -185,13 +184,6 @@ def _advice(name: str) -> str:
     if name in AUTOMATIC_OVERRIDES:
         return "with automatic_optimization = False the task steps, zeroes and clips itself in training_step"
     return NOT_CALLED.get(name, "a callback hook: put it in a Callback")
-
-
-def publish_late(trainer: Any, task: Any) -> None:
-    """In ``on_train_epoch_end``'s list (hook_table): publish the epoch values logged in the hooks before it."""
-    values = trainer.logs.late_values(trainer.logs.train)
-    if values:
-        trainer.log_metrics(values)
 
 
 def merge_task_callbacks(callbacks: list[Callback], task: Any) -> list[Callback]:

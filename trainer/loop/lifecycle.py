@@ -7,26 +7,29 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from ..callback import Callback
+from ..checkpoint.files import CheckpointWriter
 from ..data.loaders import fit_loaders
 from ..datamodule import DataSource
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
-from ..logs.logger import run_directory
+from ..logs.outputs import run_directory
 from ..logs.metrics import build_metrics
 from ..module import TaskModule, rank_zero_only
 from ..optim import Schedulers, parse_optimizers
 from ..seed import deterministic_algorithms, run_seed, seed_everything
 from ..state import TrainerState
+from ..strategies.base import Strategy
 from ..strategies.model_memory import prepare_module
+from ..trainer_config import TrainerConfig
 from . import modes
 from .cadence import ValidationSchedule
 from .checkpointing import load_weights, open_checkpoint, restore
-from .hooks import Hook, hook_table, publish_late, warn_uncalled
+from .hooks import Hook, hook_table, warn_uncalled
 from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_step, zero_grad_call
 from .precision import Precision
 from .preemption import Preemption
@@ -34,13 +37,37 @@ from .run import Run
 from .steps import ManualOptimizer, defines, training_step
 
 
-def new_run(trainer: Any, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
+class RunSource(Protocol):
+    """What :func:`new_run` reads of the Trainer, and nothing else below it does
+    (tests/test_layers.py)."""
+
+    trainer_config: TrainerConfig
+    strategy: Strategy
+    checkpoint_writer: CheckpointWriter
+    checkpoint_callback: Any
+
+
+def new_run(trainer: RunSource, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
             state: TrainerState, log_dir: str | None, verbose: bool = True) -> Run:
-    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any hook fires."""
-    hooks = hook_table(callbacks, task, data.datamodule, publish=publish_late)
+    """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any
+    hook fires. The only place below the Trainer that reads it (tests/test_layers.py): its
+    configuration, strategy, checkpoint writer and ModelCheckpoint become the run's."""
+    run = Run(trainer, trainer.trainer_config, fn, task, data, trainer.strategy, callbacks, state,
+              trainer.checkpoint_writer, {}, log_dir, verbose=verbose,
+              checkpoint_callback=trainer.checkpoint_callback)
+    run.hooks = hook_table(callbacks, task, data.datamodule, publish=late_publisher(run))
     warn_uncalled(callbacks, task, data.datamodule)
-    return Run(trainer, fn, task, data, trainer.strategy, callbacks, state, trainer.checkpoint_writer, hooks, log_dir,
-               verbose=verbose)
+    return run
+
+
+def late_publisher(run: Run) -> Hook:
+    """In ``on_train_epoch_end``'s list (hook_table): publish the epoch values logged in the
+    hooks before it."""
+    def publish_late(trainer: Any, task: Any) -> None:
+        values = run.logs.late_values(run.logs.train)
+        if values:
+            run.publish(LogBuffer.to_floats(values))
+    return publish_late
 
 
 @contextlib.contextmanager
@@ -48,14 +75,14 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
     """Inside a launched process: seed, attach the task (``prepare_data``, ``setup(stage)``, device, wrapper,
     precision, logging buffer), load the ``weights`` checkpoint (validate/test/predict); ``teardown(stage)`` after a
     normal end; on the way out restore what changed (``on_exception`` after an error). Yields the run."""
-    trainer, strategy, task, datamodule = run.trainer, run.strategy, run.task, run.data.datamodule
+    config, strategy, task, datamodule = run.config, run.strategy, run.task, run.data.datamodule
     strategy.setup_environment()
-    if trainer.seed is not None:
-        seed_everything(trainer.seed)
-    with deterministic_algorithms(trainer.deterministic):  # the process's setting comes back after
+    if config.seed is not None:
+        seed_everything(config.seed)
+    with deterministic_algorithms(config.deterministic):  # the process's setting comes back after
         try:
             run.state.status = "running"
-            yield _attach(run, trainer, weights)
+            yield _attach(run, weights)
             run.call_hooks("teardown", run.fn)
             run.state.status = "finished"
         except BaseException as exc:
@@ -66,27 +93,28 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
         finally:
             if run.preemption is not None:
                 run.preemption.uninstall()
-            if run.fn == "fit" and trainer.accumulate_grad_batches > 1 and run.model is not None:
+            if run.fn == "fit" and config.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
             task.trainer = None
             if datamodule is not None:
                 datamodule.trainer = None
 
 
-def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
+def _attach(run: Run, weights: str | None) -> Run:
     """The run's parts, in Lightning's order: the run directory, precision and logging buffer, the task attached,
     ``prepare_data``, ``setup``, ``configure_model``, the wrapped module, metrics, data seed, preemption."""
-    strategy, task, datamodule = run.strategy, run.task, run.data.datamodule
+    strategy, task, datamodule, config = run.strategy, run.task, run.data.datamodule, run.config
     run.state.fn = run.fn
     if run.log_dir is None:  # chosen on rank 0
-        run.log_dir = strategy.broadcast(strategy.is_main and run_directory(run.callbacks, trainer.default_root_dir))
+        chosen = strategy.is_main and run_directory(run.callbacks, config.default_root_dir)
+        run.log_dir = strategy.broadcast(chosen)
     run.moves_batches = strategy.moves_batches
-    run.precision = Precision(trainer.precision_name, strategy.device)
-    run.logs = LogBuffer(strategy, trainer.nonfinite_loss, run.precision, trainer.accumulate_grad_batches,
+    run.precision = Precision(run.trainer.precision_name, strategy.device)
+    run.logs = LogBuffer(strategy, config.nonfinite_loss, run.precision, config.accumulate_grad_batches,
                          exact=defines(task, "training_step"))  # a Lightning program: its keys only (buffer.py)
-    task.trainer = trainer
+    task.trainer = run.trainer
     if datamodule is not None:
-        datamodule.trainer = trainer
+        datamodule.trainer = run.trainer
     rank_zero_only.rank = strategy.rank
     if run.hooks["prepare_data"]:  # downloads: once per machine, the other ranks wait
         if strategy.local_rank == 0:
@@ -94,12 +122,13 @@ def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
         strategy.barrier()
     run.call_hooks("setup", run.fn)  # the module is still where the user built it (Lightning's order)
     run.call_hooks("configure_model")
-    wrapped = strategy.setup_module(prepare_module(task, strategy, trainer.activation_checkpointing,
-                                                   trainer.channels_last))  # meta layers, checkpointing...
-    run.model = torch.compile(wrapped) if trainer.compile else wrapped
+    # meta layers, activation checkpointing, channels_last, then the strategy's wrapper
+    wrapped = strategy.setup_module(prepare_module(task, strategy, config.activation_checkpointing,
+                                                   config.channels_last))
+    run.model = torch.compile(wrapped) if config.compile else wrapped
     run.metrics = build_metrics(task, strategy.device)
     run.data_seed = int(strategy.broadcast(run_seed()))  # the data order: rank 0's on every rank
-    run.preemption = Preemption(trainer.preempt_signals, strategy, install=run.fn == "fit")
+    run.preemption = Preemption(config.preempt_signals, strategy, install=run.fn == "fit")
     if weights is not None:
         load_weights(run, weights)
     return run
@@ -108,7 +137,7 @@ def _attach(run: Run, trainer: Any, weights: str | None) -> Run:
 def setup_fit(run: Run, ckpt_path: str | None) -> None:
     """Optimizers, schedulers, the step, the loaders and their schedule, the per-fit choices of the step (hooks around
     zero_grad and backward only where defined), then the checkpoint to resume from."""
-    trainer, task, strategy, hooks = run.trainer, run.task, run.strategy, run.hooks
+    config, task, strategy, hooks = run.config, run.task, run.strategy, run.hooks
     modes.check_fit_start(task, warn=strategy.is_main)  # each submodule trains in its own mode (Lightning 2.6)
     run.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
     run.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not run.manual)
@@ -116,17 +145,19 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.schedulers = Schedulers(configs, automatic=not run.manual, lr_scheduler_step=scheduler_step(task))
     run.manual_optimizers = [ManualOptimizer(o, run) for o in run.optimizers] if run.manual else []
     # Lightning's overrides of the automatic step (overrides.py): the plain calls unless the task writes its own
-    run.clip_gradients = clip_call(task, run.optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+    run.clip_gradients = clip_call(task, run.optimizer, config.gradient_clip_val,
+                                   config.gradient_clip_algorithm)
     run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
     run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
-        run.data, trainer.limits, bool(trainer.overfit_batches), run.data_seed, strategy, trainer.preempt_signals)
+        run.data, config.limits, bool(config.overfit_batches), run.data_seed, strategy,
+        config.preempt_signals)
     if "validation_step" in vars(task) and task.validation_step is None:  # Lightning: `task.validation_step = None`
         run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
-    run.val_schedule = ValidationSchedule(trainer.val_check_interval, trainer.check_val_every_n_epoch,
+    run.val_schedule = ValidationSchedule(config.val_check_interval, config.check_val_every_n_epoch,
                                           run.num_train_batches, run.val_loader is not None)
     run.before_step_work = run.precision.scaler is not None or bool(hooks["on_before_optimizer_step"])
     run.zero_grad = with_hooks(run, zero_grad_call(task, run.state, run.optimizer), hooks["on_before_zero_grad"], [],
@@ -156,12 +187,14 @@ def with_hooks(run: Run, call: Callable[..., Any], before: list[Hook], after: li
     return hooked
 
 
-def fitted_task(trainer: Any, fn: str, task: TaskModule | None, ckpt_path: Any) -> tuple[TaskModule, Any]:
+def fitted_task(fitted: TaskModule | None, fn: str, task: TaskModule | None,
+                ckpt_path: Any) -> tuple[TaskModule, Any]:
     """``validate``/``test``/``predict`` without a task: the one of the last fit, from its best checkpoint unless
-    ``ckpt_path`` says otherwise (Lightning's rule); before any fit, an error."""
+    ``ckpt_path`` says otherwise (Lightning's rule); before any fit (``fitted`` is None), an
+    error."""
     if task is not None:
         return task, ckpt_path
-    if trainer.task is None:
+    if fitted is None:
         raise MisconfigurationError(
             f"Trainer.{fn}() was called without a task, and this Trainer has not fitted one.",
             f"pass the task: trainer.{fn}(task, ckpt_path=...), or call trainer.fit(task) first.")
@@ -170,4 +203,4 @@ def fitted_task(trainer: Any, fn: str, task: TaskModule | None, ckpt_path: Any) 
         warnings.warn(f"Trainer.{fn}() without a task uses the fitted one, with the weights of its best checkpoint "
                       f"(ckpt_path='best'). HINT: pass ckpt_path='best' or 'last' to choose (and silence this), or "
                       f"the task to use its weights as they are.", UserWarning, stacklevel=4)
-    return trainer.task, ckpt_path
+    return fitted, ckpt_path

@@ -1,6 +1,7 @@
 """One run of an entry point: the :class:`Run` object, everything that exists for one ``fit``/``validate``/``test``/
 ``predict`` inside the launched process, declared in one place. lifecycle.py builds it; the loop (trainer.py) and
-its helper modules (evaluation, checkpointing, steps) take the run, not the Trainer."""
+its helper modules (evaluation, checkpointing, steps) take the run, not the Trainer: what they need
+of the Trainer's configuration is ``run.config`` (trainer_config.py's frozen TrainerConfig)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ from ..module import TaskModule
 from ..optim import Schedulers
 from ..state import TrainerState
 from ..strategies.base import Strategy
+from ..trainer_config import TrainerConfig
 from .cadence import ValidationSchedule
 from .hooks import Hook
 from .precision import Precision
@@ -29,7 +31,10 @@ class Run:
     :func:`setup_fit` for fit). The Trainer keeps its configuration and its current (or last) run; callbacks read
     the run's parts through the Trainer's read-only properties (``trainer.model``, ``trainer.optimizer``...)."""
 
-    trainer: Any  # the Trainer: its configuration is read from it, and every hook receives it first
+    # The Trainer, handed to every hook as its first argument (and set as ``task.trainer``);
+    # nothing below the Trainer reads it (tests/test_layers.py): the configuration is ``config``.
+    trainer: object
+    config: TrainerConfig  # the Trainer's configuration as this run started (frozen)
     fn: str  # "fit", "validate", "test" or "predict"
     task: TaskModule
     data: DataSource
@@ -40,6 +45,8 @@ class Run:
     hooks: dict[str, list[Hook]]  # hook name -> the callables that define it, in Lightning's order (hooks.py)
     log_dir: str | None = None  # chosen by the first logger with a directory (rank 0), or a resumed run's
     verbose: bool = True  # validate/test(verbose=): the results table is printed (callbacks/progress.py)
+    # the Trainer's first ModelCheckpoint (``trainer.checkpoint_callback``), or None
+    checkpoint_callback: Any = None
     precision: Precision | None = None
     logs: LogBuffer | None = None
     model: nn.Module | None = None  # what the loop calls: the task wrapped by the strategy (and torch.compile)

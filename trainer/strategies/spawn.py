@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 import torch.multiprocessing as mp
@@ -173,31 +173,52 @@ def _no_fd() -> None:
 
 def _final_weights(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any] | None:
     """After fit, the task's full weights on rank 0 (``strategy.full_state_dict``: every rank calls it)."""
-    trainer = getattr(fn, "__self__", None)
+    owner = _owner(fn)
     task = next((a for a in args if isinstance(a, nn.Module)), None)
-    if task is None or getattr(getattr(trainer, "state", None), "fn", None) != "fit":
+    if task is None or owner is None or owner.state.fn != "fit":
         return None
     return strategy.full_state_dict(task)
 
 
+class WorkerSnapshots(Protocol):
+    """What :func:`spawn` asks of the object whose method it launches (the Trainer's ``_fit``):
+    rank 0's view of the run, sent to the parent process and taken up there, and which entry point
+    ran (``state.fn``: after ``"fit"`` the fitted weights go back too). Nothing else is read."""
+
+    state: Any
+
+    def worker_snapshot(self) -> dict[str, Any]: ...
+
+    def load_worker_snapshot(self, snapshot: dict[str, Any], task: Any) -> None: ...
+
+
+def _owner(fn: Callable[..., Any]) -> WorkerSnapshots | None:
+    """The object ``fn`` is a method of, if it carries its run across processes
+    (:class:`WorkerSnapshots`)."""
+    owner = getattr(fn, "__self__", None)
+    carries = hasattr(owner, "worker_snapshot") and hasattr(owner, "load_worker_snapshot")
+    return owner if carries else None
+
+
 def _snapshot(fn: Callable[..., Any], args: tuple[Any, ...], weights: dict[str, Any] | None) -> dict[str, Any]:
-    """What the parent should see of rank 0's run: the Trainer's (``worker_snapshot``) and, after fit, the weights."""
-    trainer = getattr(fn, "__self__", None)
+    """What the parent should see of rank 0's run: the launcher's (``worker_snapshot``) and, after
+    fit, the weights."""
+    owner = _owner(fn)
     snapshot: dict[str, Any] = {}
     if weights is not None:
         snapshot["weights"] = weights
-    if hasattr(trainer, "worker_snapshot"):
-        snapshot["trainer"] = trainer.worker_snapshot()
+    if owner is not None:
+        snapshot["trainer"] = owner.worker_snapshot()
     return snapshot
 
 
 def _restore(fn: Callable[..., Any], args: tuple[Any, ...], snapshot: dict[str, Any]) -> None:
-    trainer = getattr(fn, "__self__", None)
+    owner = _owner(fn)
     task = next((a for a in args if isinstance(a, nn.Module)), None)
     if task is not None and "weights" in snapshot:  # (a task built on the meta device takes the tensors as they are)
         task.load_state_dict(snapshot["weights"], assign=has_meta(task))
-    if "trainer" in snapshot:
-        trainer.load_worker_snapshot(snapshot["trainer"], task)
+    if "trainer" in snapshot and owner is not None:
+        owner.load_worker_snapshot(snapshot["trainer"], task)
 
 
 def _write_error(out: str, rank: int, exc: BaseException) -> None:

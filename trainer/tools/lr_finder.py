@@ -26,7 +26,7 @@ from ..callbacks import Callback
 from ..checkpoint.rng import rng_state, set_rng_state
 from ..console import echo
 from ..errors import MisconfigurationError, NonFiniteLossError
-from ..logs.logger import next_version_dir
+from ..logs.outputs import next_version_dir
 
 _SEED_ENV = "TASKFIT_SEED"
 

@@ -14,9 +14,10 @@ the callback hooks into calls a writer understands, so a new logger only writes 
 Only rank 0 writes: on other ranks none of them is called. A logger that cannot write (a bad URI, a directory
 that is not writable) fails in ``on_fit_start``, on every rank, before the first training step.
 
-Where a run goes (:func:`run_directory`): a logger given Lightning's ``save_dir``/``name``/``version`` writes into
-``<save_dir>/<name>/version_<N>``; the first such logger chooses ``trainer.log_dir`` (checkpoints go there too);
-without one, ``<default_root_dir>/version_<N>``. A checkpoint records each logger's run (``state_dict``), and a
+Where a run goes (logs/outputs.py's ``run_directory``, which the loop calls): a logger given
+Lightning's ``save_dir``/``name``/``version`` writes into ``<save_dir>/<name>/version_<N>``; the first
+such logger chooses ``trainer.log_dir`` (checkpoints go there too); without one,
+``<default_root_dir>/version_<N>``. A checkpoint records each logger's run (``state_dict``), and a
 fit resumed from it continues that run: the same directory, the same MLflow run.
 """
 from __future__ import annotations
@@ -27,10 +28,10 @@ import sys
 import warnings
 from typing import Any
 
-from ..callback import Callback
-from ..checkpoint.files import write_probe
-from ..cluster import global_rank
-from ..errors import MisconfigurationError, TaskfitError
+from ...callback import Callback
+from ...cluster import global_rank
+from ...errors import MisconfigurationError, TaskfitError
+from ...logs.outputs import check_writable, next_version_dir
 
 STATUSES = ("success", "failed", "interrupted")
 PREFIX_SEPARATOR = "-"  # Lightning's: prefix="fold1" logs "fold1-train/loss"
@@ -45,6 +46,7 @@ class Logger(Callback):
     """
 
     order = 900  # after the callbacks that log (lower orders); before ModelCheckpoint (1000)
+    not_hooks = frozenset({"setup", "teardown"})  # a Logger's setup(trainer) is its own API, not the hook
     _save_dir: str | None = None  # Lightning's arguments (None: Trainer(default_root_dir=...) and no name level)
     _name: str | None = None
     _version: int | str | None = None
@@ -296,50 +298,8 @@ class _Anything:
 DUMMY_LOGGER = DummyLogger()  # stateless: one for every fast_dev_run (trainer.logger may be read every step)
 
 
-def hparams_dict(params: Any) -> dict[str, Any]:
-    """``log_hyperparams``' argument as a dict: a mapping, or an ``argparse.Namespace`` (Lightning takes both)."""
-    return dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, dict) else dict(params)
-
-
-def write_hparams_yaml(folder: str, params: dict[str, Any]) -> None:
-    """``<folder>/hparams.yaml`` (Lightning's file, which its loggers write beside their runs): numbers, strings,
-    bools and null as they are, anything else as text."""
-    import yaml
-
-    plain = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
-    replace_file(os.path.join(folder, "hparams.yaml"),
-                 yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True))
-
-
-def replace_file(path: str, text: str) -> None:
-    """Write ``path`` through a temporary file and an atomic rename: a crash leaves the old file or the new."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _first_directory_logger(trainer: Any) -> Logger | None:
     return next((lg for lg in trainer.loggers if lg.has_directory), None)
-
-
-def run_directory(callbacks: Any, default_root_dir: str | None) -> str:
-    """``trainer.log_dir`` of a new run (rank 0): where the first logger among ``callbacks`` with a directory puts
-    its run (``Logger.directory``), else ``<default_root_dir>/version_<N>`` (default root ``./taskfit_logs``)."""
-    first = next((cb for cb in callbacks if isinstance(cb, Logger) and cb.has_directory), None)
-    if first is not None:
-        return first.directory(default_root_dir)
-    return next_version_dir(default_root_dir)
-
-
-def next_version_dir(root: str | None) -> str:
-    """``<root>/version_<N+1>`` for the highest existing ``version_N`` (root: ``./taskfit_logs`` by default)."""
-    root = os.path.abspath(root or os.path.join(os.getcwd(), "taskfit_logs"))
-    taken = [int(m.group(1)) for d in (os.listdir(root) if os.path.isdir(root) else [])
-             if (m := re.fullmatch(r"version_(\d+)", d))]
-    return os.path.join(root, f"version_{max(taken, default=-1) + 1}")
 
 
 def _portable(problem: BaseException | None) -> BaseException | None:
@@ -347,17 +307,6 @@ def _portable(problem: BaseException | None) -> BaseException | None:
     if problem is None or isinstance(problem, TaskfitError):
         return problem
     return RuntimeError(f"rank 0's logger failed at fit start: {type(problem).__name__}: {problem}")
-
-
-def check_writable(folder: str, who: str) -> None:
-    """Create ``folder`` and write, fsync and remove a probe file in it; a MisconfigurationError says why not."""
-    try:
-        write_probe(folder)
-    except OSError as exc:
-        raise MisconfigurationError(
-            f"{who} cannot write to {folder}: {exc.strerror or exc} ({type(exc).__name__}).",
-            "make the folder writable (permissions, a read-only or full file system), or pass "
-            f"{who}(save_dir=...) / Trainer(default_root_dir=...) elsewhere.") from exc
 
 
 def display_name(trainer: Any, log_dir: str | None) -> str:
