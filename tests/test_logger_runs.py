@@ -194,7 +194,7 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     assert killed_run.returncode == -signal.SIGKILL, killed_run.stderr[-3000:]
     run_dir = tmp_path / "version_0"
     assert [int(r["step"]) for r in rows(run_dir / "metrics.csv")] == list(range(10))  # 10's was not complete
-    assert [e.step for e in read_run(run_dir).Scalars("train/loss")][-3:] == [8, 9, 10]  # past the checkpoint
+    assert [e.step for e in read_run(run_dir).Scalars("train/loss")][-3:] == [7, 8, 9]  # past the checkpoint
     client = mlflow.tracking.MlflowClient(uri)
     (killed,) = client.search_runs([client.get_experiment_by_name("taskfit").experiment_id])
     assert killed.info.status == "RUNNING"  # nobody closed it
@@ -205,22 +205,22 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "version_0"]
 
     table = rows(run_dir / "metrics.csv")
-    assert [int(r["step"]) for r in table] == list(range(1, 19))  # each step once, the redone 9-11 included
+    assert [int(r["step"]) for r in table] == list(range(18))  # each step once, the redone 8-10 included
     assert [r["epoch"] for r in table] == [str(e) for e in range(3) for _ in range(6)]
     epoch_times = [int(r["step"]) for r in table if r["vitals/epoch_time_s"]]
-    assert epoch_times == [6, 18]  # not the resumed epoch 1, whose time would be that of its rest only
+    assert epoch_times == [5, 17]  # not the resumed epoch 1, whose time would be that of its rest only
 
-    run = read_run(run_dir)  # the killed run's steps 9-10 are hidden by the resumed writer's purge_step
-    assert [e.step for e in run.Scalars("train/loss")] == list(range(1, 19))
+    run = read_run(run_dir)  # the killed run's steps 8-9 are hidden by the resumed writer's purge_step
+    assert [e.step for e in run.Scalars("train/loss")] == list(range(18))
     assert [e.value for e in run.Scalars("train/loss")] == pytest.approx([float(r["train/loss"]) for r in table])
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
 
     (resumed,) = client.search_runs([killed.info.experiment_id])
     assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
     assert "died without closing the run" in resumed.data.tags["taskfit.killed"]
-    assert resumed.data.tags["taskfit.resumed_at"] == "8"
+    assert resumed.data.tags["taskfit.resumed_at"] == "7"
     history = client.get_metric_history(resumed.info.run_id, "train/loss")
-    assert [m.step for m in history] == list(range(1, 19))  # the steps the killed run sent are not sent again
+    assert [m.step for m in history] == list(range(18))  # the steps the killed run sent are not sent again
     assert [m.value for m in history] == pytest.approx([float(r["train/loss"]) for r in table])
 
 
@@ -262,7 +262,7 @@ def test_a_resumed_fit_with_mlflow_alone_continues_its_run_and_directory(tmp_pat
     assert run.info.status == "FINISHED" and run.data.tags["taskfit.resumed_at"] == "1"  # (the log step)
     assert "taskfit.killed" not in run.data.tags  # it was closed: FINISHED, not left RUNNING
     assert [m.step for m in mlflow.tracking.MlflowClient(uri).get_metric_history(run.info.run_id,
-                                                                               "train/loss_epoch")] == [2, 4]
+                                                                               "train/loss_epoch")] == [1, 3]
 
 
 def test_lr_monitor_refuses_two_param_groups_of_one_name_and_says_when_momentum_is_zero(tmp_path):

@@ -178,8 +178,8 @@ def test_an_offline_run_reads_back_as_the_tensorboard_run_and_a_resume_continues
     runs = offline_runs(wb_dir)
     assert len(runs) == 2 and {r.run.run_id for r in runs} == {logger.run_id}  # offline: a folder per process
     later = next(r for r in runs if r.folder != run.folder)
-    assert later.summary["taskfit.resumed_at"] == "8" and "taskfit.killed" not in later.summary
-    assert [s for s, _ in later.steps()["train/loss"]] == [10, 12]
+    assert later.summary["taskfit.resumed_at"] == "7" and "taskfit.killed" not in later.summary
+    assert [s for s, _ in later.steps()["train/loss"]] == [9, 11]
     merged = {k: run.steps().get(k, []) + later.steps().get(k, []) for k in tensorboard_steps(second.log_dir)}
     same_points(merged, tensorboard_steps(second.log_dir))  # what `wandb sync` uploads: TensorBoard's run
     assert later.exit_code == 0
@@ -241,7 +241,7 @@ def test_a_killed_run_is_marked_when_a_resume_continues_it(tmp_path):
     later = closed_run(next(f for f in (wb / "wandb").glob("offline-run-*") if f != first.folder))
     assert "died without closing the run" in later.summary["taskfit.killed"]
     assert later.summary["taskfit.resumed_at"] == "3" and later.exit_code == 0
-    assert [s for s, _ in later.steps()["train/loss"]] == [5, 6, 7, 8]
+    assert [s for s, _ in later.steps()["train/loss"]] == [4, 5, 6, 7]
 
 
 def test_the_taskfit_command_logs_to_wandb(tmp_path):
