@@ -3,7 +3,9 @@
 process), with the final weights compared against the variant without the feature.
 
     python benchmarks/model_memory.py           # both tables (~3 minutes on 2 cores)
-    python benchmarks/model_memory.py --quick   # tiny sizes: a smoke run (structure, not memory)
+    python benchmarks/model_memory.py --quick   # tiny sizes, every variant in this process: a smoke run
+                                                # (structure and weights, not memory)
+    python benchmarks/model_memory.py --part=fsdp   # one table (checkpointing, fsdp; default both)
 
 1. **Activation checkpointing**: a stack of MLP blocks over many tokens, where activations dominate the memory
    (AdamW). The peak is the peak RSS of the training steps above the RSS before the first (weights and data
@@ -160,24 +162,28 @@ def run_fsdp_init(args: argparse.Namespace, empty: bool, width: int, out: str) -
 
 
 # ---- the parent ----------------------------------------------------------------------------------------------------
-def worker(args: argparse.Namespace) -> None:
+def measure(args: argparse.Namespace, name: str, out: str = "") -> dict[str, Any]:
+    """One variant (``checkpointing:on``, ``fsdp:empty``...): its numbers; its final weights to ``out``."""
     torch.set_num_threads(args.threads)
-    kind, _, variant = args.worker.partition(":")
+    kind, _, variant = name.partition(":")
     if kind == "checkpointing":
-        result = run_checkpointing(args, variant == "on", args.out)
-    else:
-        width = 16 if variant == "baseline" else args.fsdp_width
-        result = run_fsdp_init(args, variant == "empty", width, args.out)
-    print(json.dumps(result))
+        return run_checkpointing(args, variant == "on", out)
+    width = 16 if variant == "baseline" else args.fsdp_width
+    return run_fsdp_init(args, variant == "empty", width, out)
 
 
-def tables(args: argparse.Namespace, run: Any, scratch: str) -> None:
-    """Both tables: each variant run in its own process by ``run``; weights compared from ``scratch``."""
+def worker(args: argparse.Namespace) -> None:
+    print(json.dumps(measure(args, args.worker, args.out)))
 
-    def diff(a: str, b: str) -> float:
-        x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-        return max((x[k] - y[k]).abs().max().item() for k in x)
 
+def diff(a: str, b: str) -> float:
+    """The largest absolute difference between the weights saved in files ``a`` and ``b``."""
+    x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return max((x[k] - y[k]).abs().max().item() for k in x)
+
+
+def checkpointing_table(args: argparse.Namespace, run: Any, scratch: str) -> None:
+    """Activation checkpointing off and on: each variant run by ``run``; weights compared from ``scratch``."""
     mib = 2**20
     off, on = (run(f"checkpointing:{v}", os.path.join(scratch, f"ac_{v}.pt")) for v in ("off", "on"))
     print(f"Activation checkpointing: {args.depth} blocks of LayerNorm + Linear({args.width}, {4 * args.width}) + GELU "
@@ -193,6 +199,10 @@ def tables(args: argparse.Namespace, run: Any, scratch: str) -> None:
           f"{on['peak'] / off['peak']:.2f}; activations alone (the peak less gradients and AdamW state, "
           f"{state / mib:.0f} MiB): {(on['peak'] - state) / mib:.0f} against {(off['peak'] - state) / mib:.0f} MiB.\n")
 
+
+def fsdp_table(args: argparse.Namespace, run: Any, scratch: str) -> None:
+    """fsdp's eager and empty init against a tiny baseline: each run by ``run``; weights from ``scratch``."""
+    mib = 2**20
     base = run("fsdp:baseline")
     eager, empty = (run(f"fsdp:{v}", os.path.join(scratch, f"fsdp_{v}.pt")) for v in ("eager", "empty"))
     model = eager["params"]
@@ -225,7 +235,10 @@ def main() -> None:
     parser.add_argument("--fsdp-depth", type=int, default=8, help="Linear layers of the fsdp model (default 8)")
     parser.add_argument("--fsdp-width", type=int, default=5792, help="their width (default 5792: 1.07 GB fp32)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, every variant in this process: a smoke run (not memory)")
+    parser.add_argument("--part", choices=("both", "checkpointing", "fsdp"), default="both",
+                        help="the tables to make (default both)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -239,6 +252,8 @@ def main() -> None:
     scratch = tempfile.mkdtemp(prefix="model-memory-")
 
     def run(variant: str, out: str = "") -> dict[str, Any]:
+        if args.quick:  # the structure and the weights: no process of its own to measure
+            return measure(args, variant, out)
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), f"--worker={variant}", f"--out={out}",
                                *common], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -246,7 +261,10 @@ def main() -> None:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     try:
-        tables(args, run, scratch)
+        if args.part in ("both", "checkpointing"):
+            checkpointing_table(args, run, scratch)
+        if args.part in ("both", "fsdp"):
+            fsdp_table(args, run, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -265,8 +265,10 @@ def main() -> None:
                         help="runs of the Trainer with its defaults switched on one at a time, too")
     parser.add_argument("--no-lightning", action="store_true", help="skip PyTorch Lightning even if installed")
     parser.add_argument("--no-separate", action="store_true", help="skip the separate-process runs")
-    parser.add_argument("--shuffle", action="store_true", help="separate-process runs: shuffle the data (the "
-                        "hand-written loop in DistributedSampler's seeded order, the Trainer's: the weights match)")
+    parser.add_argument("--shuffle", action="store_true",
+                        help="separate-process runs: shuffle the data (a plain shuffled "
+                        "DataLoader in the hand-written loop; the Trainer draws its order as it "
+                        "does: the weights match)")
     parser.add_argument("--no-alternating", action="store_true", help="skip the alternating runs")
     parser.add_argument("--no-interleaved", action="store_true", help="skip the interleaved runs")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")

@@ -48,8 +48,6 @@ def child(workload: str, variant: str, epochs: int, shuffle: bool, out: str) -> 
         model, optimizer, loader = make_hand(spec, data)
         for epoch in range(epochs):
             marks.append(time.perf_counter())
-            if shuffle:
-                loader.sampler.set_epoch(epoch)  # this epoch's order (workloads.make_hand_loader)
             for x, y in loader:
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(x), y)

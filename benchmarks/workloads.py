@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 SEED = 0
 
@@ -56,13 +56,10 @@ def make_loader(data: TensorDataset, spec: dict[str, Any]) -> DataLoader:
 
 
 def make_hand_loader(data: TensorDataset, spec: dict[str, Any]) -> DataLoader:
-    """The hand-written loop's loader. Shuffled, it takes the reproducible order a hand-written loop gets from
-    ``DistributedSampler(seed=...)`` and ``set_epoch(epoch)`` each epoch: ``randperm(n, seed + epoch)``, the
-    Trainer's documented order (its seed: torch's initial seed, ``SEED``), so the weights still match bit for bit."""
-    if not spec.get("shuffle", False):
-        return make_loader(data, spec)
-    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=SEED)
-    return DataLoader(data, batch_size=spec["batch_size"], sampler=sampler)
+    """The hand-written loop's loader: the task's. Shuffled, the Trainer draws its order from the
+    global RNG as a plain loop over ``DataLoader(shuffle=True)`` does, at the same points, so the
+    weights still match bit for bit."""
+    return make_loader(data, spec)
 
 
 class Model(nn.Module):

@@ -65,6 +65,8 @@ class BasePredictionWriter(Callback):
     def on_predict_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int,
                              dataloader_idx: int = 0) -> None:
         n = batch_size_of(batch)
+        if not self._offset:  # read once the iteration started: a shuffled order is drawn then
+            self._order = sample_order(trainer.predict_dataloader)
         indices = None if self._order is None else [int(i) for i in self._order[self._offset:self._offset + n]]
         self._offset += n
         if self.write_interval != "epoch":

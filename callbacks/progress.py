@@ -50,6 +50,7 @@ class ProgressBar(Callback):
         self._pass: dict[str, float] = {}  # what a validate/test pass published (its results table)
         self._interactive = False
         self._start = 0.0
+        self._total: int | None = None  # the batches of the current epoch (None: unknown)
 
     def _out(self) -> TextIO:
         return self.stream or sys.stdout
@@ -67,11 +68,10 @@ class ProgressBar(Callback):
 
     # ---- training -----------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
-        self._start = time.perf_counter()
+        self._start, self._total = time.perf_counter(), _epoch_total(trainer)
         if self._interactive:
-            total = trainer.num_train_batches
-            self._bar = _bar(self, trainer, total=None if total == float("inf") else total,
-                             initial=trainer.state.batches_done, desc=self._desc(trainer), leave=self.leave)
+            self._bar = _bar(self, trainer, total=self._total, initial=trainer.state.batches_done,
+                             desc=self._desc(trainer), leave=self.leave)
 
     def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._bar is not None:
@@ -91,9 +91,8 @@ class ProgressBar(Callback):
         from tqdm import tqdm
 
         done = trainer.state.batch_idx + 1
-        total = trainer.num_train_batches
         postfix = ", ".join(f"{k}={v}" for k, v in self.values(trainer).items())
-        line = tqdm.format_meter(done, None if total == float("inf") else total, time.perf_counter() - self._start,
+        line = tqdm.format_meter(done, self._total, time.perf_counter() - self._start,
                                  prefix=self._desc(trainer), postfix=postfix or None)
         echo(line, stream=self._out(), name="taskfit.progress", terminal=bar is None)
 
@@ -161,6 +160,18 @@ class ProgressBar(Callback):
     def _desc(self, trainer: Any) -> str:
         last = trainer.max_epochs
         return f"Epoch {trainer.state.epoch}" + (f"/{last - 1}" if last is not None else "")
+
+
+def _epoch_total(trainer: Any) -> int | None:
+    """The batches the current epoch runs, as Lightning's bar counts them: its batches
+    (``limit_train_batches`` applied), fewer when ``max_steps`` ends the fit inside it
+    (``max_steps=1``: ``1/1``, not ``1/128``); None when the loader has no length."""
+    total = trainer.num_train_batches
+    if trainer.max_steps is not None:
+        steps_left = max(0, trainer.max_steps - trainer.state.global_step)
+        batches_left = steps_left * trainer.accumulate_grad_batches
+        total = min(total, trainer.state.batches_done + batches_left)
+    return None if total == float("inf") else int(total)
 
 
 def _shown_keys(trainer: Any) -> set[str]:

@@ -1,12 +1,14 @@
 """Small TaskModules shared by the tests (fast on one CPU thread)."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from taskfit import DataModule, TaskModule
 from taskfit.callbacks import Callback
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:
@@ -92,6 +94,23 @@ class ClassifierTask(TaskModule):
 
     def test_dataloader(self):
         return DataLoader(self.val_data, batch_size=self.batch_size)
+
+
+def one_process_of_ddp(cls: type) -> type:
+    """``cls`` training in one process on the order a ddp run sees (``DistributedSampler``'s
+    ``randperm(n, seed + epoch)``, whole): the reference of the tests that compare 1 process x batch
+    16 with 2 ranks x batch 8. (One process otherwise draws its order as Lightning's
+    ``RandomSampler``; ddp's is Lightning's DistributedSampler's.)"""
+
+    def train_dataloader(self):
+        loader = super(subclass, self).train_dataloader()
+        seed = int(os.environ.get("TASKFIT_SEED", 0))
+        sampler = DistributedSampler(loader.dataset, num_replicas=1, rank=0, seed=seed)
+        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
+
+    body = {"train_dataloader": train_dataloader, "__module__": cls.__module__}
+    subclass = type(cls.__name__, (cls,), body)
+    return subclass
 
 
 # ---- for tests/test_ddp.py: under ddp spawn these are pickled by reference, so they live in a module ----------

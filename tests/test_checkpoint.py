@@ -59,6 +59,8 @@ def test_checkpoint_holds_everything_and_loads_with_weights_only(tmp_path):
     rng = ckpt["rng"][0]
     assert isinstance(rng["python"]["state"], torch.Tensor) and rng["python"]["state"].numel() == 625
     assert isinstance(rng["numpy"]["keys"], torch.Tensor) and rng["torch"].dtype == torch.uint8
+    # the epoch's order, drawn as RandomSampler's
+    assert isinstance(ckpt["data"].pop("order_seed"), int)
     assert ckpt["data"] == {"seed": 0, "epoch": 1, "batches_done": 8, "batch_size": 8, "world_size": 1,
                             "accumulate_grad_batches": 1, "num_train_batches": 8, "max_epochs": 2, "max_steps": None,
                             "loader": None}

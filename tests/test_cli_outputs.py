@@ -161,6 +161,18 @@ def test_on_a_terminal_the_bar_stays_there_and_the_log_gets_one_line_per_epoch(t
     assert "\r" in shown and shown.count("\n") == 2  # the two bars (left on screen), no extra line per epoch
 
 
+def test_ckpt_path_last_with_nothing_to_resume_warns_without_a_source_line(tmp_path):
+    """The command has no line of the user's to show: the warning is its message, not one of
+    taskfit's source lines under a taskfit file name (nor Python's `sys:1:`)."""
+    result = taskfit(*TINY, "test=false", "ckpt_path=last", cwd=tmp_path)
+    lines = result.stderr.splitlines()
+    warned = "no earlier run named 'digits' has a last.ckpt"
+    (i,) = [i for i, line in enumerate(lines) if warned in line]
+    assert lines[i].startswith("UserWarning: ckpt_path=last: "), lines[i]
+    assert ".py:" not in result.stderr and "sys:1" not in result.stderr, result.stderr
+    assert "find_last_checkpoint" not in result.stderr  # (the source line under the warning before)
+
+
 # ---- mode=test and mode=predict ----------------------------------------------------------------------------
 def test_mode_test_and_predict_evaluate_a_checkpoint(trained, tmp_path):
     root, run, _ = trained

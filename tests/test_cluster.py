@@ -312,6 +312,24 @@ def test_ckpt_path_last_with_nothing_to_resume_starts_fresh_with_one_warning(tmp
     assert again.state.resumed and again.state.global_step == 16
 
 
+def test_the_fresh_start_warning_names_the_line_that_called_fit(tmp_path):
+    """However many of taskfit's frames lie between (the strategy's launch, the loop), the warning
+    names the user's line, which Python prints under it; not one of taskfit's lines, nor its
+    caller's caller."""
+    import inspect
+    import warnings
+
+    def fit(trainer):
+        trainer.fit(RegressionTask(), ckpt_path="last")  # the line the warning names
+        return inspect.currentframe().f_lineno - 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = fit(Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET))
+    (fresh,) = [w for w in caught if "no checkpoint to resume yet" in str(w.message)]
+    assert (fresh.filename, fresh.lineno) == (__file__, line)
+
+
 def test_an_incomplete_sharded_last_is_skipped_for_the_newest_complete_checkpoint(tmp_path, capsys):
     """fsdp run 1 (6 steps, version_0), its resume (to step 18, version_1), then version_1's last.ckpt loses its
     COMPLETE marker (a copy stopped half-way): "last" takes version_1's epoch=2-step=18.ckpt, not version_0's

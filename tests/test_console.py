@@ -73,6 +73,39 @@ def test_the_bar_shows_the_loss_from_the_first_steps_in_a_fixed_order(tmp_path):
     assert [line for line in redraws if line.startswith("Epoch 1/1:") and "20/20" in line][-1].count("loss=") == 2
 
 
+STOPPED_EARLY = textwrap.dedent("""
+    from tasks import RegressionTask
+    from taskfit import Trainer
+
+    for kwargs in (dict(max_steps=1), dict(max_steps=10), dict(max_epochs=1, limit_train_batches=3),
+                   dict(max_steps=3, accumulate_grad_batches=2)):
+        print("run", kwargs, flush=True)
+        Trainer(**kwargs, enable_model_summary=False, enable_checkpointing=False, logger=False,
+                default_root_dir="runs").fit(RegressionTask(n=64))  # 8 batches an epoch
+""")
+
+
+def test_the_bar_total_respects_max_steps_and_limit_train_batches(tmp_path):
+    """As Lightning's: the batches the epoch runs, not the loader's (max_steps=1 reads 1/1)."""
+    redraws = on_a_terminal(STOPPED_EARLY, tmp_path)
+    finals, run = {}, None
+    for line in redraws:
+        if line.startswith("run "):
+            run = line[4:]
+        elif m := re.match(r"(Epoch \d+)\S*: .*\| *(\d+/\d+) \[", line):
+            finals.setdefault(run, {})[m.group(1)] = m.group(2)  # each epoch's last redraw
+    assert finals == {"{'max_steps': 1}": {"Epoch 0": "1/1"},
+                      "{'max_steps': 10}": {"Epoch 0": "8/8", "Epoch 1": "2/2"},
+                      "{'max_epochs': 1, 'limit_train_batches': 3}": {"Epoch 0": "3/3"},
+                      "{'max_steps': 3, 'accumulate_grad_batches': 2}": {"Epoch 0": "6/6"}}, redraws
+    out = io.StringIO()  # a log file's line per epoch says the same
+    trainer = Trainer(max_steps=1, enable_model_summary=False, enable_checkpointing=False,
+                      logger=False, default_root_dir=str(tmp_path),
+                      callbacks=[ProgressBar(stream=out)])
+    trainer.fit(ClassifierTask())
+    assert "| 1/1 [" in out.getvalue(), out.getvalue()
+
+
 def test_the_values_are_read_when_the_bar_redraws_not_at_every_step(tmp_path, monkeypatch):
     """Converting the loss is a host-device sync: the bar reads it when tqdm redraws, never per step."""
     import taskfit.callbacks.progress as progress

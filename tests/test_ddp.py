@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 import torch
 from taskfit import Trainer, seed_everything
-from tasks import ClassifierTask, EpochAccClassifierTask, RaiseAtStep, RankProbe, RegressionTask, SignalAt, SlowSteps
+from tasks import (
+    ClassifierTask,
+    EpochAccClassifierTask,
+    RaiseAtStep,
+    RankProbe,
+    RegressionTask,
+    SignalAt,
+    SlowSteps,
+    one_process_of_ddp,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False)
@@ -35,9 +44,10 @@ def _env() -> dict[str, str]:
 
 
 def _single_reference(epochs: int, root: Path, **kwargs) -> tuple[ClassifierTask, dict[str, float], Trainer]:
-    """The 1-process run every ddp run is compared with: batch 16 = 2 ranks x 8, same seed, same data order."""
+    """The 1-process run every ddp run is compared with: batch 16 = 2 ranks x 8, same seed, same
+    data order (ddp's: tasks.one_process_of_ddp)."""
     seed_everything(0)
-    task = EpochAccClassifierTask(batch_size=16)
+    task = one_process_of_ddp(EpochAccClassifierTask)(batch_size=16)
     trainer = Trainer(max_epochs=epochs, default_root_dir=str(root), **QUIET, **kwargs)
     return task, trainer.fit(task), trainer
 
@@ -59,7 +69,7 @@ def test_ddp_spawn_equals_one_process_and_checkpoints_cross_over(tmp_path, capfd
     reference, expected, _ = _single_reference(2, tmp_path / "reference", enable_checkpointing=False, **common)
 
     seed_everything(0)
-    first = EpochAccClassifierTask(batch_size=16)
+    first = one_process_of_ddp(EpochAccClassifierTask)(batch_size=16)
     single = Trainer(max_epochs=1, default_root_dir=str(tmp_path / "single"), **QUIET, **common)
     single.fit(first)
     single_ckpt = single.checkpoint_callback.last_model_path

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tasks import one_process_of_ddp
 from fsdp_tasks import (
     BatchNormTask,
     HeadOutsideForward,
@@ -51,7 +52,8 @@ COMMON = dict(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5, **
 
 def _fit(task_cls, batch_size, root, strategy="single", callbacks=(), ckpt_path=None, **kwargs):
     seed_everything(0)
-    task = task_cls(batch_size=batch_size)
+    # batch 16 is one process (= 2 ranks x 8): ddp's data order, whole (tasks.one_process_of_ddp)
+    task = (one_process_of_ddp(task_cls) if batch_size == 16 else task_cls)(batch_size=batch_size)
     checkpointing = ModelCheckpoint(every_n_train_steps=2, every_n_epochs=None, save_top_k=-1)
     trainer = Trainer(strategy=strategy, default_root_dir=str(root), callbacks=[checkpointing, *callbacks],
                       **{**COMMON, **kwargs})

@@ -449,6 +449,8 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
             f"                   see it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}\n"
             f"                   then open http://127.0.0.1:5000/#/experiments/{found.info.experiment_id}/runs"
             "?workflowType=machine_learning\n") in result.stdout
+    # the report's, not the start's too
+    assert result.stdout.count("mlflow ui --backend-store-uri") == 1
     assert found.data.params["trainer.max_epochs"] == "1" and "task.optimizer.lr" in found.data.params
     history = [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "val/loss")]
     assert history == [(1, pytest.approx(float(rows[-1]["val/loss"])))]

@@ -171,12 +171,15 @@ class CountingTask(RegressionTask):
 
 def test_mid_epoch_resume_fast_forwards_without_loading_skipped_batches(tmp_path):
     trainer = _trainer(tmp_path, max_steps=6)
-    trainer.fit(_task(CountingTask))
+    first = _task(CountingTask)
+    trainer.fit(first)
     task = _task(CountingTask)
     _trainer(tmp_path, max_steps=8).fit(task, ckpt_path="last")
     assert len(task.counting.reads) == 2 * 8  # only the two remaining batches of the epoch were read
-    order = torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()  # the run's epoch-0 order
-    assert task.counting.reads == order[48:64]
+    # the run's epoch-0 order: RandomSampler's from the seed the epoch drew (in the checkpoint)
+    seed = trainer.train_dataloader.sampler.order_seed
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(seed)).tolist()
+    assert first.counting.reads == order[:48] and task.counting.reads == order[48:64]
 
 
 def test_changed_setup_warns_and_says_what_changed(tmp_path):

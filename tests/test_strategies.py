@@ -94,7 +94,9 @@ def test_dp_on_cpu_trains_like_single_and_saves_plain_keys(tmp_path, quiet):
                   logger=False)
     with pytest.warns(UserWarning, match="needs CUDA GPUs"):
         trainer = Trainer(strategy="dp", default_root_dir=str(tmp_path / "dp"), **common)
+    torch.manual_seed(1)  # each fit from the same global RNG: a shuffled order is drawn from it
     metrics = trainer.fit(task)
+    torch.manual_seed(1)
     Trainer(strategy="single", default_root_dir=str(tmp_path / "single"), **common).fit(reference)
     for key, value in params(reference).items():  # DataParallel without CUDA calls the module as it is
         assert torch.equal(task.state_dict()[key], value), key
@@ -192,9 +194,11 @@ def test_ddp_with_one_device_runs_here_and_leaves_no_process_group(quiet):
     reference.load_state_dict(task.state_dict())
     common = dict(max_epochs=2, accumulate_grad_batches=2, **quiet)
     trainer = Trainer(strategy="ddp", accelerator="cpu", devices=1, **common)
+    torch.manual_seed(1)  # each fit from the same global RNG: a shuffled order is drawn from it
     trainer.fit(task)
     assert not dist.is_initialized()  # the group of one lived for the run only
     assert trainer.strategy.world_size == 1 and trainer.state.global_step == 2 * 4
+    torch.manual_seed(1)
     Trainer(**common).fit(reference)
     for key, value in params(reference).items():
         assert torch.allclose(task.state_dict()[key], value, atol=1e-6), key

@@ -7,12 +7,13 @@ import functools
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
 from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.tools.lr_finder import LRFinder, lr_find
-from tasks import ClassifierTask, RegressionTask, same_state
+from tasks import ClassifierTask, RegressionTask, one_process_of_ddp, same_state
 from test_cli import _env, read_events, taskfit
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
@@ -148,7 +149,8 @@ def test_bad_arguments_fail_before_any_work(kwargs, message):
 
 def test_ddp_ranks_agree_and_equal_one_process_with_the_same_global_batch(tmp_path):
     seed_everything(0)
-    single = lr_find(Trainer(max_epochs=1, default_root_dir=str(tmp_path / "a"), **QUIET), ClassifierTask(batch_size=16),
+    single = lr_find(Trainer(max_epochs=1, default_root_dir=str(tmp_path / "a"), **QUIET),
+                     one_process_of_ddp(ClassifierTask)(batch_size=16),  # ddp's data order, whole
                      num_training=15, early_stop_threshold=None)
     seed_everything(0)
     task = ClassifierTask(batch_size=8)
@@ -173,3 +175,25 @@ def test_the_command_prints_the_suggestion_and_the_override(tmp_path):
     assert (run_dir / "lr_find" / "lr_find.png").is_file()
     assert json.loads((run_dir / "lr_find" / "lr_find.json").read_text())["num_training"] == 30
     assert not any(p.name.startswith("version_") for p in run_dir.iterdir())  # no training run was started
+
+
+def test_on_a_terminal_the_command_shows_one_bar_of_its_own_then_the_suggestion(tmp_path):
+    """`taskfit mode=lr_find` on a terminal: the range test's own bar (its steps, the current lr
+    and smoothed loss), no epoch bars of the fit it runs underneath, then the suggestion and the
+    override."""
+    from test_console import on_a_terminal
+
+    args = ["mode=lr_find", "lr_find.num_training=30", f"paths.log_dir={tmp_path}"]
+    redraws = on_a_terminal(f"from taskfit.cli import main; main({args!r})", tmp_path)
+    bar = (r"lr_find(?: \(stopped: the loss diverged\))?: +\d+%\|.*\| *(\d+)/30 "
+           r"\[.*lr=([\d.e+-]+), loss=")
+    bars = [m for line in redraws if (m := re.match(bar, line))]
+    run_dir = next((tmp_path / "digits" / "runs").iterdir())
+    curve = json.loads((run_dir / "lr_find" / "lr_find.json").read_text())
+    assert bars and int(bars[-1].group(1)) == len(curve["lr"]), redraws  # the last bar: every step
+    # the last step's lr
+    assert float(bars[-1].group(2)) == pytest.approx(curve["lr"][-1], rel=1e-2)
+    assert not [line for line in redraws if "Epoch" in line], redraws
+    tail = redraws[redraws.index(bars[-1].string) + 1:]
+    assert tail[0].startswith("taskfit: lr_find in")
+    assert "use it:          taskfit task.optimizer.lr=" in tail[-1]

@@ -53,15 +53,27 @@ def test_length_and_finite_of_loaders_with_and_without_a_length():
 
 
 # ---- ResumableSampler -------------------------------------------------------------------------------------------
-def test_the_order_is_randperm_of_seed_plus_epoch():
+def test_the_order_is_random_samplers_from_a_seed_drawn_from_the_global_rng():
+    torch.manual_seed(3)
+    expected = list(torch.utils.data.RandomSampler(range(10)))
+    after = torch.rand(1)
+    torch.manual_seed(3)
     sampler = ResumableSampler(10, shuffle=True, seed=7)
     sampler.set_epoch(2)
-    assert list(sampler) == torch.randperm(10, generator=torch.Generator().manual_seed(9)).tolist()
-    again = ResumableSampler(10, shuffle=True, seed=7)
-    again.set_epoch(2)
-    assert list(again) == list(sampler)  # the same (seed, epoch): the same order, in any process
-    sampler.set_epoch(3)
-    assert list(sampler) != list(again) and sorted(sampler) == list(range(10))
+    # the same order, the same draw (Lightning's)
+    assert list(sampler) == expected and torch.rand(1) == after
+    assert sampler.order_seed is not None and list(sampler) != expected  # each epoch draws anew
+
+
+def test_under_ddp_the_order_is_randperm_of_seed_plus_epoch_drawing_nothing():
+    ranks = [ResumableSampler(10, shuffle=True, seed=7, rank=r, world_size=2) for r in range(2)]
+    for sampler in ranks:
+        sampler.set_epoch(2)
+    state = torch.get_rng_state()
+    # DistributedSampler's
+    order = torch.randperm(10, generator=torch.Generator().manual_seed(9)).tolist()
+    assert [list(s) for s in ranks] == [order[0::2], order[1::2]]
+    assert torch.equal(torch.get_rng_state(), state) and ranks[0].order_seed is None
 
 
 def test_without_shuffle_the_order_is_the_dataset_order():
@@ -70,12 +82,14 @@ def test_without_shuffle_the_order_is_the_dataset_order():
     assert list(sampler) == [0, 1, 2, 3, 4, 5] and len(sampler) == 6
 
 
-def test_skip_starts_the_next_iteration_mid_epoch_only_once():
+def test_skip_starts_the_next_iteration_mid_epoch_only_once_with_the_recorded_order():
     sampler = ResumableSampler(8, shuffle=True, seed=0)
     full = list(sampler)
     sampler.skip(5)
-    assert list(sampler) == full[5:]
-    assert list(sampler) == full  # the iteration after a resume starts at the beginning again
+    state = torch.get_rng_state()
+    # a resume draws nothing; the iteration after it starts at the beginning again
+    assert list(sampler) == full[5:] and torch.equal(torch.get_rng_state(), state)
+    assert sorted(sampler) == list(range(8))
 
 
 def test_training_shards_are_padded_to_equal_length_by_repeating_the_first_indices():
@@ -106,14 +120,20 @@ def test_a_plain_loader_is_recreated_around_the_sampler_with_its_settings():
     assert not evaluation.sampler.shuffle and sample_order(evaluation) == range(10)
 
 
-def test_set_epoch_fixes_the_order_and_skips_whole_batches():
+def test_a_prepared_loader_draws_as_torchs_and_skips_whole_batches_without_drawing():
+    torch.manual_seed(4)
+    expected = [b[1].tolist() for b in DataLoader(dataset(12), batch_size=3, shuffle=True)]
+    after = torch.rand(1)
+    torch.manual_seed(4)
     loader = prepare_loader(DataLoader(dataset(12), batch_size=3, shuffle=True), train=True, seed=1)
-    set_epoch(loader, 4, seed=1)
+    set_epoch(loader, 4)
     first = [b[1].tolist() for b in loader]
-    set_epoch(loader, 4, seed=1, skip_batches=2)
+    # the base seed, then the sampler's seed, as torch draws them
+    assert first == expected and torch.rand(1) == after
+    state = torch.get_rng_state()
+    set_epoch(loader, 4, skip_batches=2)
     assert [b[1].tolist() for b in loader] == first[2:]
-    order = torch.randperm(12, generator=torch.Generator().manual_seed(5)).tolist()
-    assert [i for batch in first for i in batch] == order
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 @pytest.mark.parametrize("loader", [
@@ -188,3 +208,13 @@ def test_an_evaluation_loader_is_sharded_without_duplicates():
 
     rank1 = types.SimpleNamespace(rank=1, world_size=2, device=torch.device("cpu"))
     assert list(sample_order(eval_loader(Task(), "validate", seed=0, strategy=rank1))) == [1, 3]
+
+
+def test_a_random_sampler_with_its_own_generator_keeps_its_order_in_one_process():
+    generator = torch.Generator().manual_seed(3)
+    loader = DataLoader(dataset(6), batch_size=2, shuffle=True, generator=generator)
+    # Lightning's order: from that generator
+    assert prepare_loader(loader, train=True, seed=0) is loader
+    sharded = prepare_loader(loader, train=True, seed=0, rank=1, world_size=2)
+    # ddp: DistributedSampler's order, as Lightning
+    assert isinstance(sharded.sampler, ResumableSampler)

@@ -155,6 +155,8 @@ def test_an_offline_run_reads_back_as_the_tensorboard_run_and_a_resume_continues
         return trainer, logger
 
     first, logger = fit(2)
+    # as the process's exit would: the resume below is another process's, with a folder of its own
+    logger.finish()
     (run,) = offline_runs(wb_dir)
     assert logger.run_id == run.run.run_id and logger.log_dir == str(run.folder)
     assert (run.run.project, run.run.display_name, list(run.run.tags)) == ("demo", "version_0", ["tiny"])
@@ -174,6 +176,7 @@ def test_an_offline_run_reads_back_as_the_tensorboard_run_and_a_resume_continues
     assert "best" in run.artifacts[0].aliases and "latest" in run.artifacts[-1].aliases
 
     second, resumed = fit(3, ckpt_path="last")  # one more epoch, in the same W&B run
+    resumed.finish()
     assert second.log_dir == first.log_dir and resumed.run_id == logger.run_id
     runs = offline_runs(wb_dir)
     assert len(runs) == 2 and {r.run.run_id for r in runs} == {logger.run_id}  # offline: a folder per process
@@ -183,6 +186,36 @@ def test_an_offline_run_reads_back_as_the_tensorboard_run_and_a_resume_continues
     merged = {k: run.steps().get(k, []) + later.steps().get(k, []) for k in tensorboard_steps(second.log_dir)}
     same_points(merged, tensorboard_steps(second.log_dir))  # what `wandb sync` uploads: TensorBoard's run
     assert later.exit_code == 0
+
+
+def test_fit_test_validate_predict_and_a_resume_in_one_process_are_one_offline_run(tmp_path):
+    wb, runs = tmp_path / "wb", tmp_path / "runs"
+
+    def trainer(epochs, logger):
+        return Trainer(max_epochs=epochs, log_every_n_steps=2, default_root_dir=str(runs),
+                       logger=logger, **QUIET)
+
+    logger = WandbLogger(offline=True, save_dir=str(wb))
+    first, task = trainer(2, logger), RegressionTask(n=32, val_n=16)
+    first.fit(task)
+    first.test(task, task.val_dataloader())
+    first.validate(task)
+    first.predict(task, task.val_dataloader())
+    # a new logger and Trainer, resumed from the checkpoint: the checkpoint's run
+    resumed = WandbLogger(offline=True, save_dir=str(wb))
+    trainer(3, resumed).fit(RegressionTask(n=32, val_n=16), ckpt_path="last")
+    assert resumed.run_id == logger.run_id
+    assert resumed.sync_lines() == [f"run {logger.run_id} (offline): {logger.log_dir}",
+                                    f"sync it: wandb sync {logger.log_dir}"]
+    resumed.finish()
+    (run,) = offline_runs(wb)  # one folder, one id, closed once
+    assert run.run.run_id == logger.run_id and run.exit_code == 0
+    steps = run.steps()
+    # fit, the validate after it, the resumed epoch
+    assert [s for s, _ in steps["val/loss"]] == [4, 8, 8, 12]
+    assert [s for s, _ in steps["test/loss"]] == [8]
+    assert [s for s, _ in steps["train/loss"]] == [2, 4, 6, 8, 10, 12]
+    assert run.summary["taskfit.resumed_at"] == "8"
 
 
 class Boom(Callback):
@@ -238,6 +271,7 @@ def test_a_killed_run_is_marked_when_a_resume_continues_it(tmp_path):
     trainer = Trainer(max_epochs=2, log_every_n_steps=1, default_root_dir=str(runs), logger=logger, **QUIET)
     trainer.fit(RegressionTask(n=32), ckpt_path="last")  # the checkpoint of epoch 0: step 4
     assert logger.run_id == killed_id
+    logger.finish()
     later = closed_run(next(f for f in (wb / "wandb").glob("offline-run-*") if f != first.folder))
     assert "died without closing the run" in later.summary["taskfit.killed"]
     assert later.summary["taskfit.resumed_at"] == "3" and later.exit_code == 0
@@ -247,15 +281,20 @@ def test_a_killed_run_is_marked_when_a_resume_continues_it(tmp_path):
 def test_the_taskfit_command_logs_to_wandb(tmp_path):
     env = _subprocess_env(WANDB_MODE="offline")
     args = ["logger=[tensorboard,wandb]", "task=diabetes", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-            "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "trainer.enable_model_summary=false",
-            "test=false"]
+            "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0",
+            "trainer.enable_model_summary=false"]
     result = subprocess.run([sys.executable, "-m", "taskfit", *args], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     (version,) = (tmp_path / "logs" / "diabetes" / "runs").glob("*/version_0")
     (run,) = offline_runs(version)  # the default save_dir: the run directory
     assert run.run.project == "diabetes" and run.run.display_name.endswith("/version_0")
-    assert run.steps()["train/loss"] and run.exit_code == 0
+    # fit + test: one run
+    assert run.steps()["train/loss"] and run.steps()["test/loss"] and run.exit_code == 0
+    # the report names the run and its sync command
+    report = result.stdout[result.stdout.index("taskfit: done"):]
+    assert f"W&B:             run {run.run.run_id} (offline): {run.folder}" in report
+    assert f"sync it: wandb sync {run.folder}" in report
     # the HParams tab's hyperparameters (the task's arguments, the keys the command line set, the trainer settings
     # that change results), not the whole config
     from test_cli import start_hparams
@@ -263,7 +302,9 @@ def test_the_taskfit_command_logs_to_wandb(tmp_path):
     shown = start_hparams(version)
     assert {"task.lr", "trainer.max_epochs"} <= set(shown) and "trainer.callbacks" not in run.config
     assert {k: v for k, v in run.config.items() if k != "_wandb"} == pytest.approx(shown)
-    same_points(run.steps(), tensorboard_steps(str(version)))
+    # TensorBoard keeps the test values for its HParams tab, as ~test/<key>
+    tb = {k.removeprefix("~"): v for k, v in tensorboard_steps(str(version)).items()}
+    same_points(run.steps(), tb)
 
 
 def test_without_wandb_the_logger_says_what_to_install(monkeypatch):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import site
 import sys
 import warnings
 from collections.abc import Iterator
@@ -93,15 +94,41 @@ def shared_with_workers() -> Iterator[None]:
                 os.environ[key] = value
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the calling function that names the user's
+    line: the first caller that is neither taskfit nor installed code (the standard library,
+    site-packages, a console script), however many of taskfit's frames lie between (they differ by
+    path: Trainer.fit, a strategy's launch). Without such a caller (a spawned ddp worker, the
+    ``taskfit`` command), a level past the stack: Python then names no file (``sys:1``) and prints
+    no source line under the message."""
+    installed = tuple(os.path.join(os.path.abspath(p), "") for p in
+                      {sys.prefix, sys.base_prefix, sys.exec_prefix, site.getuserbase()}
+                      if p and os.path.abspath(p) != os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name, path = frame.f_globals.get("__name__") or "", frame.f_code.co_filename
+        ours = name == LOGGER_NAME or name.startswith(LOGGER_NAME + ".")
+        if not ours and not path.startswith(("<", *installed)):
+            return level
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @contextlib.contextmanager
 def warnings_logged() -> Iterator[None]:
-    """While inside: each warning is shown as Python shows it (stderr) and also logged to ``taskfit.warnings``."""
+    """While inside: each warning is shown as Python shows it (stderr) and also logged to
+    ``taskfit.warnings``; one that names no caller's line (:func:`user_stacklevel` found none) as
+    ``UserWarning: message``."""
     shown = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
              line: str | None = None) -> None:
-        shown(message, category, filename, lineno, file, line)
-        text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
+        if (filename, lineno) == ("sys", 1):  # (not "sys:1: UserWarning: ...")
+            text = f"{category.__name__}: {message}"
+            print(text, file=file or sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+            text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
         logging.getLogger(f"{LOGGER_NAME}.warnings").warning(text)
 
     warnings.showwarning = show

@@ -10,15 +10,19 @@ import torch
 
 _SEED_ENV = "TASKFIT_SEED"
 _LIGHTNING_SEED_ENV = "PL_GLOBAL_SEED"  # Lightning's name for the same: code ported from it may read it
+# seed_everything(workers=True): Lightning's worker_init_fn (Lightning's name)
+_WORKERS_ENV = "PL_SEED_WORKERS"
 
 
-def seed_everything(seed: int | None = None, workers: bool = True, verbose: bool = False) -> int:
+def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = False) -> int:
     """Seed python, numpy, torch and CUDA; the Trainer also derives its data order and worker seeds from it.
 
     The seed is exported as ``TASKFIT_SEED`` (and Lightning's ``PL_GLOBAL_SEED``) so that spawned ddp workers and
     DataLoader workers see it. Without ``seed``, the one exported before is used again (0 when there is none), as
-    Lightning does. ``workers``: taskfit always seeds DataLoader workers (Lightning's ``workers=True``); False is
-    accepted and changes nothing. ``verbose`` prints the seed.
+    Lightning does. DataLoader workers are seeded by torch from a base seed each iterator draws
+    from the global RNG (distinct and reproducible); ``workers=True`` (exported as
+    ``PL_SEED_WORKERS``) seeds them as Lightning's does, from that base seed, the worker and the
+    rank (:func:`seed_worker`). ``verbose`` prints the seed.
     """
     if seed is None:
         exported = os.environ.get(_SEED_ENV, os.environ.get(_LIGHTNING_SEED_ENV))
@@ -27,6 +31,7 @@ def seed_everything(seed: int | None = None, workers: bool = True, verbose: bool
     if verbose:
         print(f"Seed set to {seed}")
     os.environ[_SEED_ENV] = os.environ[_LIGHTNING_SEED_ENV] = str(seed)
+    os.environ[_WORKERS_ENV] = str(int(workers))
     random.seed(seed)
     try:
         import numpy as np
@@ -44,16 +49,40 @@ def current_seed() -> int | None:
     return None if value is None else int(value)
 
 
-def worker_init_fn(worker_id: int) -> None:
-    """Seed python and numpy inside a DataLoader worker from torch's per-worker seed (which the Trainer fixes)."""
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
+def seeds_workers() -> bool:
+    """``seed_everything(workers=True)`` was called (in this process or the one that started it)."""
+    return os.environ.get(_WORKERS_ENV, "0") == "1"
+
+
+def seed_worker(worker_id: int, rank: int = 0) -> None:
+    """Lightning's ``worker_init_fn`` (``pl_worker_init_function``, Lightning 2.6): torch, python
+    and numpy seeded from the worker's base seed, its id and the process's rank, mixed
+    (MurmurHash3's finalizer, then an LCG)."""
+    base_seed = torch.initial_seed() - worker_id
+    seeds = _seed_sequence(base_seed, worker_id, rank, count=4)
+    torch.manual_seed(seeds[0])
+    random.seed((seeds[1] << 32) | seeds[2])
     try:
         import numpy as np
 
-        np.random.seed(seed)
+        np.random.seed(np.random.SeedSequence([base_seed, worker_id, rank]).generate_state(4))
     except ImportError:
         pass
+
+
+def _seed_sequence(base_seed: int, worker_id: int, rank: int, count: int) -> list[int]:
+    mask = (1 << 64) - 1
+    mixed = (base_seed << 32) | (worker_id << 16) | rank
+    mixed ^= mixed >> 33
+    mixed = (mixed * 0xFF51AFD7ED558CCD) & mask
+    mixed ^= mixed >> 33
+    mixed = (mixed * 0xC4CEB9FE1A85EC53) & mask
+    mixed ^= mixed >> 33
+    seeds = []
+    for _ in range(count):
+        mixed = (mixed * 6364136223846793005 + 1) & mask
+        seeds.append(mixed)
+    return seeds
 
 
 def run_seed() -> int:

@@ -26,7 +26,15 @@ from .callbacks.loggers.logger import DUMMY_LOGGER
 from .checkpoint.files import CheckpointWriter
 from .checkpoint.rng import isolated_rng
 from .compat.lightning.trainer import LightningArguments, LightningNames, entry_keywords
-from .data.loaders import batch_size_of, empty_train_loader, length, limit_batches, set_epoch
+from .data.loaders import (
+    OneAhead,
+    batch_size_of,
+    empty_train_loader,
+    epoch_batches,
+    length,
+    limit_batches,
+    set_epoch,
+)
 from .datamodule import DataModule, DataSource
 from .init_args import run_hparams
 from .logs.buffer import LogBuffer
@@ -215,14 +223,18 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             every_batch = run.manual or config.accumulate_grad_batches == 1  # each batch counts as stepped
             if config.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
+            # the first epoch's iterator, before on_train_start, as Lightning's
+            batches = self._epoch_batches()
             self._epoch_hooks("on_train_start")
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
-                for batch_idx, batch in enumerate(loader, st.batches_done):
+                if batches is None:  # epochs after the first: after on_train_epoch_start
+                    batches = self._epoch_batches()
+                for batch_idx, batch in enumerate(batches, st.batches_done):
                     st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor)
-                    if batch_idx >= n:
+                    if batch_idx >= n:  # an iterable yielding more than its length (not resumable)
                         break
                     st.batch_idx = batch_idx
                     if run.moves_batches:  # on the CPU a batch stays where it is, without even a call
@@ -251,6 +263,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                 else:
                     if run.val_schedule.at_exhaustion and st.batches_done and validating:
                         self._validate()  # a loader without len(): validate when it is exhausted
+                batches = None  # the next epoch's: after its on_train_epoch_start, as Lightning's
                 if st.batches_done == 0 and n:
                     raise empty_train_loader(loader)  # a loader without len() that yielded nothing
                 self._end_epoch(completed=completed and (st.batches_done >= n or n == float("inf")))
@@ -364,9 +377,17 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def _max_steps_reached(self) -> bool:
         return self._max_steps_reached_at(self.state.global_step)
 
+    def _epoch_batches(self) -> Any:
+        """The epoch's training batches from where it stands, fetched as Lightning's loop fetches
+        them (loaders.epoch_batches); creating the iterator draws from the global RNG as torch's
+        DataLoader does."""
+        st, run = self.state, self.run
+        set_epoch(run.train_dataloader, st.epoch, st.batches_done)
+        run.batches = epoch_batches(run.train_dataloader, run.num_train_batches, st.batches_done)
+        return run.batches
+
     def _start_epoch(self) -> tuple[Any, float, bool]:  # the loader set to this epoch, its batches, validating?
         st, run = self.state, self.run
-        set_epoch(run.train_dataloader, st.epoch, run.data_seed, st.batches_done)
         st.stage, st.log_at_previous = "train", False
         self._epoch_hooks("on_train_epoch_start")  # (each submodule keeps its mode: loop/modes.py)
         return run.train_dataloader, run.num_train_batches, run.val_schedule.in_epoch(st.epoch)
@@ -545,6 +566,17 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     num_val_batches = _run_part("num_val_batches", "Validation batches of each loader per pass (Lightning's list; "
                                 "[] without validation).", empty=[])
     val_schedule = _run_part("val_schedule", "When the fit validates (loop/cadence.py).")
+
+    @property
+    def is_last_batch(self) -> bool:
+        """The training batch being (or last) run is its epoch's last: known one batch ahead for a
+        loader without a length, as Lightning's prefetching fetcher knows it."""
+        run = self.run
+        if run is None or run.batches is None:
+            return False
+        if isinstance(run.batches, OneAhead):
+            return run.batches.done
+        return self.state.batch_idx + 1 >= run.num_train_batches
 
     # ---- a self-launched ddp fit (strategies/spawn.py): what the parent process sees of rank 0's run -----------
     def worker_snapshot(self) -> dict[str, Any]:

@@ -11,11 +11,13 @@ hyperparameters TensorBoard's HParams tab shows, its tags are MLflow's own (sour
 ``resolve_tags``) plus yours, and a fit resumed from a checkpoint continues the run the checkpoint recorded
 (values of the steps it redoes are not sent twice; a run left ``RUNNING`` by a killed process says so in a tag).
 
-Where to see it: at the start of the run (rank 0) it prints the ``mlflow ui --backend-store-uri <store>`` command
-and the URL of the experiment's runs table, with ``?workflowType=machine_learning``: MLflow 3's UI opens in its
-GenAI mode unless the URL (or the browser's last choice) says otherwise, whatever the experiment's kind. The run's
-model values (``train/``, ``val/``) are sent before the trainer's own ``vitals/``, so that the run page, which lists
-the metrics in the order the store first received them, shows them first.
+Where to see it: at the start of the run (rank 0; with the ``taskfit`` command, in its report at the
+end instead, once) it prints the ``mlflow ui --backend-store-uri <store>`` command and the URL of
+the experiment's runs table, with ``?workflowType=machine_learning``: MLflow 3's UI opens in its
+GenAI mode unless the URL (or the browser's last choice) says otherwise, whatever the experiment's
+kind. The run's model values (``train/``, ``val/``) are sent before the trainer's own ``vitals/``,
+so that the run page, which lists the metrics in the order the store first received them, shows them
+first.
 """
 from __future__ import annotations
 
@@ -166,8 +168,9 @@ class MLFlowLogger(Logger):
                 "sqlite:///mlflow.db (pip install \"taskfit[mlflow]\" installs what it needs), or a writable "
                 "file: folder (MLflow 3 asks for MLFLOW_ALLOW_FILE_STORE=true).") from exc
         self._for_run, self._pending, self._sent = trainer.log_dir, [], time.monotonic()
-        echo("\n".join(self.ui_lines(f"MLFlowLogger: run {self._run_id} in experiment '{self.experiment_name}'.")),
-             name="taskfit.mlflow")
+        if trainer.config is None:  # (the taskfit command's report shows these lines, once)
+            first = f"MLFlowLogger: run {self._run_id} in experiment '{self.experiment_name}'."
+            echo("\n".join(self.ui_lines(first)), name="taskfit.mlflow")
 
     def ui_lines(self, first: str) -> list[str]:
         """``first``, then how to see the run: ``mlflow ui --backend-store-uri <store>`` and the URL of the runs

@@ -13,9 +13,17 @@ counts the rows. So a ``trainer.test`` after fit and a resumed fit log at the Tr
 sweep), its config is the hyperparameters TensorBoard's HParams tab shows, and a fit resumed from a checkpoint
 continues the run the checkpoint recorded (``wandb.init(id=..., resume="allow")``); a run left open by a killed
 process says so in its summary (``taskfit.killed``).
+
+One process, one W&B run per run directory: a fit that ends well leaves its run open (as Lightning's
+does), so a ``validate``/``test``/``predict`` after it, or a fit resumed in the same process, writes
+into the same run and, offline, the same ``offline-run-*`` folder (W&B cannot append to a folder a
+closed run left). The run is closed when a run of another directory starts, by
+:meth:`WandbLogger.finish`, at an error, or when the process exits.
 """
 from __future__ import annotations
 
+import atexit
+import glob
 import json
 import os
 import time
@@ -35,6 +43,9 @@ _LIGHTNING_ONLY = {
     "checkpoint_name": "remove it: the checkpoints are logged as the artifact model-<run id> (log_model=True).",
     "add_file_policy": "remove it: the checkpoints are logged once, at fit end (log_model=True).",
 }
+# The W&B runs that WandbLoggers of this process left open after a fit or test that ended well:
+# {run id: Run}
+_OPEN: dict[str, Any] = {}
 
 
 def _wandb() -> Any:
@@ -139,10 +150,28 @@ class WandbLogger(Logger):
 
     # ---- the Logger interface ---------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
-        wandb = _wandb()
         recorded = self._recorded if self.resuming else None
         run_id = (recorded or {}).get("run_id") or self._id
-        killed = recorded is not None and _status((recorded or {}).get("wandb_folder")) == "running"
+        run = _OPEN.get(run_id) if run_id else None
+        # a new start, unless this process's run is still open (the user's wandb.finish() closes it)
+        if run is None or _wandb().run is not run:
+            _finish_open()  # the run a fit before left open (W&B writes one run at a time)
+            folder = (recorded or {}).get("wandb_folder")
+            killed = recorded is not None and _status(folder) == "running"
+            run = self._init(trainer, recorded, run_id)
+            self._sent_until = -1
+        else:  # this process's run, still open: the same run and, offline, the same folder
+            killed = False
+        self._run, self._id, self._row = run, run.id, {}
+        self._folder = os.path.dirname(os.path.abspath(run.dir))
+        _OPEN[run.id] = run
+        if recorded is not None:
+            self._resumed(trainer.state.log_step, killed)
+        _write_status(self._folder, "running")
+
+    def _init(self, trainer: Any, recorded: dict[str, Any] | None, run_id: str | None) -> Any:
+        """``wandb.init``: a new run, or run ``run_id`` continued; its charts' x-axis set."""
+        wandb = _wandb()
         folder = self.save_dir or os.path.abspath(os.path.join(os.getcwd(), "taskfit_logs"))
         try:
             os.makedirs(folder, exist_ok=True)
@@ -157,14 +186,12 @@ class WandbLogger(Logger):
                 f"WandbLogger cannot start a run in {folder}: {type(exc).__name__}: {reason}",
                 "log in (`wandb login` or $WANDB_API_KEY), or run offline: WandbLogger(offline=True) or "
                 "WANDB_MODE=offline (`wandb sync` uploads the run later); check that save_dir is writable.") from exc
-        self._run, self._id, self._row = run, run.id, {}
-        self._folder = os.path.dirname(os.path.abspath(run.dir))
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
-        self._sent_until = -1
-        if recorded is not None:
-            self._resumed(trainer.state.log_step, killed)
-        _write_status(self._folder, "running")
+        # registered after W&B's own exit hook, so it runs before it: the exit code is ours
+        atexit.unregister(_finish_open)
+        atexit.register(_finish_open)
+        return run
 
     def _resumed(self, step: int, killed: bool) -> None:
         """A resumed fit: note where, and whether the previous process died with the run open (SIGKILL, out of
@@ -204,9 +231,33 @@ class WandbLogger(Logger):
         self._send()
 
     def finalize(self, status: str) -> None:
+        """A fit or test that ended well leaves the run open for what follows in this process (a
+        test after fit writes into it); an error or an interruption closes it with its exit code."""
         self._send()
-        self._run.finish(exit_code=_EXIT_CODES.get(status, 1))
         _write_status(self._folder, status)
+        if status != "success":
+            self.finish(status)
+
+    def finish(self, status: str = "success") -> None:
+        """Close the W&B run now (else a run of another directory, or the process's exit, closes
+        it): offline, its folder is then complete for ``wandb sync``."""
+        run = _OPEN.pop(self._id or "", None)
+        if run is not None:
+            run.finish(exit_code=_EXIT_CODES.get(status, 1))
+
+    def sync_lines(self) -> list[str]:
+        """Where the run is and how to see it: its URL online; offline, its folder(s) and the
+        ``wandb sync`` command (a fit resumed in another process wrote a folder of its own, same
+        id)."""
+        if self._run is None or self._folder is None:
+            return []
+        if not self._run.offline:
+            return [f"run {self._id}: {self._run.url}"]
+        folders = sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(self._folder)),
+                                                f"offline-run-*-{self._id}")))
+        shown = self._folder if len(folders) <= 1 else os.path.join(os.path.dirname(self._folder),
+                                                                    f"offline-run-*-{self._id}")
+        return [f"run {self._id} (offline): {shown}", f"sync it: wandb sync {shown}"]
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
         if self._active and self.log_model:
@@ -234,6 +285,14 @@ class WandbLogger(Logger):
                                                 if "best" in aliases else None})
             artifact.add_file(path, name=os.path.basename(path))
             self._run.log_artifact(artifact, aliases=aliases)
+
+
+def _finish_open() -> None:
+    """Close the runs WandbLoggers left open (a run of another directory starts, the process
+    exits)."""
+    while _OPEN:
+        _, run = _OPEN.popitem()
+        run.finish(exit_code=0)
 
 
 def _number(value: Any) -> float | None:

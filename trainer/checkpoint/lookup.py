@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from ..console import user_stacklevel
 from ..errors import CheckpointError
 from .files import LAST, check_weights, load_file, module_state
 from .sharded import MARKER, checkpoint_exists, is_sharded, read_shards
@@ -24,7 +25,7 @@ def last_checkpoint(root: str | os.PathLike, warn: bool = True) -> str | None:
     Nothing is read here: :func:`last_candidates` lists the others to fall back to when a file turns out damaged."""
     found, skipped = last_candidates(root)
     if warn:
-        warn_skipped(skipped, found[0] if found else None, stacklevel=3)
+        warn_skipped(skipped, found[0] if found else None, stacklevel=user_stacklevel())
     return found[0] if found else None
 
 

@@ -32,7 +32,7 @@ from ..checkpoint.dirs import checkpoint_exists
 from ..checkpoint.lookup import last_checkpoint
 from ..cluster import global_rank
 from ..errors import CheckpointError, MisconfigurationError, TaskfitError, find_in_chain
-from ..seed import seed_everything
+from ..seed import seed_everything, seeds_workers
 from ..tools import lr_finder
 from . import config_errors, modes, sweep
 from .config import check_targets, explain, locate
@@ -119,7 +119,8 @@ def find_last_checkpoint(log_dir: str, name: str, exclude: str | None = None, re
     if _is_leader():
         warnings.warn(f"ckpt_path=last: no earlier run named '{name}' has a last.ckpt yet ({where}), so this run "
                       "starts fresh. HINT: expected on a job's first start; otherwise use the name (experiment, "
-                      "or name=...) and paths.log_dir of the run to resume.", UserWarning, stacklevel=2)
+                      "or name=...) and paths.log_dir of the run to resume.", UserWarning,
+                      stacklevel=console.user_stacklevel())  # no user line: none shown
     return None
 
 
@@ -209,7 +210,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
                                                   predict.get("write_interval", "batch")))
         seed = config["trainer"].get("seed")
         if seed is not None:  # before the task is built: its initial weights depend on the seed
-            seed_everything(seed)
+            seed_everything(seed, workers=seeds_workers())
         task = instantiate(config["task"], _convert_="all")
         trainer = build_trainer(config, callbacks)
     except Exception:
@@ -230,6 +231,10 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
             shutil.rmtree(run_dir, ignore_errors=True)
             _discard_unused(run_dir)
         raise error from exc
+    # the job's W&B run is complete (offline: ready for `wandb sync`) before the report names it
+    for cb in trainer.callbacks:
+        if isinstance(cb, cbs.WandbLogger):
+            cb.finish()
     if trainer.is_main:
         _print_report(result, time.perf_counter() - started)
     return result
@@ -316,7 +321,7 @@ def _result(trainer: Any, run_dir: str, best: str | None, tested: dict[str, floa
 
 
 def _logger_lines(trainer: Any) -> list[str]:
-    """Where the CSV and MLflow loggers wrote (the report's lines; TensorBoard has its own)."""
+    """Where the CSV, MLflow and W&B loggers wrote (the report's lines; TensorBoard has its own)."""
     lines = []
     for cb in trainer.callbacks:
         if isinstance(cb, cbs.CSVLogger) and trainer.log_dir:
@@ -325,6 +330,10 @@ def _logger_lines(trainer: Any) -> list[str]:
             run = f", run {cb.run_id}" if cb.run_id else ""
             first, *how = cb.ui_lines(f"  MLflow:          experiment '{cb.experiment_name}'{run}")
             lines += [first] + [f"{'':19}{line.strip()}" for line in how]
+        # W&B: the run's folder and its `wandb sync` command (online: its URL)
+        elif isinstance(cb, cbs.WandbLogger) and cb.sync_lines():
+            first, *how = cb.sync_lines()
+            lines += [f"  W&B:             {first}"] + [f"{'':19}{line}" for line in how]
     return lines
 
 

@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import os
 import re
 import types
 import typing
@@ -159,6 +160,9 @@ def explain(exc: BaseException) -> MisconfigurationError:
             f"There is no config '{missing.group(1)}' (the option '{option}' of the group '{group}').",
             f"{did_you_mean}Options of '{group}': {', '.join(options) or 'none'}. `taskfit --help` lists every "
             f"group; --config-dir DIR adds your own.")
+    folder = _missing_config_dir(str(exc))
+    if folder is not None:
+        return folder
     detail = " ".join(str(exc).split())
     if exc.__cause__ is not None:
         detail += " (" + " ".join(str(exc.__cause__).split()) + ")"
@@ -166,6 +170,23 @@ def explain(exc: BaseException) -> MisconfigurationError:
         f"The configuration cannot be composed: {detail}",
         "overrides are key=value, group=option, +new_key=value or ~key; quote values with special characters "
         "('key=\"a=b\"'). `taskfit --help` lists the groups, docs/configuration.md the syntax.")
+
+
+def _missing_config_dir(message: str) -> MisconfigurationError | None:
+    """Hydra's "config directory ... not found" (``--config-dir``/``-cd``, ``--config-path``/
+    ``-cp``) as an error that names the folder and the flag; None for any other message."""
+    found = re.search(r"Additional config directory '([^']+)' not found", message)
+    flag = "--config-dir"
+    if found is None:
+        found, flag = re.search(r"the config directory '([^']+)' exists", message), "--config-path"
+    if found is None:
+        return None
+    folder = found.group(1)
+    what = "is a file, not a folder" if os.path.isfile(folder) else "does not exist"
+    relative = f"; a relative path starts from the current folder, {os.getcwd()}" \
+        if flag == "--config-dir" else ""
+    hint = f"pass the folder that holds your config files (e.g. {flag} ./conf){relative}."
+    return MisconfigurationError(f"{flag} {folder}: that path {what}.", hint)
 
 
 # ---- checking targets and arguments --------------------------------------------------------------------

@@ -1,51 +1,67 @@
 """Data plumbing: a deterministic, shardable, resumable sampler; DataLoader re-creation; moving batches.
 
-taskfit owns the data order: the permutation of epoch ``e`` is ``randperm(n, seed + e)`` (as in
-``DistributedSampler``), so single-process and ddp runs see the same order, and a resume can jump to
-sample ``k`` of the epoch without loading (or replaying) the batches before it.
+A shuffled loader's order is the one Lightning's sampler gives, drawn from the global RNG at the
+same moment: single-process, ``RandomSampler``'s (a seed drawn from the global torch RNG when the
+epoch's iteration starts, then ``randperm(n)`` from it); under ddp, ``DistributedSampler``'s
+``randperm(n, seed + epoch)``, which draws nothing. Creating an iterator draws the DataLoader's base
+seed from the global RNG, as torch does. The epoch's seed is recorded, so a resume jumps to sample
+``k`` of the epoch without loading (or replaying) the batches before it and without drawing again:
+the global RNG after a resume is the one of the uninterrupted run.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
 from ..errors import MisconfigurationError, TaskModuleError
-from ..seed import worker_init_fn
+from ..seed import seed_worker, seeds_workers
 from ..trainer_config import Limits, TrainerConfig
 from .workers import shield
 
 
 class ResumableSampler(Sampler[int]):
-    """Sample indices in an order fixed by ``(seed, epoch)``; shard them over ranks; start mid-epoch.
+    """Sample indices in Lightning's order; shard them over ranks; start mid-epoch.
 
-    ``pad=True`` (training) repeats a few indices so every rank gets the same number of samples, as
-    DistributedSampler does; ``pad=False`` (evaluation) shards without duplicates, so no sample is counted twice.
+    Single-process, a shuffled epoch draws its seed from the global torch RNG when its iteration
+    starts, as ``RandomSampler`` does, and keeps it (``order_seed``, in checkpoints); under ddp its
+    order is ``randperm(n, seed + epoch)``, as ``DistributedSampler``'s. ``pad=True`` (training)
+    repeats a few indices so every rank gets the same number of samples, as DistributedSampler does;
+    ``pad=False`` (evaluation) shards without duplicates, so no sample is counted twice.
     """
 
     def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
-                 pad: bool = True) -> None:
+                 pad: bool = True, generator: torch.Generator | None = None) -> None:
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.pad = rank, world_size, pad
+        # the loader's own generator (None: the global RNG), which its iterators draw from
+        self.generator = generator
         self.epoch = 0
+        # the seed the current epoch's order was drawn with (single-process)
+        self.order_seed: int | None = None
         self._skip = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def skip(self, samples: int) -> None:
-        """Start the next iteration ``samples`` indices into this rank's order (a resume)."""
+        """Start the next iteration ``samples`` indices into this rank's order, with the recorded
+        ``order_seed`` (a resume: nothing is drawn)."""
         self._skip = samples
 
     def indices(self) -> Sequence[int]:
+        """This rank's order of the current epoch (single-process: the last iteration's draw)."""
         if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order: Sequence[int] = torch.randperm(self.size, generator=g).tolist()
+            drawn = self.world_size == 1 and self.order_seed is not None
+            seed = self.order_seed if drawn else self.seed + self.epoch
+            generator = torch.Generator().manual_seed(seed)
+            order: Sequence[int] = torch.randperm(self.size, generator=generator).tolist()
         else:
             order = range(self.size)  # not a list of n ints per epoch (a slice of a range is a range)
         if self.world_size > 1:
@@ -58,6 +74,9 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         start, self._skip = self._skip, 0
+        if self.shuffle and self.world_size == 1 and not start:
+            # RandomSampler's draw, at the same moment
+            self.order_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         return iter(self.indices()[start:])
 
     def __len__(self) -> int:
@@ -83,45 +102,110 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
              and isinstance(loader.batch_sampler, BatchSampler) and type(loader.batch_sampler) is BatchSampler
              and (isinstance(sampler, SequentialSampler)
                   or (isinstance(sampler, RandomSampler) and not sampler.replacement
-                      and sampler.num_samples == len(sampler.data_source))))  # num_samples not set
+                      and sampler.num_samples == len(sampler.data_source)  # num_samples not set
+                      # its own generator: kept as it is, but ddp replaces it (DistributedSampler)
+                      and (sampler.generator is None or world_size > 1))))
+    # Lightning's worker_init_fn after seed_everything(workers=True)
+    seeding = worker_seeding(loader, rank)
     if not plain:
         if world_size > 1:
             warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom sampler, dataset or "
                           "class, so taskfit cannot shard it: every rank sees all of its data. HINT: use a plain "
                           "DataLoader over a map-style dataset, or shard the data yourself.", stacklevel=3)
+        if seeding is not None:  # as Lightning does to any DataLoader
+            loader.worker_init_fn = seeding
         if shielded:  # the user's own loader, as it is: only how its workers start and take signals changes
             shield(loader, ignore_signals)
         return loader
     if shuffle is None:
         shuffle = isinstance(sampler, RandomSampler)
-    new_sampler = ResumableSampler(len(loader.dataset), shuffle, seed, rank, world_size, pad=train)
+    new_sampler = ResumableSampler(len(loader.dataset), shuffle, seed, rank, world_size, train,
+                                   loader.generator)
     kwargs: dict[str, Any] = {}
     if loader.num_workers > 0:
         kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
     new = DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=new_sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or pin_memory, drop_last=loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn or worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=torch.Generator(), **kwargs)
+        timeout=loader.timeout, worker_init_fn=seeding or loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+        **kwargs)
     if shielded:
         shield(new, ignore_signals)  # loader_workers.py: no moment of a worker's life where the signal kills it
     return new
 
 
-def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None:
-    """Fix the order (sampler) and the worker seeds (loader generator) of ``epoch``; optionally skip batches."""
+
+def worker_seeding(loader: Any, rank: int) -> Callable[[int], None] | None:
+    """Lightning's ``worker_init_fn`` for a DataLoader without one, after
+    ``seed_everything(workers=True)``; else None: torch seeds each worker from the base seed
+    (python's and torch's RNG, numpy's) by itself."""
+    if getattr(loader, "worker_init_fn", None) is not None or not seeds_workers():
+        return None
+    return functools.partial(seed_worker, rank=rank)
+
+
+def set_epoch(loader: Any, epoch: int, skip_batches: int = 0) -> None:
+    """Fix the order (sampler) of ``epoch``; optionally skip batches (a resume: the recorded
+    order, no draw)."""
     sampler = getattr(loader, "sampler", None)
     if isinstance(sampler, ResumableSampler):
         sampler.set_epoch(epoch)
         if skip_batches:
             sampler.skip(skip_batches * loader.batch_size)
+        # The iterator draws the workers' base seed from the global RNG, as torch does, where the
+        # uninterrupted run made one: not mid-epoch after a resume, nor after the first epoch with
+        # persistent workers (those draw from a generator of their own).
+        again = skip_batches or (epoch and loader.persistent_workers and loader.num_workers)
+        own = torch.Generator().manual_seed(sampler.seed + epoch) if again else None
+        loader.generator = own or sampler.generator
     elif hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
-    generator = getattr(loader, "generator", None)
-    if isinstance(generator, torch.Generator):
-        # The iterator draws the workers' base seed from this generator, not from the global RNG, so
-        # creating an iterator does not disturb the RNG stream that dropout etc. depend on.
-        generator.manual_seed(seed + epoch)
+
+
+def order_seed(loader: Any) -> int | None:
+    """The seed of the current epoch's order, for a checkpoint (None where nothing was drawn)."""
+    sampler = getattr(loader, "sampler", None)
+    return sampler.order_seed if isinstance(sampler, ResumableSampler) else None
+
+
+class OneAhead:
+    """Iterate ``iterable`` one item ahead, as Lightning's prefetching fetcher does for a loader
+    without a length: an item's side effects (an IterableDataset's) happen one step early, and
+    ``done`` says, when an item is returned, whether it was the last."""
+
+    __slots__ = ("_iterator", "_next", "done")
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self._iterator = iter(iterable)
+        self._next = next(self._iterator, _END)
+        self.done = self._next is _END
+
+    def __iter__(self) -> OneAhead:
+        return self
+
+    def __next__(self) -> Any:
+        item = self._next
+        if item is _END:
+            raise StopIteration
+        self._next = next(self._iterator, _END)
+        self.done = self._next is _END
+        return item
+
+
+_END = object()
+
+
+def epoch_batches(loader: Any, batches: float, done: int = 0) -> Iterable[Any]:
+    """The batches ``done`` to ``batches`` of ``loader``, fetched as Lightning fetches them: one
+    batch ahead (:class:`OneAhead`) when their number is not known, never one past a limit
+    (``limit_*_batches``), and else the loader itself, which ends the epoch (a stateful loader,
+    mid-epoch after a resume, where it stands)."""
+    if batches == float("inf"):
+        return OneAhead(loader)
+    if batches < length(loader):
+        return itertools.islice(loader, max(0, int(batches) - done))
+    return loader
 
 
 def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
@@ -187,21 +271,28 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
         "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
 
 
-def fit_loaders(task: Any, limits: Limits, overfit: bool, seed: int, strategy: Any,
-                ignore_signals: tuple[str, ...] = ()) -> tuple[Any, float, Any, list[float]]:
+ASK = object()  # fit_loaders' val_source: ask the task for its validation loader
+
+
+def fit_loaders(task: Any, limits: Limits, overfit: bool, seed: int,
+                strategy: Any, ignore_signals: tuple[str, ...] = (),
+                val_source: Any = ASK) -> tuple[Any, float, Any, list[float]]:
     """``(train loader, its batches per epoch, val loader or None, the batches of each validation loader)`` for fit,
     after ``limit_*_batches``;
     ``task`` is where the loaders come from (the task, or a ``DataSource``: loaders passed, a DataModule).
 
-    With ``overfit_batches`` the training batches, unshuffled, are also the validation batches."""
+    With ``overfit_batches`` the training batches, unshuffled, are also the validation batches.
+    ``val_source``: the validation loader when the caller asked for it already."""
     args = dict(seed=seed, rank=strategy.rank, world_size=strategy.world_size,
                 pin_memory=strategy.device.type == "cuda", ignore_signals=ignore_signals)
     train = prepare_loader(task.train_dataloader(), train=True, shuffle=False if overfit else None, **args)
     total = length(train)
     if total == 0:
         raise empty_train_loader(train)
-    val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args) if overfit else \
-        prepare_evaluation(task.val_dataloader(), **args)
+    if overfit:
+        val = prepare_loader(task.train_dataloader(), train=False, shuffle=False, **args)
+    else:
+        val = prepare_evaluation(task.val_dataloader() if val_source is ASK else val_source, **args)
     if val is not None and length(val) == 0:
         warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* values, and "
                       "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "
@@ -288,23 +379,26 @@ def stateful(loader: Any) -> bool:
 
 
 def restore_position(train: Any, val: Any, data: Mapping[str, Any]) -> None:
-    """Continue the saved data position: the run's seed for the resumable samplers, the saved state of a
-    stateful training loader (which then resumes mid-epoch by itself)."""
+    """Continue the saved data position: the run's seed for the resumable samplers and the epoch's
+    drawn seed for the training one (a checkpoint without it: ``seed + epoch``, the order before),
+    the saved state of a stateful training loader (which then resumes mid-epoch by itself)."""
     for loader in (train, *parts(val)):
         sampler = getattr(loader, "sampler", None)
         if isinstance(sampler, ResumableSampler):
             sampler.seed = int(data["seed"])
+            sampler.order_seed = data.get("order_seed") if loader is train else None
     if stateful(train) and data.get("loader") is not None:
         train.load_state_dict(data["loader"])
 
 
 def data_position(loader: Any, num_train_batches: float, state: Any, seed: int, world_size: int,
                   config: TrainerConfig) -> dict[str, Any]:
-    """Where the data stands, for a checkpoint: the order (seed, epoch), the batches done, and the settings that
-    give a batch position its meaning, the run's planned length included (a resume warns when they changed)."""
-    return {"seed": int(seed), "epoch": state.epoch, "batches_done": state.batches_done,
-            "batch_size": getattr(loader, "batch_size", None), "world_size": world_size,
-            "accumulate_grad_batches": config.accumulate_grad_batches,
+    """Where the data stands, for a checkpoint: the order (seed, the epoch's drawn seed, epoch), the
+    batches done, and the settings that give a batch position its meaning, the run's planned length
+    included (a resume warns when they changed)."""
+    return {"seed": int(seed), "order_seed": order_seed(loader), "epoch": state.epoch,
+            "batches_done": state.batches_done, "batch_size": getattr(loader, "batch_size", None),
+            "world_size": world_size, "accumulate_grad_batches": config.accumulate_grad_batches,
             "num_train_batches": finite(num_train_batches),
             "max_epochs": config.max_epochs, "max_steps": config.max_steps,
             "loader": loader.state_dict() if stateful(loader) else None}

@@ -85,7 +85,8 @@ def shielded_context(context: Any, names: Sequence[str]) -> Any:
     return shielded
 
 
-def init_worker(user_init: Callable[[int], Any], ignored_signals: tuple[str, ...], worker_id: int) -> None:
+def init_worker(user_init: Callable[[int], Any] | None, ignored_signals: tuple[str, ...],
+                worker_id: int) -> None:
     """``worker_init_fn`` of a fit's DataLoader workers: ignore the preemption signals, then unblock them (a signal
     that came while they were blocked is discarded), then the loader's own init."""
     numbers = signal_numbers(ignored_signals)
@@ -93,14 +94,13 @@ def init_worker(user_init: Callable[[int], Any], ignored_signals: tuple[str, ...
         signal.signal(signum, signal.SIG_IGN)
     if _CAN_BLOCK:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, numbers)
-    user_init(worker_id)
+    if user_init is not None:
+        user_init(worker_id)
 
 
 def shield(loader: Any, names: Sequence[str]) -> None:
     """Make a DataLoader's future workers immune to the signals ``names`` (its context and ``worker_init_fn``)."""
-    from ..seed import worker_init_fn
-
-    init = loader.worker_init_fn or worker_init_fn
+    init = loader.worker_init_fn
     if not (isinstance(init, functools.partial) and init.func is init_worker):
         loader.worker_init_fn = functools.partial(init_worker, init, tuple(names))
     loader.multiprocessing_context = shielded_context(loader.multiprocessing_context, names)

@@ -32,6 +32,7 @@ from ..checkpoint.files import (
     module_state,
 )
 from ..checkpoint.lookup import folder_candidates, last_candidates, warn_skipped
+from ..console import user_stacklevel
 from ..checkpoint.rng import gather_rng_states, set_rng_state
 from ..checkpoint.sharded import (
     checkpoint_exists,
@@ -153,11 +154,12 @@ def _resolve_all(run: Run, ckpt_path: Any, fresh: bool = False) -> tuple[list[st
         where = f"looked for {LAST} in {' and '.join(looked)} and its version_*/checkpoints folders"
         if not candidates and fresh:
             if run.strategy.is_main:
-                warn_skipped(skipped, None, stacklevel=7)  # a last.ckpt that is not one (an empty folder...)
+                # a last.ckpt that is not one (an empty folder...)
+                warn_skipped(skipped, None, stacklevel=user_stacklevel())
                 warnings.warn(f'fit(ckpt_path="last"): there is no checkpoint to resume yet ({where}), so this fit '
                               "starts fresh. HINT: expected on a job's first start; otherwise check default_root_dir "
                               "(or ModelCheckpoint(dirpath=...)) is the folder of the run to resume.", UserWarning,
-                              stacklevel=7)  # the line that called fit
+                              stacklevel=user_stacklevel())  # the line that called fit
             return [], skipped
         if not candidates:
             raise CheckpointError(
@@ -196,7 +198,8 @@ def _load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[t
             skipped.append((path, exc.what))
             continue
         if warn and run.strategy.is_main:
-            warn_skipped(skipped, path, stacklevel=7)  # the line that called fit / validate
+            # the line that called fit / validate
+            warn_skipped(skipped, path, stacklevel=user_stacklevel())
         return path, ckpt
     assert first is not None
     raise first

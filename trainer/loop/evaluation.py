@@ -11,6 +11,7 @@ import torch
 
 from ..data.loaders import (
     batch_size_of,
+    epoch_batches,
     eval_loader,
     indexed_parts,
     length,
@@ -144,10 +145,11 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
     with torch.no_grad():
         for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,) only with several loaders, as Lightning
             book.dataloader_idx = extra[0] if extra else None
-            set_epoch(part, 0, run.data_seed)
+            set_epoch(part, 0)
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
             cap = min(limit, limit_batches(length(part), fraction))
-            for i, batch in enumerate(part):
+            # no fetch past cap; one batch ahead without a length (Lightning's fetcher)
+            for i, batch in enumerate(epoch_batches(part, cap)):
                 if i >= cap:
                     break
                 batch = strategy.batch_to_device(batch)
@@ -218,7 +220,7 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     predictions: list[Any] = []
     step = eval_step(task, module, "predict", {})
     with torch.no_grad():
-        for i, batch in enumerate(loader):
+        for i, batch in enumerate(epoch_batches(loader, limit)):
             if i >= limit:
                 break
             batch = strategy.batch_to_device(batch)

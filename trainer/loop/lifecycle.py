@@ -13,7 +13,8 @@ import torch
 
 from ..callback import Callback
 from ..checkpoint.files import CheckpointWriter
-from ..data.loaders import fit_loaders
+from ..checkpoint.rng import isolated_rng
+from ..data.loaders import ASK, fit_loaders
 from ..datamodule import DataSource
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
@@ -21,7 +22,7 @@ from ..logs.outputs import run_directory
 from ..logs.metrics import build_metrics
 from ..module import TaskModule, rank_zero_only
 from ..optim import Schedulers, parse_optimizers
-from ..seed import deterministic_algorithms, run_seed, seed_everything
+from ..seed import deterministic_algorithms, run_seed, seed_everything, seeds_workers
 from ..state import TrainerState
 from ..strategies.base import Strategy
 from ..strategies.model_memory import prepare_module
@@ -78,7 +79,7 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
     config, strategy, task, datamodule = run.config, run.strategy, run.task, run.data.datamodule
     strategy.setup_environment()
     if config.seed is not None:
-        seed_everything(config.seed)
+        seed_everything(config.seed, workers=seeds_workers())  # as a seed_everything call set it
     with deterministic_algorithms(config.deterministic):  # the process's setting comes back after
         try:
             run.state.status = "running"
@@ -152,9 +153,16 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
+    val_source = ASK
+    if config.num_sanity_val_steps and config.limits["val"] and not config.overfit_batches \
+            and checkpoint is None:
+        # a sanity check will run: Lightning asks for the validation loader first, inside its
+        # isolate_rng (what that draws from the global RNG is undone), then the training loader
+        with isolated_rng():
+            val_source = run.data.val_dataloader()
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
         run.data, config.limits, bool(config.overfit_batches), run.data_seed, strategy,
-        config.preempt_signals)
+        config.preempt_signals, val_source)
     if "validation_step" in vars(task) and task.validation_step is None:  # Lightning: `task.validation_step = None`
         run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
     run.val_schedule = ValidationSchedule(config.val_check_interval, config.check_val_every_n_epoch,

@@ -66,6 +66,7 @@ class Run:
     val_loader: Any = None
     num_val_batches: list[float] = dataclasses.field(default_factory=list)  # of each validation loader
     val_schedule: ValidationSchedule | None = None
+    batches: Any = None  # the epoch's training batches being iterated (loaders.epoch_batches)
     # The step's callables, chosen once per fit (setup_fit): the plain call when no hook is defined
     training_step: Callable[[Any, int], Any] | None = None  # steps.training_step (forward and loss) under autocast
     zero_grad: Callable[..., None] | None = None  # optimizer.zero_grad (or the task's), with_hooks around it if any

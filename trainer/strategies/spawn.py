@@ -32,7 +32,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from ..cluster import orphaned
 from ..errors import MisconfigurationError
-from ..seed import current_seed, seed_everything
+from ..seed import current_seed, seed_everything, seeds_workers
 from .model_memory import has_meta
 
 _RESULT = "rank0.pt"
@@ -112,7 +112,7 @@ def _worker(local_rank: int, payload: bytes, parent: tuple[Any, ...], out: str, 
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: N processes must not each use every core
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // strategy.world_size))
     if current_seed() is not None:  # a fresh interpreter: seed it as the parent was seeded (same seed on every rank)
-        seed_everything(current_seed())
+        seed_everything(current_seed(), workers=seeds_workers())
     try:
         result = fn(*args)
         weights = _final_weights(strategy, fn, args)  # every rank: under fsdp the shards are gathered to rank 0

@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Mapping
@@ -22,7 +23,8 @@ from typing import Any
 
 import torch
 
-from ..callbacks import Callback
+from ..callbacks import Callback, ProgressBar
+from ..callbacks.progress import REFRESH_S
 from ..checkpoint.rng import rng_state, set_rng_state
 from ..console import echo
 from ..errors import MisconfigurationError, NonFiniteLossError
@@ -109,9 +111,12 @@ class RangeTest(Callback):
     times its best; keeps the optimizers' and schedulers' initial state to put back afterwards."""
 
     def __init__(self, mode: str, min_lr: float, max_lr: float, num_training: int,
-                 early_stop_threshold: float | None, beta: float = 0.98) -> None:
+                 early_stop_threshold: float | None, beta: float = 0.98,
+                 stream: Any = None) -> None:
         self.mode, self.min_lr, self.max_lr, self.num_training = mode, min_lr, max_lr, num_training
         self.early_stop_threshold, self.beta = early_stop_threshold, beta
+        self.stream = stream  # a terminal: the test's own bar goes there (None: no bar)
+        self._bar: Any = None
         self.lrs: list[float] = []
         self.losses: list[float] = []
         self.raw: list[float] = []
@@ -141,6 +146,8 @@ class RangeTest(Callback):
         self._pending: list[torch.Tensor] = []
         self._step, self._avg, self._best = trainer.state.global_step, 0.0, math.inf
         self._set_lr(trainer, self.lr_at(0))
+        if self.stream is not None and trainer.is_main:
+            self._bar = _step_bar(self.stream, self.num_training)
 
     def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs if isinstance(outputs, torch.Tensor) else outputs.get("loss") if isinstance(outputs, Mapping) \
@@ -161,10 +168,27 @@ class RangeTest(Callback):
         diverged = not math.isfinite(smoothed) or (self.early_stop_threshold is not None and i > 0
                                                    and smoothed > self.early_stop_threshold * self._best)
         self._best = min(self._best, smoothed)
+        if self._bar is not None:  # (the value is on the host already: the bar adds no sync)
+            self._bar.set_postfix_str(f"lr={self.lrs[-1]:.3g}, loss={smoothed:.4g}", refresh=False)
+            self._bar.update()
         if diverged:
             self.stopped_early = trainer.state.should_stop = True
         elif i + 1 < self.num_training:
             self._set_lr(trainer, self.lr_at(i + 1))
+
+    def on_fit_end(self, trainer: Any, task: Any) -> None:
+        self.close_bar()
+
+    def on_exception(self, trainer: Any, task: Any, exception: BaseException) -> None:
+        self.close_bar()
+
+    def close_bar(self) -> None:
+        """The bar stays on the terminal, saying where the test stopped and why."""
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            if self.stopped_early:
+                bar.set_description("lr_find (stopped: the loss diverged)", refresh=False)
+            bar.close()
 
     def restore_optimizers(self) -> None:
         """Optimizers and schedulers the task keeps between fits (built once, returned by every
@@ -174,6 +198,15 @@ class RangeTest(Callback):
 
     def results(self) -> dict[str, Any]:
         return {"lr": self.lrs, "loss": self.losses, "raw": self.raw, "stopped_early": self.stopped_early}
+
+
+def _step_bar(stream: Any, total: int) -> Any:
+    """The range test's bar: its steps, the current lr and smoothed loss (tqdm.auto: in a notebook,
+    a widget)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="lr_find", unit="step", file=stream, dynamic_ncols=True,
+                mininterval=REFRESH_S)
 
 
 def _range_test(inner: Any, task: Any, test: RangeTest, data: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +262,8 @@ def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, 
         _lr_target(task, attr_name)  # before the work: a task without an lr to set fails now
     weights = {k: v.detach().clone() for k, v in task.state_dict().items()}
     modes, rng, seed_env = [m.training for m in task.modules()], rng_state(), os.environ.get(_SEED_ENV)
-    test = RangeTest(mode, min_lr, max_lr, num_training, early_stop_threshold)
+    test = RangeTest(mode, min_lr, max_lr, num_training, early_stop_threshold,
+                     stream=_bar_stream(trainer))
     inner = _finder_trainer(trainer, test, num_training)
     started = time.perf_counter()
     try:
@@ -272,9 +306,17 @@ def _check(min_lr: Any, max_lr: Any, num_training: Any, mode: Any, threshold: An
                                     "pass a factor > 1 (e.g. 4.0: stop when the loss is 4x its best), or None.")
 
 
+def _bar_stream(trainer: Any) -> Any:
+    """Where the range test draws its bar: the terminal of ``trainer``'s progress bar (None: no bar,
+    e.g. the bar is off, or its stream is a file)."""
+    bar = next((cb for cb in trainer.callbacks if isinstance(cb, ProgressBar)), None)
+    stream = None if bar is None else bar.stream or sys.stdout
+    return stream if stream is not None and stream.isatty() else None
+
+
 def _finder_trainer(trainer: Any, test: RangeTest, num_training: int) -> Any:
-    """A Trainer with ``trainer``'s step settings, ``test`` as its only callback, nothing written, no validation."""
-    from ..callbacks import ProgressBar
+    """A Trainer with ``trainer``'s step settings, ``test`` as its only callback (it draws the
+    test's own bar, not an epoch's), nothing written, no validation."""
     from ..trainer import Trainer
 
     return Trainer(
@@ -284,8 +326,8 @@ def _finder_trainer(trainer: Any, test: RangeTest, num_training: int) -> Any:
         limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=num_training + 1,
         overfit_batches=trainer.overfit_batches, deterministic=trainer.deterministic, seed=trainer.seed,
         channels_last=trainer.channels_last, callbacks=[test], default_root_dir=trainer.default_root_dir,
-        enable_progress_bar=any(isinstance(cb, ProgressBar) for cb in trainer.callbacks),
-        enable_model_summary=False, enable_checkpointing=False, logger=False, preempt_signals=())
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        logger=False, preempt_signals=())
 
 
 def _root(trainer: Any) -> str:
