@@ -34,6 +34,8 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "WeightAveraging": ".weight_averaging",
     "EMAWeightAveraging": ".weight_averaging",
     "StochasticWeightAveraging": ".weight_averaging",
+    "BaseFinetuning": ".finetuning",
+    "BackboneFinetuning": ".finetuning",
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",

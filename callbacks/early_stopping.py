@@ -64,7 +64,8 @@ class EarlyStopping(Callback):
             raise MisconfigurationError(f"EarlyStopping(monitor={monitor!r}) is not valid.",
                                         'pass the logged key to watch, e.g. monitor="val/loss".')
         if mode not in ("min", "max"):
-            raise MisconfigurationError(f"EarlyStopping(mode={mode!r}) is not valid.",
+            raise MisconfigurationError(f"EarlyStopping(mode={mode!r}) is not valid (`mode` can be "
+                                        f"min, max, got {mode}).",
                                         'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise MisconfigurationError(f"EarlyStopping(patience={patience!r}) is not valid.",
@@ -89,7 +90,8 @@ class EarlyStopping(Callback):
 
     @property
     def state_key(self) -> str:
-        return f"EarlyStopping{{monitor={self.monitor}, mode={self.mode}}}"
+        # Lightning's key: the state in a Lightning checkpoint restores (and taskfit's in Lightning)
+        return f"{type(self).__qualname__}{ {'monitor': self.monitor, 'mode': self.mode}!r}"
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_score": self._best, "wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
@@ -103,6 +105,13 @@ class EarlyStopping(Callback):
         self.stopped_epoch = state["stopped_epoch"] or 0
         self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
         self.stopping_reason_message = state.get("stopping_reason_message")
+
+    def on_load_checkpoint(self, trainer: Any, task: Any, checkpoint: dict[str, Any]) -> None:
+        """A taskfit checkpoint written before the key was Lightning's: its state, older key."""
+        states = checkpoint.get("callbacks", {})
+        older = f"EarlyStopping{{monitor={self.monitor}, mode={self.mode}}}"
+        if self.state_key not in states and older in states:
+            self.load_state_dict(states[older])
 
     # ---- hooks --------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
@@ -137,8 +146,9 @@ class EarlyStopping(Callback):
             return
         metrics = trainer.state.metrics
         if self.monitor not in metrics:
-            what = (f"EarlyStopping monitors {self.monitor!r}, which was not logged. Logged keys: "
-                    f"{', '.join(sorted(metrics)) or 'none'}.")
+            what = (f"EarlyStopping monitors {self.monitor!r}, which was not logged (Lightning's "
+                    f"words: Early stopping conditioned on metric `{self.monitor}` which is not "
+                    f"available). Logged keys: {', '.join(sorted(metrics)) or 'none'}.")
             close = difflib.get_close_matches(self.monitor, sorted(metrics), n=1, cutoff=0.5)
             hint = (f"did you mean {close[0]!r}? " if close else "") + "set EarlyStopping(monitor=...) to one of " \
                 "the logged keys, or log it with self.log(name, value)."

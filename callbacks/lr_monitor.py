@@ -38,14 +38,19 @@ class LearningRateMonitor(Callback):
         log_momentum: also log the momentum (``momentum``, or ``betas[0]`` for Adam-like optimizers; Lightning's
             names log 0 for an optimizer without either, as Lightning does).
         log_weight_decay: also log the weight decay.
+        log_key_prefix: a prefix for every name (``"optim/"``: ``optim/lr-Adam``); Lightning's names
+            only.
         names: ``"lightning"`` or ``"vitals"``, as above.
     """
 
     @arguments_checked(docs="docs/logging.md")
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,
-                 log_weight_decay: bool = False, names: str = "lightning") -> None:
+                 log_weight_decay: bool = False, log_key_prefix: str | None = None,
+                 names: str = "lightning") -> None:
         if logging_interval not in (None, "step", "epoch"):
-            raise MisconfigurationError(f"LearningRateMonitor(logging_interval={logging_interval!r}) is not valid.",
+            raise MisconfigurationError(
+                f"LearningRateMonitor(logging_interval={logging_interval!r}) is not valid "
+                "(logging_interval should be `step` or `epoch` or `None`).",
                                         'use None (each scheduler\'s interval), "step" (every log_every_n_steps) '
                                         'or "epoch" (at each epoch start).')
         if names not in ("lightning", "vitals"):
@@ -53,7 +58,9 @@ class LearningRateMonitor(Callback):
                                         'use "lightning" (lr-SGD, as Lightning) or "vitals" (vitals/lr/SGD/pg0).')
         self.logging_interval, self.log_momentum, self.log_weight_decay, self.names = \
             logging_interval, log_momentum, log_weight_decay, names
+        self.log_key_prefix = log_key_prefix or ""
         self._keys: dict[str, list[tuple[Any, int, str]]] = {"step": [], "epoch": []}  # (optimizer, group, name)
+        self._counts: list[int] = []  # each optimizer's parameter groups when they were named
         self.lrs: dict[str, list[float]] = {}  # Lightning's: every logged rate, by name
         self.last_momentum_values: dict[str, float | None] = {}
         self.last_weight_decay_values: dict[str, float | None] = {}
@@ -62,10 +69,30 @@ class LearningRateMonitor(Callback):
         """Name every optimizer's groups once (not at every log), and sort them by when they are logged."""
         if self.names == "lightning" and not trainer.loggers:
             raise MisconfigurationError(
-                "LearningRateMonitor() was added to a Trainer without a logger: its values would go nowhere.",
+                "LearningRateMonitor() was added to a Trainer without a logger: its values would "
+                "go nowhere (Lightning's words: Cannot use `LearningRateMonitor` callback with "
+                "`Trainer` that has no logger).",
                 "pass a logger (logger=True for TensorBoard, or CSVLogger()...), or remove the LearningRateMonitor "
                 "(Lightning raises here too).")
+        self._name_groups(trainer)
+        if self.log_momentum and self.names == "lightning" and any(
+                "momentum" not in o.defaults and "betas" not in o.defaults
+                for o in trainer.optimizers):
+            warnings.warn("LearningRateMonitor: You have set log_momentum=True, but some "
+                          "optimizers do not have momentum. This will log a value 0 for the "
+                          "momentum (an optimizer with neither momentum nor betas, as Lightning "
+                          "does). HINT: "
+                          "log_momentum=False if that is not wanted.", RuntimeWarning, stacklevel=2)
+        named = [name for keys in self._keys.values() for _, _, name in keys]
+        self.lrs = {self._key("lr", name): [] for name in named}
+        self.last_momentum_values = {self._key("momentum", name): None for name in named}
+        self.last_weight_decay_values = {self._key("weight_decay", name): None for name in named}
+
+    def _name_groups(self, trainer: Any) -> None:
+        """Every optimizer's groups by name, sorted by when they are logged; the group counts they
+        were named at."""
         configs = list(getattr(trainer.schedulers, "configs", []))
+        self._counts = [len(optimizer.param_groups) for optimizer in trainer.optimizers]
         self._keys = {"step": [], "epoch": []}
         seen: Counter[str] = Counter()
         for optimizer in trainer.optimizers:
@@ -84,17 +111,25 @@ class LearningRateMonitor(Callback):
                 raise MisconfigurationError(
                     f"An optimizer ({type(optimizer).__name__}) has several parameter groups with the same \"name\" "
                     f"({sorted({n for n in given if given.count(n) > 1})}): their learning rates would be logged "
-                    "under one key.", "give each parameter group its own name (Lightning refuses this too).")
+                    "under one key (Lightning's words: A single `Optimizer` cannot have multiple "
+                    "parameter groups with identical `name` values).",
+                    "give each parameter group its own name (Lightning refuses this too).")
             self._keys[interval] += [(optimizer, i, self._group_name(name, groups, i)) for i in range(len(groups))]
-        if self.log_momentum and self.names == "lightning" and any(
-                "momentum" not in o.defaults and "betas" not in o.defaults for o in trainer.optimizers):
-            warnings.warn("LearningRateMonitor(log_momentum=True): an optimizer has no momentum (nor betas), so its "
-                          "momentum is logged as 0, as Lightning does. HINT: log_momentum=False if that is not "
-                          "wanted.", RuntimeWarning, stacklevel=2)
-        named = [name for keys in self._keys.values() for _, _, name in keys]
-        self.lrs = {self._key("lr", name): [] for name in named}
-        self.last_momentum_values = {self._key("momentum", name): None for name in named}
-        self.last_weight_decay_values = {self._key("weight_decay", name): None for name in named}
+
+    def _rename(self, trainer: Any) -> None:
+        """Groups were added since the names were made (BaseFinetuning): name them again and move
+        each renamed group's history to its new name, at the end (Lightning's order: ``lr-SGD``
+        becomes ``lr-SGD/pg1``)."""
+        before = {(id(o), i): name for keys in self._keys.values() for o, i, name in keys}
+        self._name_groups(trainer)
+        for optimizer, i, name in [k for keys in self._keys.values() for k in keys]:
+            old = before.get((id(optimizer), i))
+            for kind, values in (("lr", self.lrs), ("momentum", self.last_momentum_values),
+                                 ("weight_decay", self.last_weight_decay_values)):
+                if old is None:
+                    values.setdefault(self._key(kind, name), [] if kind == "lr" else None)
+                elif old != name:
+                    values[self._key(kind, name)] = values.pop(self._key(kind, old))
 
     def _key(self, kind: str, name: str) -> str:
         """The published name of a group's ``kind`` (``"lr"``, ``"momentum"``, ``"weight_decay"``): Lightning's
@@ -110,12 +145,14 @@ class LearningRateMonitor(Callback):
         if self.names == "vitals":
             return f"{name}/{given or f'pg{i}'}"
         if len(groups) > 1 or given:
-            return f"{name}/{given or f'pg{i + 1}'}"
-        return name
+            return f"{self.log_key_prefix}{name}/{given or f'pg{i + 1}'}"
+        return self.log_key_prefix + name
 
     def values(self, trainer: Any, interval: str = "step") -> dict[str, float]:
         """The current rate (and momentum, weight decay) of the param groups logged at ``interval``."""
         out: dict[str, float] = {}
+        if any(len(o.param_groups) != n for o, n in zip(trainer.optimizers, self._counts)):
+            self._rename(trainer)
         for optimizer, i, name in self._keys[interval]:
             group = optimizer.param_groups[i]  # looked up: load_state_dict replaces the group dicts
             momentum = group.get("momentum", group.get("betas", (None,))[0])

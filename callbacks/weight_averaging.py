@@ -10,6 +10,7 @@ resumed run continues bit for bit. docs/tuning.md, "Weight averaging", has the c
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -259,12 +260,16 @@ class StochasticWeightAveraging(WeightAveraging):
         super().__init__(device=device, use_buffers=use_buffers, avg_fn=avg_fn, save_average=save_average)
         lrs = swa_lrs if isinstance(swa_lrs, (list, tuple)) else [swa_lrs]
         if not lrs or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in lrs):
-            raise MisconfigurationError(f"StochasticWeightAveraging(swa_lrs={swa_lrs!r}) is not valid.",
+            raise MisconfigurationError(
+                f"StochasticWeightAveraging(swa_lrs={swa_lrs!r}) is not valid (Lightning's words: "
+                "The `swa_lrs` should a positive float, or a list of positive floats).",
                                         "pass a positive learning rate, or a list of them (one per parameter group).")
         start_ok = (isinstance(swa_epoch_start, int) and not isinstance(swa_epoch_start, bool) and swa_epoch_start >= 1
                     ) or (isinstance(swa_epoch_start, float) and 0 < swa_epoch_start <= 1)
         if not start_ok:
-            raise MisconfigurationError(f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start!r}) is not valid.",
+            raise MisconfigurationError(
+                f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start!r}) is not valid "
+                "(`swa_epoch_start` should be a >0 integer or a float between 0 and 1).",
                                         "pass an epoch number >= 1 or a fraction of max_epochs in (0, 1].")
         if annealing_strategy not in ("cos", "linear"):
             raise MisconfigurationError(
@@ -317,14 +322,36 @@ class StochasticWeightAveraging(WeightAveraging):
 
             self.scheduler = SWALR(trainer.optimizer, swa_lr=self.swa_lrs, anneal_epochs=self.annealing_epochs,
                                    anneal_strategy=self.annealing_strategy)
+            lrs = self.swa_lrs if isinstance(self.swa_lrs, (list, tuple)) else [self.swa_lrs]
+            groups = trainer.optimizer.param_groups
+            for group, lr in zip(groups, lrs * len(groups)):
+                group["initial_lr"] = lr  # as Lightning (and its swa_lr: SWALR's)
             if self._scheduler_state is not None:  # a resumed run: where the annealing was
                 self.scheduler.load_state_dict(self._scheduler_state)
             if trainer.is_main and trainer.state.epoch == self.swa_start and not trainer.state.batches_done:
-                paused = f"; the task's {len(trainer.schedulers)} scheduler(s) pause" if len(trainer.schedulers) else ""
-                echo(f"StochasticWeightAveraging: from epoch {self.swa_start} (0-based) the learning rate anneals to "
-                     f"{self.swa_lrs} over {self.annealing_epochs} epoch(s){paused}; each epoch's final weights "
-                     "enter the average.", name="taskfit.weight_averaging")
+                self._announce(trainer)
         trainer.schedulers.pause()  # SWALR alone sets the lr from here
+
+    def _announce(self, trainer: Any) -> None:
+        """SWA starts: Lightning's line for the task's scheduler it replaces, and its warning for
+        one that does not step once per epoch."""
+        configs = list(trainer.schedulers.configs) if trainer.schedulers is not None else []
+        for config in configs:
+            if config.interval != "epoch" or config.frequency != 1:
+                warnings.warn(f"SWA is currently only supported every epoch. Found the task's "
+                              f"{type(config.scheduler).__name__} stepping every "
+                              f"{config.frequency} {config.interval}(s): it pauses while SWALR "
+                              "anneals the learning rate once per epoch. HINT: a scheduler "
+                              "stepping per epoch, or EMAWeightAveraging.", UserWarning,
+                              stacklevel=2)
+        for config in configs:
+            echo(f"Swapping scheduler `{type(config.scheduler).__name__}` for `SWALR`",
+                 name="taskfit.weight_averaging")
+        paused = f"; the task's {len(configs)} scheduler(s) pause" if configs else ""
+        echo(f"StochasticWeightAveraging: from epoch {self.swa_start} (0-based) the learning rate "
+             f"anneals to {self.swa_lrs} over {self.annealing_epochs} epoch(s){paused}; each "
+             "epoch's "
+             "final weights enter the average.", name="taskfit.weight_averaging")
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         super().on_train_epoch_end(trainer, task)  # the epoch's final weights enter the average...

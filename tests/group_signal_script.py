@@ -1,7 +1,7 @@
 """Driver of the group-signal tests (tests/test_cluster.py): SIGTERM to a whole process group with DataLoader
 workers, many times, each time at another moment of the workers' lives.
 
-    python tests/group_signal_script.py ROOT REPETITIONS [MODE]
+    python tests/group_signal_script.py ROOT REPETITIONS [MODE [PARALLEL]]
 
 torch is imported once; every repetition is a forked child in a process group of its own (a real process group,
 a real ``killpg``), training with ``num_workers=2``, whose workers are restarted every epoch. MODE:
@@ -12,6 +12,10 @@ a real ``killpg``), training with ``num_workers=2``, whose workers are restarted
   ``worker_init_fn`` runs: the moment a worker used to die of the signal;
 * ``mixed``: the two in turn;
 * ``kill_worker``: a worker is SIGKILLed (the out-of-memory killer) at the same time as the group SIGTERM.
+
+``PARALLEL`` repetitions (default 1) run at the same time: a run killed by a worker's death
+spends most of its time waiting for the DataLoader's own check (5 s without a batch), which
+costs no CPU.
 
 Each repetition gets ``DEADLINE`` s (a hang, not a slow machine: a run takes about a second). Prints one JSON
 line: the exit status of every repetition, which of them hung (killed at the deadline), which left a
@@ -95,22 +99,27 @@ def _child(root: str, mode: str) -> None:
     trainer.fit(RegressionTask(n=64, batch_size=8, num_workers=2))
 
 
-def _run(root: str, mode: str) -> dict:
-    log = os.path.join(root, "output.txt")
+def _start(root: str, mode: str) -> tuple[int, float]:
     os.makedirs(root, exist_ok=True)
-    started = time.monotonic()
+    log = os.path.join(root, "output.txt")
     pid = start_child(lambda: (random.seed(os.getpid()), _child(root, mode)), log)  # its own process group
-    deadline, hung = started + DEADLINE, False
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            hung = True
-            os.killpg(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            break
-        time.sleep(0.05)
+    return pid, time.monotonic()
+
+
+def _poll(pid: int, started: float) -> tuple[bool, int] | None:
+    """(hung, status) of a finished (or, past its deadline, killed) repetition; None while it
+    runs."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        return False, status
+    if time.monotonic() > started + DEADLINE:
+        os.killpg(pid, signal.SIGKILL)
+        return True, os.waitpid(pid, 0)[1]
+    return None
+
+
+def _finish(root: str, pid: int, started: float, hung: bool, status: int) -> dict:
+    log = os.path.join(root, "output.txt")
     try:
         os.killpg(pid, signal.SIGKILL)  # any worker left behind in that group
     except ProcessLookupError:
@@ -126,10 +135,23 @@ def _run(root: str, mode: str) -> dict:
 def main() -> None:
     root, repetitions = sys.argv[1], int(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else "random"
-    runs = []
-    for i in range(repetitions):
-        this = mode if mode != "mixed" else ("window", "random")[i % 2]
-        runs.append(dict(_run(os.path.join(root, f"run{i}"), this), mode=this))
+    parallel = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    runs: list[dict | None] = [None] * repetitions
+    # repetition: (pid, started, mode)
+    running: dict[int, tuple[int, float, str]] = {}
+    todo = list(range(repetitions))
+    while todo or running:
+        while todo and len(running) < parallel:
+            i = todo.pop(0)
+            this = mode if mode != "mixed" else ("window", "random")[i % 2]
+            running[i] = (*_start(os.path.join(root, f"run{i}"), this), this)
+        for i, (pid, started, this) in list(running.items()):
+            ended = _poll(pid, started)
+            if ended is not None:
+                del running[i]
+                folder = os.path.join(root, f"run{i}")
+                runs[i] = dict(_finish(folder, pid, started, *ended), mode=this)
+        time.sleep(0.05)
     print(json.dumps(runs))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -242,6 +243,10 @@ def run_scenario(scenario: str, root: str) -> None:
             signum = signal.SIGKILL if run[0] == "kill" else signal.SIGTERM
             sender = Signal(signum, run[1], run[2], group=signum == signal.SIGTERM)
             result = fork(lambda: train(scenario, root, f"run{i}", resume, [sender]), log)
+        if run[0] != "finish":
+            # The folder as this run left it (the next run continues in it: issue 47 row 1)
+            shutil.copytree(os.path.join(root, "runs", "version_0", "checkpoints"),
+                            os.path.join(root, f"after_run{i}"))
         runs.append(result)
     reference = fork(lambda: train(scenario, root, "reference", False, [], reference=True),
                      os.path.join(root, "reference.out"))

@@ -104,12 +104,14 @@ def test_early_stopping_survives_a_checkpoint_resume(tmp_path):
 
     fresh = EarlyStopping(monitor="val/score", patience=4, verbose=False)
     fresh.load_state_dict(first.state_dict())
-    assert fresh.state_dict() == first.state_dict() and fresh.state_key == "EarlyStopping{monitor=val/score, mode=min}"
+    assert fresh.state_dict() == first.state_dict()
+    assert fresh.state_key == "EarlyStopping{'monitor': 'val/score', 'mode': 'min'}"  # Lightning's key
 
 
 def test_early_stopping_explains_an_unknown_key():
     stopper = EarlyStopping(monitor="val/acc")
-    with pytest.raises(MisconfigurationError, match=r"monitors 'val/acc', which was not logged\. Logged keys: "
+    with pytest.raises(MisconfigurationError, match=r"monitors 'val/acc', which was not logged \(Lightning's words: Early stopping conditioned "
+                                                    r"on metric `val/acc` which is not available\)\. Logged keys: "
                                                     r"train/loss, train/loss_epoch, val/loss, val/score\.\n  HINT: "
                                                     r"did you mean 'val/score'\?"):
         fit_scripted([1.0, 0.5], stopper)

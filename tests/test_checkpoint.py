@@ -17,6 +17,7 @@ from taskfit import CheckpointError, MisconfigurationError
 from taskfit.callbacks import Callback, ModelCheckpoint
 from taskfit.callbacks.checkpoint.model_checkpoint import format_filename
 from taskfit.checkpoint import FORMAT_VERSION, last_checkpoint, load_checkpoint
+from taskfit.loop.checkpointer import Checkpointer
 from tasks import ClassifierTask, RegressionTask, same_state
 from tasks import checkpointing_trainer as _trainer
 from tasks import seeded_task as _task
@@ -266,15 +267,17 @@ def test_train_time_interval(tmp_path):
 
 
 # ---- min_epoch_interval: short epochs do not pay a save each -------------------------------------------------
-def _count_saves(trainer) -> list[str]:
-    """The paths ``trainer.save_checkpoint`` is called with (every save goes through it)."""
-    paths, real = [], trainer.save_checkpoint
+def _count_saves(trainer, monkeypatch) -> list[str]:
+    """The paths ``trainer``'s checkpoint manager saves to (every save goes through its
+    ``save``)."""
+    paths, real = [], Checkpointer.save
 
-    def spy(path, *args, **kwargs):
-        paths.append(os.path.basename(path))
-        return real(path, *args, **kwargs)
+    def spy(manager, path, *args, **kwargs):
+        if manager.run.trainer is trainer:
+            paths.append(os.path.basename(path))
+        return real(manager, path, *args, **kwargs)
 
-    trainer.save_checkpoint = spy
+    monkeypatch.setattr(Checkpointer, "save", spy)
     return paths
 
 
@@ -287,9 +290,9 @@ SKIPPED = re.compile(r"ModelCheckpoint: (\d+) of (\d+) epoch-end saves skipped \
                      r"ModelCheckpoint\(min_epoch_interval=0\) saves every epoch, as Lightning does\.")
 
 
-def test_short_epochs_skip_saves_and_fit_end_saves_the_final_state(tmp_path, capsys):
+def test_short_epochs_skip_saves_and_fit_end_saves_the_final_state(tmp_path, monkeypatch, capsys):
     trainer = _trainer(tmp_path, max_epochs=5)  # the default ModelCheckpoint; epochs of a few ms
-    saves = _count_saves(trainer)
+    saves = _count_saves(trainer, monkeypatch)
     trainer.fit(_task())
     cb, out = trainer.checkpoint_callback, capsys.readouterr().out
     [(skipped, due)] = SKIPPED.findall(out)  # one line
@@ -320,17 +323,17 @@ class Tick(Callback):
 
 def test_an_epoch_save_is_skipped_only_within_min_epoch_interval_of_the_last(tmp_path, monkeypatch, capsys):
     clock = Clock(epoch_s=0.6)  # saves are due at 0.6, 1.2, 1.8, 2.4, 3.0 s: only 1.2 and 2.4 are 1 s after one
-    monkeypatch.setattr("taskfit.callbacks.checkpoint.model_checkpoint.time", clock)
+    monkeypatch.setattr("taskfit.loop.checkpointer.time", clock)
     trainer = _trainer(tmp_path, max_epochs=5, callbacks=[ModelCheckpoint(), Tick(clock)])
-    saves = _count_saves(trainer)
+    saves = _count_saves(trainer, monkeypatch)
     trainer.fit(_task())
     assert saves == ["epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt", "epoch=4-step=40.ckpt"]  # the last: fit end
     assert SKIPPED.findall(capsys.readouterr().out) == [("3", "5")]
 
 
-def test_min_epoch_interval_0_saves_every_epoch(tmp_path, capsys):
+def test_min_epoch_interval_0_saves_every_epoch(tmp_path, monkeypatch, capsys):
     trainer = _trainer(tmp_path, max_epochs=5, callbacks=[ModelCheckpoint(min_epoch_interval=0)])
-    saves = _count_saves(trainer)
+    saves = _count_saves(trainer, monkeypatch)
     trainer.fit(_task())
     assert saves == [f"epoch={e}-step={8 * (e + 1)}.ckpt" for e in range(5)]
     assert "ModelCheckpoint:" not in capsys.readouterr().out
@@ -343,11 +346,11 @@ def test_every_epoch_file_is_written_when_more_than_the_newest_are_kept(tmp_path
     assert "ModelCheckpoint:" not in capsys.readouterr().out
 
 
-def test_a_monitored_epoch_save_is_never_skipped(tmp_path, capsys):
+def test_a_monitored_epoch_save_is_never_skipped(tmp_path, monkeypatch, capsys):
     values = Values("val/loss")
     cb = ModelCheckpoint(monitor="val/loss", filename="{epoch}")
     trainer = _trainer(tmp_path, max_epochs=5, callbacks=[cb, values])
-    saves = _count_saves(trainer)
+    saves = _count_saves(trainer, monkeypatch)
     trainer.fit(_task(val_n=16))
     assert len(saves) == 5  # every epoch: a ranked file when it is the best so far, else last.ckpt
     best = values.values.index(min(values.values))

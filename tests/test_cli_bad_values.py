@@ -26,6 +26,9 @@ def _prepare(root: Path) -> Path:
     (cwd / "my_configs" / "task").mkdir(parents=True)
     (cwd / "my_configs" / "task" / "binary.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64))
     (cwd / "my_configs" / "task" / "nul.yaml").write_bytes(b"_target_: x\x00\x01\x02\n")
+    # (issue 47, row 8: a task written as a YAML list; before: a TaskModuleError naming no file,
+    # after a run directory was made)
+    (cwd / "my_configs" / "task" / "listed.yaml").write_text("- _target_: my.Task\n- hidden: 8\n")
     return cwd
 
 
@@ -45,6 +48,10 @@ CASES = {
                     r"task=binary: the config file .*binary\.yaml is not text"),
     "yaml with NULs": (["--config-dir=my_configs", "task=nul"], "MisconfigurationError",
                        r"The config file .*nul\.yaml is not valid YAML: unacceptable character"),
+    "task file a yaml list": (["--config-dir=my_configs", "task=listed"],
+                              "MisconfigurationError",
+                              r"The config file .*my_configs/task/listed\.yaml \(task=listed\) "
+                              r"is a YAML list, not a mapping of keys"),
     "missing config dir": (["--config-dir=no_such_configs"], "MisconfigurationError",
                            r"--config-dir /.*/work/here/no_such_configs: that path does not exist"),
     "config dir is a file": (["--config-dir=text.ckpt"], "MisconfigurationError",

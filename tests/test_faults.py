@@ -292,3 +292,42 @@ def test_checkpoint_writer_keeps_order_and_reraises_the_first_error():
     writer.submit(done.append, 4)  # a closed writer starts a new thread
     writer.close()
     assert done == [1, 3, 4]
+
+
+class KillsAWorker(Callback):
+    """At batch 2, SIGKILLs one of the fit's DataLoader workers and waits, inside the hook, until it
+    is dead (looked at, not reaped); ``finished``: the hook got to its end."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
+        if batch_idx != 2:
+            return
+        workers = [int(p) for p in os.listdir("/proc")
+                   if p.isdigit() and _parent(int(p)) == os.getpid()]
+        os.kill(workers[0], 9)
+        os.waitid(os.P_PID, workers[0], os.WEXITED | os.WNOWAIT)
+        self.finished = True
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_a_dead_worker_is_raised_at_the_next_batch_not_inside_the_trainers_code(tmp_path):
+    """Issue 47, row 7, deterministically: torch's SIGCHLD handler raised a worker's death at
+    whatever instruction the trainer was running (here: inside a callback; inside
+    multiprocessing.Queue.put it left the queue's lock taken and the iterator's cleanup deadlocked:
+    tests/test_cluster.py, 20 trials). During a fit taskfit's handler only counts the signal: the
+    hook finishes, and the DataLoader's own check raises the death at the next batch."""
+    hook = KillsAWorker()
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), callbacks=[hook], **QUIET)
+    dead = r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+    with pytest.raises(RuntimeError, match=dead):
+        trainer.fit(RegressionTask(n=256, batch_size=8, num_workers=2))
+    assert hook.finished

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -120,6 +121,56 @@ def test_sharded_checkpoint_layout_is_complete_safe_and_one_directory_per_checkp
     assert load_checkpoint(str(folder / "epoch=1-step=4.ckpt"))["data"]["batches_done"] == 2  # mid-epoch
 
 
+def _wide_fit(folder, ckpt_path=None):
+    """An fsdp fit of an MLP wide enough for shard files of about 260 KiB, checkpoints every 2
+    steps in ``folder``."""
+    seed_everything(0)
+    task = MLPTask(batch_size=8, hidden=256)
+    checkpointing = ModelCheckpoint(dirpath=str(folder), every_n_train_steps=2, every_n_epochs=None,
+                                    save_top_k=-1)
+    trainer = Trainer(strategy=_fsdp(auto_wrap_policy={nn.Linear}),
+                      default_root_dir=str(folder.parent), callbacks=[checkpointing],
+                      **{**COMMON, "max_epochs": 1})
+    trainer.fit(task, ckpt_path=ckpt_path)
+    return task, trainer
+
+
+def test_bytes_flipped_mid_shard_are_refused_and_last_falls_back(tmp_path, capfd):
+    """Issue 47, row 3: 16 bytes flipped in the middle of a shard file of last.ckpt, beyond the
+    64 KiB at each end that the marker's fingerprint covers. Every byte is checksummed: loading it
+    is refused by name, and fit(ckpt_path="last") resumes from the newest intact checkpoint instead,
+    saying so, and ends exactly where the undamaged run ended. (Before: loaded silently, with wrong
+    weights.)"""
+    folder = tmp_path / "ckpts"
+    reference, _ = _wide_fit(folder)
+    last = folder / "last.ckpt"
+    # a hard link of the step=3 checkpoint's shard file: both are damaged
+    shard = last / "__0_0.distcp"
+    size = os.path.getsize(shard)
+    assert size > 3 * 65536
+    with open(shard, "r+b") as fh:
+        fh.seek(size // 2)
+        data = fh.read(16)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in data))
+    damaged = (r"Sharded checkpoint .*last\.ckpt is damaged: the bytes of its shard file "
+               r"__0_0\.distcp do not match")
+    with pytest.raises(CheckpointError, match=damaged):
+        MLPTask.load_from_checkpoint(str(last))
+    with pytest.raises(CheckpointError, match=damaged):
+        consolidate(str(last), str(tmp_path / "out.ckpt"))
+    capfd.readouterr()
+    # (the warning comes from rank 0's process)
+    resumed, trainer = _wide_fit(folder, ckpt_path="last")
+    out, err = capfd.readouterr()
+    assert re.search(r"Skipped .*/last\.ckpt: Sharded checkpoint .*/last\.ckpt is damaged: .*; "
+                     r"resuming from .*/epoch=0-step=2\.ckpt, the newest intact checkpoint", err)
+    assert "Resumed from" in out and "epoch=0-step=2.ckpt: epoch 0, batch 4, global step 2." in out
+    assert trainer.state.resumed and trainer.state.global_step == 3 and "Traceback" not in err
+    expected = reference.state_dict()
+    assert all(torch.equal(resumed.state_dict()[k], v) for k, v in expected.items())
+
+
 def test_sigkill_mid_epoch_then_resume_from_last_is_bitwise_exact(runs, tmp_path):
     """Rank 1 is SIGKILLed at batch 2 of epoch 1; the resume from last (step 4, mid-epoch) ends bitwise equal to the
     uninterrupted run: weights, optimizer state, RNG of each rank, logged values."""
@@ -131,7 +182,9 @@ def test_sigkill_mid_epoch_then_resume_from_last_is_bitwise_exact(runs, tmp_path
     assert trainer.state.resumed and trainer.state.global_step == 6
     got, expected = task.state_dict(), runs["task"].state_dict()
     assert all(torch.equal(got[k], v) for k, v in expected.items())
-    resumed = consolidate(str(tmp_path / "version_1" / "checkpoints" / "last.ckpt"), str(tmp_path / "resumed.ckpt"))
+    # The resume continues in the run directory it resumes (issue 47 row 1; version_1 before)
+    resumed = consolidate(str(tmp_path / "version_0" / "checkpoints" / "last.ckpt"),
+                          str(tmp_path / "resumed.ckpt"))
     reference = consolidate(str(runs["folder"] / "last.ckpt"), str(tmp_path / "reference.ckpt"))
     a, b = (torch.load(p, weights_only=True) for p in (resumed, reference))
     for key in ("module", "optimizer", "schedulers", "rng"):

@@ -45,7 +45,6 @@ ALLOWED_READS = {  # (module, function, attribute): why
     ("taskfit.loop.lifecycle", "new_run", "trainer_config"): "the run's configuration",
     ("taskfit.loop.lifecycle", "new_run", "strategy"): "the run's strategy",
     ("taskfit.loop.lifecycle", "new_run", "checkpoint_writer"): "background saves outlive a run",
-    ("taskfit.loop.lifecycle", "new_run", "checkpoint_callback"): "the run's ModelCheckpoint",
     # precision's owner (issue 44, "precision") replaces both with run.config.precision
     ("taskfit.loop.lifecycle", "_attach", "precision_name"): "the run's precision",
     ("taskfit.strategies.fsdp", "launch", "precision_name"): "fsdp's checks, before any process",

@@ -376,8 +376,9 @@ def test_early_stopping_reasons(kwargs, script, stopped, reason, message):
 def test_strict_and_a_missing_monitor():
     # Lightning: strict raises at the first check ("Early stopping conditioned on metric `val/missing` which is not
     # available"); strict=False skips every check (taskfit: with one warning).
-    with pytest.raises(MisconfigurationError, match=r"monitors 'val/missing', which was not logged\. Logged keys: "
-                                                    r"train/loss, train/loss_epoch, val/loss, val/score\."):
+    with pytest.raises(MisconfigurationError, match=r"monitors 'val/missing', which was not logged \(Lightning's "
+                                                    r"words: Early stopping conditioned on metric `val/missing` "
+                                                    r"which is not available\)\. Logged keys: train/loss, train/loss_epoch, val/loss, val/score\."):
         stop_run(EarlyStopping("val/missing"), [1.0, 0.9], max_epochs=2)
     lenient = EarlyStopping("val/missing", strict=False)
     with pytest.warns(UserWarning, match=r"EarlyStopping\(strict=False\) skips the check") as record:

@@ -3,11 +3,15 @@ tests/data/make_lightning_checkpoint.py) loads into the same module written as a
 carry Lightning's top-level keys, so that scripts and ``on_load_checkpoint`` written for Lightning read them."""
 from __future__ import annotations
 
+import random
+import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
-from taskfit import TaskModule, Trainer
+from taskfit import CheckpointError, TaskModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -87,3 +91,57 @@ def test_a_background_save_keeps_state_dict_and_module_one_object(tmp_path):
     trainer.checkpoint_writer.wait()
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["state_dict"] is ckpt["module"]  # staged once, pickled once
+
+
+def _flip_bit_in(path: Path, member: str, seed: int) -> None:
+    """Flip one random bit of the zip member ``member`` of ``path`` (still a valid zip)."""
+    info = zipfile.ZipFile(path).getinfo(member)
+    rng = random.Random(seed)
+    with open(path, "r+b") as fh:
+        fh.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", fh.read(4))
+        at = info.header_offset + 30 + name_len + extra_len + rng.randrange(info.file_size)
+        fh.seek(at)
+        byte = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([byte ^ (1 << rng.randrange(8))]))
+
+
+LIGHTNING_TENSORS = [f"archive/data/{i}" for i in range(9)]
+
+
+class Validated(Blob):
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", nn.functional.cross_entropy(self(batch[0]), batch[1]))
+
+    def val_dataloader(self):
+        return self.train_dataloader()
+
+
+def _validate(root: Path, ckpt_path: Path) -> None:
+    Trainer(default_root_dir=str(root), **QUIET).validate(Validated(hidden=5), ckpt_path=ckpt_path)
+
+
+@pytest.mark.parametrize("member", LIGHTNING_TENSORS)
+def test_a_flipped_bit_in_a_lightning_checkpoint_is_refused_by_its_zip_crc(tmp_path, member):
+    """Issue 47, row 4: a file without taskfit's checksums (here one Lightning 2.6.6 wrote)
+    with one bit flipped in a tensor is refused by the CRC-32 its zip archive records for each
+    member, by every loading path (before: loaded silently, 4 of 4; Lightning too)."""
+    damaged = tmp_path / "lightning.ckpt"
+    shutil.copy(LIGHTNING_CKPT, damaged)
+    _flip_bit_in(damaged, member, seed=LIGHTNING_TENSORS.index(member))
+    message = (rf"Checkpoint {damaged} is damaged: the bytes of a tensor storage \({member}\) "
+               "did not match the CRC-32 its zip archive recorded")
+    with pytest.raises(CheckpointError, match=message):
+        Blob.load_from_checkpoint(damaged)
+    with pytest.raises(CheckpointError, match=message):
+        _validate(tmp_path, damaged)
+
+
+def test_a_plain_state_dict_with_a_flipped_bit_is_refused_and_an_intact_one_loads(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save(Blob(hidden=5).state_dict(), path)
+    _validate(tmp_path, path)
+    _flip_bit_in(path, "weights/data/0", seed=0)
+    with pytest.raises(CheckpointError, match=r"weights\.pt is damaged: the bytes of a tensor"):
+        _validate(tmp_path, path)

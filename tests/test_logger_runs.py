@@ -284,7 +284,7 @@ def test_lr_monitor_refuses_two_param_groups_of_one_name_and_says_when_momentum_
                                                     r"\"name\" \(\['head'\]\)"):
         fit(Groups(["head", "head"]), LearningRateMonitor())
     monitor = LearningRateMonitor(log_momentum=True)
-    with pytest.warns(RuntimeWarning, match=r"an optimizer has no momentum \(nor betas\), so its momentum is logged "
-                                            r"as 0, as Lightning does"):
+    with pytest.warns(RuntimeWarning, match=r"some optimizers do not have momentum\. This will log a value 0 "
+                                            r"for the momentum"):
         fit(Groups(["weight", "bias"], torch.optim.Adagrad), monitor)
     assert monitor.last_momentum_values == {"lr-Adagrad/weight-momentum": 0.0, "lr-Adagrad/bias-momentum": 0.0}

@@ -189,6 +189,54 @@ def test_csv_of_a_fit_resumed_at_an_epochs_last_step_has_each_step_once(tmp_path
     assert [r["epoch"] for r in rows] == [str(e) for e in range(3) for _ in range(6)]
 
 
+def _not_utf8(data: bytes) -> bytes:
+    """Two bytes that are not UTF-8 in the middle of the row of step 3."""
+    at = data.index(b"\n3,") + 4
+    return data[:at] + b"\xff\xfe" + data[at:]
+
+
+def _header_lost(data: bytes) -> bytes:
+    return data[data.index(b"\n") + 1:]
+
+
+def _last_row_torn(data: bytes) -> bytes:
+    """The last row cut in its middle (a copy cut short, a disk that filled)."""
+    start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    return data[:start + (len(data) - start) // 2]
+
+
+@pytest.mark.parametrize("damage, kept_steps", [
+    (_not_utf8, [1, 2]), (_header_lost, []), (_last_row_torn, [1, 2, 3, 4, 5])])
+def test_a_resume_over_a_damaged_metrics_csv_keeps_it_aside_and_goes_on(tmp_path, damage,
+                                                                        kept_steps):
+    """Issue 47, row 5: a metrics.csv that is not UTF-8, lost its header or has a torn last row
+    (before: a raw UnicodeDecodeError that blocked every resume, or rows garbled silently). The
+    resume goes on; the damaged file is kept aside byte for byte, a warning names both files, and
+    metrics.csv continues from its intact beginning: every row as wide as the header."""
+    from taskfit.callbacks import ModelCheckpoint
+
+    def fit(max_epochs, ckpt_path=None):
+        trainer = Trainer(max_epochs=max_epochs, log_every_n_steps=1, logger=CSVLogger(),
+                          default_root_dir=str(tmp_path), callbacks=[ModelCheckpoint()], **QUIET)
+        trainer.fit(ClassifierTask(), ckpt_path=ckpt_path)
+        return trainer
+
+    path = Path(fit(1).log_dir) / "metrics.csv"
+    damaged = damage(path.read_bytes())
+    path.write_bytes(damaged)
+    with pytest.warns(UserWarning, match=rf"{path} is damaged \(.*\): it is kept as "
+                                         rf"{path}\.damaged, and {path} (continues|starts)"):
+        resumed = fit(2, ckpt_path="last")
+    assert resumed.state.resumed and resumed.state.global_step == 12
+    assert (tmp_path / path.parent / "metrics.csv.damaged").read_bytes() == damaged
+    header, rows = read_csv(path)
+    assert header[:2] == ["step", "epoch"] and "train/loss" in header
+    assert all(None not in r and None not in r.values() for r in rows)
+    steps = [int(r["step"]) for r in rows]
+    assert steps[:len(kept_steps)] == kept_steps and steps[-6:] == list(range(7, 13))
+    assert steps == sorted(set(steps))
+
+
 def test_an_unwritable_directory_fails_at_fit_start_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")

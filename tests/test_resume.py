@@ -96,8 +96,10 @@ def test_kill_during_write_leaves_previous_checkpoint_intact(results):
     assert killed["left_tmp"], "the process was not killed in the middle of a write"
     name = os.path.basename(tmp)
     assert name.startswith(".") and name.endswith(".tmp")  # a partial file never carries a checkpoint's name
+    # The folder as the killed run left it (the resumed run continues in it)
+    folder = os.path.join(base, "after_run0")
+    tmp = os.path.join(folder, name)
     assert os.path.getsize(tmp) > 2**20
-    folder = os.path.dirname(tmp)
     ckpts = sorted(n for n in os.listdir(folder) if n.endswith(".ckpt"))
     assert ckpts == ["epoch=0-step=3.ckpt", "last.ckpt"]
     for n in ckpts:  # every file with a checkpoint's name is complete
@@ -110,7 +112,8 @@ def test_sigterm_saves_reports_and_exits_143(results):
     assert run["status"] == 128 + signal.SIGTERM == 143
     path = os.path.join(base, "runs", "version_0", "checkpoints", "last.ckpt")
     assert f"SIGTERM received; saved a checkpoint at epoch 0, batch 6, global step 6 to {path}" in run["output"]
-    state = load_checkpoint(path)["loop"]["state"]
+    # The file as the signalled run left it (the resumed run continues in its folder)
+    state = load_checkpoint(os.path.join(base, "after_run0", "last.ckpt"))["loop"]["state"]
     assert (state["global_step"], state["batches_done"], state["epoch_done"]) == (6, 6, False)
 
 
@@ -144,7 +147,9 @@ def test_stop_at_max_steps_mid_epoch_then_extend_is_exact(tmp_path):
     task = _task(shuffle=True, dropout=0.2, val_n=16)
     extended.fit(task, ckpt_path="last")
     assert all(torch.equal(a, b) for a, b in zip(task.parameters(), reference.parameters()))
-    assert counter.batches == 13 and extended.log_dir.endswith("version_1")
+    # Without a logger the resume continues in the run directory it resumes (issue 47 row 1;
+    # version_1 before)
+    assert counter.batches == 13 and extended.log_dir.endswith("version_0")
 
 
 class CountingDataset(Dataset):

@@ -18,7 +18,7 @@ from taskfit.checkpoint.dirs import (
     remove_checkpoint,
     require_complete,
 )
-from taskfit.checkpoint.sharded_index import SafeReader, fingerprint, read_index
+from taskfit.checkpoint.sharded_index import SafeReader, crc_line, file_crc, fingerprint, read_index
 from taskfit.errors import CheckpointError
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
@@ -149,6 +149,34 @@ def test_a_shard_file_changed_since_it_was_written_is_named(tmp_path):
     with open(os.path.join(path, "__1_0.distcp"), "r+b") as fh:
         fh.write(b"\xff")
     assert "it changed since it was written (16 bytes now, 16 then: truncated or damaged)" in refusal(path)
+
+
+def test_every_byte_of_a_shard_file_is_checked_against_its_recorded_crc32(tmp_path):
+    """Damage between the 64 KiB ends the fingerprint reads is refused by the CRC-32 of every byte
+    (issue 47, row 3); a marker without crc32 lines (an older taskfit's) is checked by its
+    fingerprints only."""
+    # 300 KiB
+    big = bytes(range(256)) * 1200
+    files = {"__0_0.distcp": big, "__1_0.distcp": bytes(16)}
+    stored = {"w": ("__0_0.distcp", 0, len(big)), "b": ("__1_0.distcp", 0, 16)}
+    path = make_checkpoint(tmp_path / "ckpt", files=files, stored=stored)
+    old = make_checkpoint(tmp_path / "old", files=files, stored=stored)
+    with open(os.path.join(path, MARKER), "a") as fh:
+        fh.write("".join(crc_line(os.path.join(path, name)) + "\n" for name in files))
+    read_index(path)
+    assert f"crc32 __0_0.distcp {len(big)} {file_crc(os.path.join(path, '__0_0.distcp')):08x}" in \
+        open(os.path.join(path, MARKER)).read()
+    for folder in (path, old):
+        with open(os.path.join(folder, "__0_0.distcp"), "r+b") as fh:
+            fh.seek(len(big) // 2)
+            fh.write(b"\xff" * 16)
+    message = refusal(path)
+    assert message.startswith(f"Sharded checkpoint {path} is damaged: the bytes of its shard file "
+                              "__0_0.distcp do not match the checksum COMPLETE recorded when it "
+                              "was written (crc32 ")
+    assert 'fit(ckpt_path="last") falls back to the newest intact one' in message
+    # (only what its marker records is checked)
+    read_index(old)
 
 
 def test_fingerprint_is_the_size_and_a_digest_of_the_ends(tmp_path):

@@ -26,7 +26,7 @@ class DataModule:
     Its ``__init__`` arguments are recorded in :attr:`hparams`, as a TaskModule's.
     """
 
-    trainer: Any = None  # the Trainer running it (set for the length of a run)
+    trainer: Any = None  # the Trainer of its current or last run (kept after it, as Lightning's)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "DataModule":
         self = super().__new__(cls)
@@ -55,15 +55,28 @@ class DataModule:
                       predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
                       **datamodule_kwargs: Any) -> DataModule:
         """A data module of datasets (each one, or a list of them), as Lightning's ``from_datasets``: DataLoaders of
-        ``batch_size`` with ``num_workers``, the training one shuffled. ``datamodule_kwargs`` go to ``cls()``."""
-        from torch.utils.data import DataLoader
+        ``batch_size`` with ``num_workers``, the training one shuffled (not an IterableDataset).
+        ``datamodule_kwargs`` go to ``cls()``, and ``batch_size``/``num_workers`` too where its
+        ``__init__`` takes them (as Lightning's)."""
+        import inspect
+
+        from torch.utils.data import DataLoader, IterableDataset
+
+        def make(ds: Any, shuffle: bool) -> Any:
+            shuffle = shuffle and not isinstance(ds, IterableDataset)  # (an error for DataLoader)
+            return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
 
         def loaders(datasets: Any, shuffle: bool) -> Any:
-            make = lambda ds: DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)  # noqa
             if isinstance(datasets, (list, tuple)):
-                return [make(ds) for ds in datasets]
-            return make(datasets)
+                return [make(ds, shuffle) for ds in datasets]
+            return make(datasets, shuffle)
 
+        own_init = cls.__init__ is not object.__init__
+        params = inspect.signature(cls.__init__).parameters if own_init else {}
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for name, value in (("batch_size", batch_size), ("num_workers", num_workers)):
+            if takes_all or name in params:
+                datamodule_kwargs.setdefault(name, value)
         datamodule = cls(**datamodule_kwargs)
         for name, datasets, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset,
                                         False), ("test_dataloader", test_dataset, False),
@@ -71,6 +84,18 @@ class DataModule:
             if datasets is not None:
                 datamodule.__dict__[name] = lambda datasets=datasets, shuffle=shuffle: loaders(datasets, shuffle)
         return datamodule
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (sent to ddp workers) without its trainer."""
+        return {k: v for k, v in self.__dict__.items() if k != "trainer"}
+
+    def __str__(self) -> str:
+        """Lightning's summary of the loaders: one ``{Train dataloader: size=64}`` line per loader
+        method (``None`` where it gives none or fails, ``NA`` for a dataset without a length,
+        ``1. size=.. ; 2. ...`` for several loaders)."""
+        names = ("Train", "Validation", "Test", "Predict")
+        return os.linesep.join(f"{{{name} dataloader: {_loaders_info(self, method)}}}"
+                               for name, method in zip(names, LOADERS.values()))
 
     def state_dict(self) -> dict[str, Any]:
         """What this data module needs to continue after a resume (plain containers, numbers, tensors)."""
@@ -87,6 +112,25 @@ class DataModule:
     def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True) -> None:
         """Lightning's call: keep only ``args`` (names) in :attr:`hparams`, or all but ``ignore``."""
         select_hparams(self, args, ignore)
+
+
+def _loaders_info(datamodule: DataModule, method: str) -> str:
+    """``size=N`` of the loader ``method`` returns, or of each of several; ``None`` for none."""
+    try:
+        loaders = getattr(datamodule, method)()
+    except Exception:  # not set up yet, or not defined (Lightning: None)
+        return "None"
+    if loaders is None:
+        return "None"
+    if hasattr(loaders, "dataset"):
+        return _size(loaders)
+    several = loaders.values() if isinstance(loaders, dict) else loaders
+    return " ; ".join(f"{i}. {_size(loader)}" for i, loader in enumerate(several, start=1))
+
+
+def _size(loader: Any) -> str:
+    dataset = getattr(loader, "dataset", None)
+    return f"size={len(dataset) if hasattr(dataset, '__len__') else 'NA'}"
 
 
 class DataSource:

@@ -120,6 +120,14 @@ class TaskModule(nn.Module):
             "return `(inputs, targets)` or `{'inputs': ..., 'targets': ...}` from the dataset, or override "
             "`def split_batch(self, batch): return inputs, targets` in your TaskModule.")
 
+    @default_hook
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The default prediction, ``self(inputs)`` (see :func:`predict_inputs`), for an override
+        that calls ``super().predict_step(batch, batch_idx)`` as in Lightning; the Trainer calls it
+        only through one."""
+        batch = kwargs.get("batch", args[0] if args else None)
+        return self(predict_inputs(self, batch))
+
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, /, *, map_location: Any = "cpu",
                              **kwargs: Any) -> "TaskModule":

@@ -31,6 +31,11 @@ class SchedulerConfig:
     def on_plateau(self) -> bool:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
+    @property
+    def reduce_on_plateau(self) -> bool:
+        """Lightning's name for :attr:`on_plateau` (in ``trainer.lr_scheduler_configs``)."""
+        return self.on_plateau
+
 
 def _scheduler_config(value: Any) -> SchedulerConfig:
     if isinstance(value, Mapping):

@@ -2,10 +2,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 # Fields that describe this process's call, not the training run: never written into a checkpoint.
 _NOT_SAVED = ("fn", "resumed", "data_wait_s", "status")
+
+
+class _StrEnum(str, Enum):
+    """A str whose members compare, print and format as their value (Python 3.11's StrEnum)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class TrainerFn(_StrEnum):
+    """``trainer.state.fn``: the entry point running, Lightning's enum (``.value``; equal to its
+    string)."""
+
+    FITTING = "fit"
+    VALIDATING = "validate"
+    TESTING = "test"
+    PREDICTING = "predict"
+
+
+class TrainerStatus(_StrEnum):
+    """The values of ``trainer.state.status``, Lightning's enum (each equal to its string)."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -16,7 +43,9 @@ class TrainerState:
     partial-epoch values, RNG and data positions, callback states); this object holds the counters.
     """
 
-    fn: str = ""  # the entry point running: "fit", "validate", "test" or "predict" ("" before the first)
+    # the entry point running: TrainerFn, equal to "fit", "validate", "test" or "predict" ("" before
+    # the first)
+    fn: TrainerFn | str = ""
     status: str = "initializing"  # Lightning's: "running", then "finished" or "interrupted" (an error, Ctrl-C)
     stage: str = "idle"  # "sanity", "train", "val", "test", "predict" or "idle"
     epoch: int = 0

@@ -40,7 +40,7 @@ from .init_args import run_hparams
 from .logs.buffer import LogBuffer
 from .loop import lifecycle, user_errors
 from .loop.cadence import accumulation_group, steps_per_epoch
-from .loop.checkpointing import load_run_state, preempt, run_state, save_checkpoint
+from .loop.checkpointing import load_run_state, no_training_state, preempt, run_state
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
 from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
@@ -211,7 +211,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         epoch, step, stepped = self._fitted if ckpt_path is None and self._fitted else (0, 0, 0)
         self.state = TrainerState(epoch=epoch, global_step=step, stepped_batches=stepped)
         self.callbacks = merge_task_callbacks(self.callbacks, task)  # the task's configure_callbacks()
-        self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state, log_dir=None)
+        self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state,
+                                           log_dir=None, policies=self._checkpoint_policies())
         with lifecycle.running(run):
             lifecycle.setup_fit(run, ckpt_path)
             st = self.state
@@ -445,7 +446,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         if fn != "predict":  # callback_metrics hold this pass's values only, as Lightning's after validate/test
             self.state.metrics.clear()
         self.run = run = lifecycle.new_run(self, task, fn, data, self.callbacks, self.state, log_dir=self.log_dir,
-                                           verbose=verbose)
+                                           verbose=verbose, policies=self._checkpoint_policies())
         with lifecycle.running(run, weights=ckpt_path):
             return run_entry(run, fn, keep)
 
@@ -493,6 +494,11 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+    def _checkpoint_policies(self) -> list[ModelCheckpoint]:
+        """The ModelCheckpoint callbacks: the configuration and ranking of the run's checkpoint
+        manager."""
+        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
 
     # ---- the configuration: Lightning's names for trainer_config.py's fields -----------------
     precision_name = _configured("precision",
@@ -558,6 +564,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     hooks = _run_part("hooks", "Hook name -> what the run calls for it, in Lightning's order (loop/hooks.py).")
     metrics = _run_part("metrics", "configure_metrics()' torchmetrics by stage.")
     preemption = _run_part("preemption", "The run's preemption signals (loop/preemption.py).")
+    checkpointer = _run_part("checkpointer", "The run's checkpoint manager (loop/checkpointer.py).")
     data_seed = _run_part("data_seed", "The seed of the run's data order.")
     train_dataloader = _run_part("train_dataloader", "The fit's training loader.")
     val_loader = _run_part("val_loader", "The fit's validation loader, or None.")
@@ -616,4 +623,6 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def save_checkpoint(self, path: str | None = None, *, background: bool = False, **lightning: Any) -> None:
         """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously with ``background``."""
         path = entry_keywords(self.save_checkpoint, path, lightning, required=True)
-        save_checkpoint(self.run, path, background)
+        if self.run is None:
+            raise no_training_state(path)
+        self.run.checkpointer.save(path, background)

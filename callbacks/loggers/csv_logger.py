@@ -11,12 +11,18 @@ first validation, a test after fit), the file is rewritten with the wider header
 replaces it atomically; so is it when a resumed fit drops the rows of the steps it redoes. A resumed fit's values
 at the checkpoint's own step (an epoch's last step: the epoch means again) merge into that step's row, so every step
 keeps one row.
+
+A ``metrics.csv`` found damaged when a run (or a resume) opens it (not UTF-8, NUL bytes, its
+header lost, a row cut short or garbled) never stops training: the file is kept aside as
+``metrics.csv.damaged`` (``-1``, ``-2``... if taken), ``metrics.csv`` continues from its intact
+beginning, and a warning says so (:func:`_read_checked`).
 """
 from __future__ import annotations
 
 import csv
 import io
 import os
+import warnings
 from typing import Any
 
 from ...arguments import arguments_checked
@@ -67,7 +73,7 @@ class CSVLogger(Logger):
         if path != self._path:
             self._path, self._header, self._row, self._written, self._redo_step = path, [], {}, None, None
             if os.path.isfile(path):  # a run directory written before (validate/test into a finished fit's)
-                header, rows = _read(path)
+                header, rows = _read_checked(path)
                 self._header = header
                 if self.resuming:  # the steps after the checkpoint's were written by the killed run: redone now
                     step = trainer.state.log_step
@@ -136,17 +142,71 @@ class CSVLogger(Logger):
             with open(self._path, "a", newline="", encoding="utf-8") as fh:
                 fh.write(_line([row.get(key, "") for key in self._header]))  # one write: a whole row or none
             return
-        rows = _read(self._path)[1] if os.path.isfile(self._path) else []
+        rows = _read_checked(self._path)[1] if os.path.isfile(self._path) else []
         if replace_last and rows:
             rows.pop()
         self._header = (self._header or [STEP, EPOCH]) + [key for key in new if key not in (STEP, EPOCH)]
         replace_file(self._path, _table(self._header, rows + [[str(row.get(key, "")) for key in self._header]]))
 
 
-def _read(path: str) -> tuple[list[str], list[list[str]]]:
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))
-    return (rows[0] if rows else []), rows[1:]
+def _read_checked(path: str) -> tuple[list[str], list[list[str]]]:
+    """``metrics.csv``'s header and rows. A damaged file is moved aside and replaced by its intact
+    beginning (the rows before the damage; none without a header), with a warning naming both:
+    a resume over it goes on."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    header, rows, damage = _intact_beginning(data)
+    if damage is None:
+        return header, rows
+    aside = _free_name(f"{path}.damaged")
+    os.replace(path, aside)
+    if header:
+        replace_file(path, _table(header, rows))
+    kept = f"continues from its first {len(rows)} rows" if header else "starts anew"
+    warnings.warn(
+        f"{path} is damaged ({damage}): it is kept as {aside}, and {path} {kept}; training goes "
+        f"on. HINT: nothing to do for the run; the rows after the damage are only in {aside} (a "
+        "disk error, a copy cut short or a tool writing into the file damaged it).",
+        UserWarning, stacklevel=2)
+    return header, rows
+
+
+def _intact_beginning(data: bytes) -> tuple[list[str], list[list[str]], str | None]:
+    """The header and rows of ``data`` up to its first damage, and what that damage is (None:
+    none). A row of this logger has as many fields as the header, and whole numbers for its
+    step and epoch; every line ends with a line end."""
+    try:
+        text, damage = data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        text = data[:exc.start].decode("utf-8")
+        damage = f"byte {exc.start} (line {text.count(chr(10)) + 1}) is not UTF-8"
+    if "\0" in text:
+        text = text[:text.index("\0")]
+        damage = damage or f"a NUL byte on line {text.count(chr(10)) + 1}"
+    if not text.endswith("\n") and text:
+        torn = text.splitlines()[-1][:40]
+        damage = damage or f"its last line is cut short (no line end): {torn!r}"
+        text = text[:text.rfind("\n") + 1]
+    lines = list(csv.reader(io.StringIO(text)))
+    header = lines[0] if lines else []
+    if header and (header[:2] != [STEP, EPOCH] or len(set(header)) != len(header) or "" in header):
+        return [], [], damage or f"its first line is not a header (step,epoch,...): {text[:40]!r}"
+    for i, row in enumerate(lines[1:]):
+        if len(row) != len(header) or not (row[0].isdigit() and row[1].isdigit()):
+            why = f"line {i + 2} has {len(row)} fields, not {len(header)}"
+            if len(row) == len(header):
+                why = f"line {i + 2} has no whole step and epoch: {row[:2]}"
+            return header, lines[1:i + 1], damage or why
+    return header, lines[1:], damage
+
+
+def _free_name(path: str) -> str:
+    """``path``, or ``path-1``, ``path-2``... the first that does not exist."""
+    n, name = 0, path
+    while os.path.lexists(name):
+        n += 1
+        name = f"{path}-{n}"
+    return name
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

@@ -11,7 +11,9 @@
   and nothing else, and checked before DCP reads a byte (every file it names is inside the directory, present and
   long enough: :func:`read_index`); the shards are read with ``torch.load(weights_only=True)``;
 * ``COMPLETE``: written last, with each shard file's size and fingerprint (a swapped or replaced shard file is
-  refused by name); a directory without it is refused.
+  refused by name) and the CRC-32 of its every byte, computed by the rank that wrote it (on the
+  checkpoint writer's thread for a background save) and checked before a byte is loaded; a directory
+  without it is refused.
 
 The directory is written under a hidden temporary name beside its target, then renamed into place (an existing
 checkpoint of that name is swapped out atomically), so a process killed at any instant leaves the previous
@@ -41,7 +43,7 @@ from .dirs import (  # noqa: F401
 )
 from .dirs import write_error as _write_error
 from .files import CheckpointWriter, atomic_save, check_plain, load_file
-from .sharded_index import SafeReader, fingerprint, read_index
+from .sharded_index import SafeReader, crc_line, fingerprint, read_index
 
 if TYPE_CHECKING:
     from ..strategies.base import Strategy
@@ -95,38 +97,79 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
             with warnings.catch_warnings():  # one process without a group: "assuming ... a single process", yes
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 _dcp_call(lambda: dcp.save(tensors, storage_writer=storage, no_dist=no_dist), path)
-            strategy.barrier()  # every rank's shards are on disk
+            # every rank's shards are on disk, each checksummed by the rank that wrote it
+            crcs = strategy.all_gather_object(_own_crcs(tmp, strategy.rank))
             if strategy.is_main:
-                _complete(tmp, path, skeleton, strategy.world_size)
+                _complete(tmp, path, skeleton, strategy.world_size, crcs)
             return
         stager = writer.kept("dcp stager", _stager, lambda stager: stager.close())
         group = None if no_dist else writer.kept("dcp group", _checkpoint_group, _destroy_group)
         future = _dcp_call(lambda: dcp.async_save(tensors, storage_writer=storage, process_group=group,
                                                   async_stager=stager, no_dist=no_dist), path)
-        writer.submit(_finish_async, future, tmp, path, skeleton if strategy.is_main else None, strategy.world_size)
+        skeleton_if_main = skeleton if strategy.is_main else None
+        writer.submit(_finish_async, future, tmp, path, skeleton_if_main, strategy.world_size,
+                      group)
     except BaseException:
         if strategy.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _finish_async(future: Any, tmp: str, path: str, skeleton: dict[str, Any] | None, world_size: int) -> None:
-    """On the writer's thread: wait for this rank's shards (on rank 0, DCP's future completes once every rank's
-    are written and the index is too), then rank 0 (``skeleton`` given) completes the directory and renames it."""
+def _finish_async(future: Any, tmp: str, path: str, skeleton: dict[str, Any] | None,
+                  world_size: int, group: Any) -> None:
+    """On the writer's thread: wait for this rank's shards (on rank 0, DCP's future completes once
+    every rank's are written and the index is too) and checksum them; every rank's checksums are
+    gathered over the checkpoint's own ``group`` (None: one process), and rank 0 (``skeleton``
+    given) completes the directory and renames it."""
     try:
         _dcp_call(future.result, path)
+        own = _own_crcs(tmp, 0 if group is None else _group_rank(group))
+        crcs = [own] if group is None else _gather(own, group)
         if skeleton is not None:
-            _complete(tmp, path, skeleton, world_size)
+            _complete(tmp, path, skeleton, world_size, crcs)
     except BaseException:
         if skeleton is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _complete(tmp: str, path: str, skeleton: dict[str, Any], world_size: int) -> None:
+def _complete(tmp: str, path: str, skeleton: dict[str, Any], world_size: int,
+              crcs: list[list[str]]) -> None:
+    errors = [line for rank_lines in crcs for line in rank_lines if line.startswith("error ")]
+    # a rank could not read back its own shard file
+    if errors:
+        raise _write_error(path, OSError(errors[0][len("error "):]))
     atomic_save(skeleton, os.path.join(tmp, STATE_FILE))
-    _write_marker(tmp, world_size)
+    _write_marker(tmp, world_size, crcs)
     publish(tmp, path)
+
+
+def _own_crcs(directory: str, rank: int) -> list[str]:
+    """The marker's ``crc32`` lines of the shard files rank ``rank`` wrote (DCP names them
+    ``__<rank>_<i>``), read back from the page cache by that rank. A failure is returned as an
+    ``error`` line, not raised, so that the gather that follows never waits for a rank that gave
+    up."""
+    try:
+        names = sorted(n for n in os.listdir(directory)
+                       if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+        return [crc_line(os.path.join(directory, name)) for name in names]
+    except OSError as exc:
+        return [f"error rank {rank} could not checksum its shard files: {exc}"]
+
+
+def _group_rank(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
+
+
+def _gather(crcs: list[str], group: Any) -> list[list[str]]:
+    """Every rank's ``crcs``, over the checkpoint's gloo group (on the writer's thread)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, crcs, group=group)
+    return gathered
 
 
 def _dcp_call(fn: Any, path: str) -> Any:
@@ -183,13 +226,16 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _write_marker(directory: str, world_size: int) -> None:
-    """COMPLETE, written last; it also records each shard file's size and fingerprint, so that a file swapped,
-    renamed or replaced afterwards is recognised before anything is read from it (:func:`read_index`)."""
+def _write_marker(directory: str, world_size: int, crcs: list[list[str]]) -> None:
+    """COMPLETE, written last; it also records each shard file's size and fingerprint, so that a
+    file swapped, renamed or replaced afterwards is recognised before anything is read from it, and
+    the CRC-32 of its every byte (``crcs``: each rank's lines), so that damage anywhere in it is
+    (:func:`read_index`)."""
     lines = [f"taskfit sharded checkpoint, {world_size} shard file(s); complete"]
     for name in sorted(n for n in os.listdir(directory) if n.endswith(".distcp")):
         size, digest = fingerprint(os.path.join(directory, name))
         lines.append(f"shard {name} {size} {digest}")
+    lines += sorted(line for rank_lines in crcs for line in rank_lines)
     with open(os.path.join(directory, MARKER), "w") as fh:
         fh.write("\n".join(lines) + "\n")
         fh.flush()

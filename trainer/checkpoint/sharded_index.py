@@ -1,13 +1,16 @@
 """The index of a sharded checkpoint (DCP's ``.metadata``), read without running code and checked against its
 directory before DCP reads a byte: every storage path inside the directory, every file there and long enough, each
-shard file the one the ``COMPLETE`` marker recorded (:func:`fingerprint`). :func:`SafeReader` is DCP's file reader
-given that checked index. Split from sharded_checkpoint.py, which writes and reads the shards themselves."""
+shard file the one the ``COMPLETE`` marker recorded (:func:`fingerprint`) and every byte of it as
+written (its CRC-32, :func:`file_crc`, as single files' tensors are: integrity.py).
+:func:`SafeReader` is DCP's file reader given that checked index. Split from sharded_checkpoint.py,
+which writes and reads the shards themselves."""
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
 import pickle
+import zlib
 from typing import Any
 
 import torch
@@ -26,6 +29,21 @@ def fingerprint(path: str, span: int = 1 << 16) -> tuple[int, str]:
             fh.seek(max(span, size - span))
             digest.update(fh.read(span))
     return size, digest.hexdigest()[:32]
+
+
+def file_crc(path: str, chunk: int = 1 << 22) -> int:
+    """CRC-32 of every byte of ``path``, read in 4 MiB pieces (``zlib.crc32`` releases the GIL)."""
+    crc, buffer = 0, bytearray(chunk)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buffer):
+            crc = zlib.crc32(view[:n], crc)
+    return crc
+
+
+def crc_line(path: str) -> str:
+    """The COMPLETE marker's line for the shard file ``path``: ``crc32 <name> <size> <crc32>``."""
+    return f"crc32 {os.path.basename(path)} {os.path.getsize(path)} {file_crc(path):08x}"
 
 
 def read_index(path: str) -> Any:
@@ -71,7 +89,10 @@ def _check_files(path: str, metadata: Any) -> None:
         extents[target] = max(extents.get(target, 0), int(info.offset) + int(info.length))
     marker = os.path.join(path, MARKER)
     with open(marker) if os.path.isfile(marker) else contextlib.nullcontext([]) as fh:
-        recorded = [line.split() for line in fh if line.startswith("shard ")]  # none in older checkpoints
+        lines = [line.split() for line in fh]
+    # fingerprints (none in older checkpoints), then the CRC-32 of every byte (none in older ones)
+    recorded = [r for r in lines if r[:1] == ["shard"]]
+    recorded_crcs = [r for r in lines if r[:1] == ["crc32"]]
     written = {(int(size), digest): name for _, name, size, digest in (r for r in recorded if len(r) == 4)}
     for (size, digest), name in written.items():
         target = os.path.join(path, name)
@@ -93,6 +114,38 @@ def _check_files(path: str, metadata: Any) -> None:
                                   f"bytes, with data up to byte {end} (truncated, or another shard file under its "
                                   "name).", "copy the whole checkpoint directory again, or use another checkpoint of "
                                   "the same folder.")
+    for name, size, crc in (r[1:] for r in recorded_crcs if len(r) == 4):
+        _check_crc(os.path.join(path, name), int(size), int(crc, 16))
+
+
+def _check_crc(target: str, size: int, crc: int) -> None:
+    """Refuse the shard file ``target`` unless its CRC-32 is the one recorded when it was written.
+    A file checked once (same inode, size and modification time) is not read again by this process:
+    a resume reads the index twice (to choose the checkpoint, then to load it)."""
+    try:
+        st = os.stat(target)
+    except OSError:
+        st = None
+    key = (os.path.realpath(target), st and (st.st_ino, st.st_size, st.st_mtime_ns), size, crc)
+    if key in _VERIFIED:
+        return
+    now = file_crc(target) if st is not None and st.st_size == size else None
+    if now != crc:
+        found = f"crc32 {now:08x}" if now is not None else \
+            f"{st.st_size if st else 0} bytes, not {size}"
+        raise CheckpointError(
+            f"Sharded checkpoint {os.path.dirname(target)} is damaged: the bytes of its shard file "
+            f"{os.path.basename(target)} do not match the checksum {MARKER} recorded when it was "
+            f"written ({found}, recorded crc32 {crc:08x}).",
+            "the file changed after taskfit wrote it (a disk or memory error, an interrupted copy, "
+            "a tool that wrote into it): use another checkpoint of its folder "
+            "(fit(ckpt_path=\"last\") falls back to the newest intact one by itself) or a good "
+            "copy of this directory.")
+    _VERIFIED.add(key)
+
+
+# shard files whose every byte this process has checked
+_VERIFIED: set[tuple[Any, ...]] = set()
 
 
 def _safe_reader_class() -> type:
@@ -159,4 +212,4 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise _Refused(f"it needs to import and call `{module}.{name}`, which a checkpoint index never needs")
 
 
-__all__ = ["read_index", "SafeReader", "fingerprint"]
+__all__ = ["read_index", "SafeReader", "fingerprint", "file_crc", "crc_line"]

@@ -189,6 +189,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     try:  # a config that fails before training leaves no run directory behind (Hydra created it already)
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         config_errors.check_root(config, OmegaConf.to_container(cfg), OmegaConf.to_container(HydraConfig.get()))
+        config_errors.check_groups(config, HydraConfig.get().runtime)
         config_errors.check_name(config["name"], config["paths"]["log_dir"])  # a config's name (the command
         # line's is checked before Hydra's directory): its run directory, outside paths.log_dir, is removed
         check_targets(config)  # every _target_ imports, every key is an argument: before any work

@@ -7,7 +7,9 @@ and leaves no run directory behind):
 * a value the run rejects once it is used (``task.batch_size=-4``: the DataLoader's ValueError names
   ``batch_size`` and ``-4``, so the config key that holds them is the one to fix);
 * ``task=null`` (a config group takes an option name) and a YAML syntax error in a config file (Hydra raises
-  them as a ValueError and yaml's own error, with 40 lines of traceback).
+  them as a ValueError and yaml's own error, with 40 lines of traceback);
+* a config group's file that is not a mapping of keys (a task written as a YAML list: the run
+  would fail later, naming no file): :func:`check_groups`.
 """
 from __future__ import annotations
 
@@ -52,6 +54,52 @@ def check_root(config: Mapping[str, Any], *unresolved: Any) -> None:
             f"config uses it (no ${{{key}}}).",
             f"{did_you_mean}Root keys: {', '.join(ROOT_KEYS)}; the Trainer's arguments are trainer.*, the task's "
             f"task.*. A key of your own at the root must be used somewhere as ${{{key}}}.")
+
+
+# The config groups whose option is a mapping of keys (callbacks and logger may be null).
+_MAPPING_GROUPS = ("task", "trainer", "callbacks", "logger", "paths")
+
+
+def check_groups(config: Mapping[str, Any], runtime: Any) -> None:
+    """Refuse a config group whose composed value is not a mapping (its file is a YAML list or a
+    single value): one error naming the file, before any work. ``runtime``: Hydra's
+    ``HydraConfig.get().runtime`` (the option chosen for each group, the config folders)."""
+    for group in _MAPPING_GROUPS:
+        value = config.get(group)
+        if isinstance(value, Mapping) or value is None and group in ("callbacks", "logger"):
+            continue
+        option = runtime.choices.get(group)
+        path = _group_file(runtime.config_sources, group, option)
+        kind = "a YAML list" if isinstance(value, list) else f"the single value {value!r}"[:80]
+        where = f"The config file {path} ({group}={option})" if path else \
+            f"The config group {group} ({group}={option})"
+        raise MisconfigurationError(
+            f"{where} is {kind}, not a mapping of keys: the '{group}' group takes `key: value` "
+            "lines.",
+            f"write it as a mapping: `_target_: package.module.Class` (for {group}) and one "
+            "`argument: value` per line, without the leading '- ' of a list item; `taskfit --cfg "
+            "job` prints the composed config.")
+
+
+def _group_file(sources: Any, group: str, option: Any) -> str | None:
+    """The file of ``group``'s ``option`` in Hydra's config folders (``file`` and ``pkg``
+    sources), the first that has it, as Hydra searches them."""
+    if not isinstance(option, str):
+        return None
+    for source in sources or ():
+        schema, where = getattr(source, "schema", ""), str(getattr(source, "path", ""))
+        if schema == "file":
+            folders = [where]
+        elif schema == "pkg" and where:
+            spec = importlib.util.find_spec(where.replace("/", "."))
+            folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        else:
+            continue
+        for folder in folders:
+            path = os.path.join(folder, group, f"{option}.yaml")
+            if os.path.isfile(path):
+                return os.path.abspath(path)
+    return None
 
 
 # How torch's errors spell a few arguments whose names are too short, or not written, in their messages.

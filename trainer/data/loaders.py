@@ -23,7 +23,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from ..errors import MisconfigurationError, TaskModuleError
 from ..seed import seed_worker, seeds_workers
 from ..trainer_config import Limits, TrainerConfig
-from .workers import shield
+from .workers import iterate, shield
 
 
 class ResumableSampler(Sampler[int]):
@@ -200,12 +200,26 @@ def epoch_batches(loader: Any, batches: float, done: int = 0) -> Iterable[Any]:
     """The batches ``done`` to ``batches`` of ``loader``, fetched as Lightning fetches them: one
     batch ahead (:class:`OneAhead`) when their number is not known, never one past a limit
     (``limit_*_batches``), and else the loader itself, which ends the epoch (a stateful loader,
-    mid-epoch after a resume, where it stands)."""
+    mid-epoch after a resume, where it stands). Each iterator is started by workers.iterate (a
+    worker's death is raised at the next batch, never inside a lock)."""
     if batches == float("inf"):
-        return OneAhead(loader)
+        return OneAhead(iterate(loader))
     if batches < length(loader):
-        return itertools.islice(loader, max(0, int(batches) - done))
-    return loader
+        return itertools.islice(iterate(loader), max(0, int(batches) - done))
+    return Iterated(loader)
+
+
+class Iterated:
+    """``loader``, whose iterator workers.iterate starts when the loop begins (not before: creating
+    it draws from the global RNG, at the point where Lightning's loop creates it)."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iterate(self.loader)
 
 
 def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:

@@ -17,6 +17,16 @@ a worker, the main process never waits for one that ignores it.
 
 Fork and spawn children inherit the mask; a ``"forkserver"`` context's children inherit the server's, which is
 blocked when the server starts with the loader's first workers (a window remains if something else started it).
+
+A worker that dies (the out-of-memory killer's SIGKILL) must end the run, never hang it. torch's
+DataLoader installs, with the first multi-worker iterator of a process, a SIGCHLD handler that
+raises the death in the main thread at whatever instruction the signal lands on; inside
+``multiprocessing.Queue.put``, with the queue's lock taken, that lock is never released and the
+iterator's ``__del__`` deadlocks in ``_shutdown_workers``. So during a run the loops start their
+iterators with :func:`iterate`, which puts :data:`DEATHS` in the place of torch's handler
+(SIGCHLD blocked meanwhile, so that none is lost or raised): it only counts the signal, and the
+loader's own check (no batch for 5 s and a worker not alive) raises the death at the next batch,
+outside any lock. :func:`restore_sigchld` gives torch's handler back when the run ends.
 """
 from __future__ import annotations
 
@@ -25,7 +35,8 @@ import functools
 import multiprocessing
 import multiprocessing.context
 import signal
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 _CAN_BLOCK = hasattr(signal, "pthread_sigmask")
@@ -93,7 +104,9 @@ def init_worker(user_init: Callable[[int], Any] | None, ignored_signals: tuple[s
     for signum in numbers:
         signal.signal(signum, signal.SIG_IGN)
     if _CAN_BLOCK:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, numbers)
+        # (SIGCHLD too: blocked by iterate() while the worker started; a worker's children keep
+        # theirs)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, numbers + _SIGCHLD)
     if user_init is not None:
         user_init(worker_id)
 
@@ -104,3 +117,59 @@ def shield(loader: Any, names: Sequence[str]) -> None:
     if not (isinstance(init, functools.partial) and init.func is init_worker):
         loader.worker_init_fn = functools.partial(init_worker, init, tuple(names))
     loader.multiprocessing_context = shielded_context(loader.multiprocessing_context, names)
+
+
+# ---- a worker's death during a run: counted, raised by the loader at its next batch ----
+_SIGCHLD = signal_numbers(["SIGCHLD"])
+_TORCH_HANDLERS = "torch.utils.data._utils.signal_handling"
+
+
+class _Deaths:
+    """The SIGCHLD handler of a run: counts the signals (a worker that exited, or died), raises
+    nothing. ``replaced``: torch's handler it stands in for, given back by
+    :func:`restore_sigchld`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.replaced: Any = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+
+DEATHS = _Deaths()
+
+
+def iterate(loader: Iterable[Any]) -> Iterator[Any]:
+    """``iter(loader)`` for a run's loop. A shielded loader's workers (a fit's: :func:`shield`)
+    start with SIGCHLD blocked in the main thread, and torch's SIGCHLD handler, if the iterator
+    installed it, is replaced by :data:`DEATHS` before SIGCHLD is unblocked: a worker's death is
+    never raised inside a lock. A loader without workers: ``iter(loader)``, nothing else."""
+    init = getattr(loader, "worker_init_fn", None)
+    shielded = isinstance(init, functools.partial) and init.func is init_worker
+    if not (shielded and _CAN_BLOCK and _SIGCHLD) or \
+            threading.current_thread() is not threading.main_thread():
+        return iter(loader)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGCHLD)
+    try:
+        batches = iter(loader)
+        _replace_torch_handler()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return batches
+
+
+def _replace_torch_handler() -> None:
+    handler = signal.getsignal(_SIGCHLD[0])
+    if getattr(handler, "__module__", None) == _TORCH_HANDLERS:
+        DEATHS.replaced = handler
+        signal.signal(_SIGCHLD[0], DEATHS)
+
+
+def restore_sigchld() -> None:
+    """At a run's end: torch's SIGCHLD handler again, where :func:`iterate` replaced it."""
+    if DEATHS.replaced is None or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(_SIGCHLD[0]) is DEATHS:
+        signal.signal(_SIGCHLD[0], DEATHS.replaced)
+    DEATHS.replaced = None

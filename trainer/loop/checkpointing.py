@@ -23,7 +23,6 @@ from ..callback import callback_states, load_callback_states
 from ..checkpoint.files import (
     FORMAT,
     FORMAT_VERSION,
-    LAST,
     atomic_save,
     check_plain,
     check_weights,
@@ -31,11 +30,10 @@ from ..checkpoint.files import (
     load_file,
     module_state,
 )
-from ..checkpoint.lookup import folder_candidates, last_candidates, warn_skipped
+from ..checkpoint.lookup import warn_skipped
 from ..console import user_stacklevel
 from ..checkpoint.rng import gather_rng_states, set_rng_state
 from ..checkpoint.sharded import (
-    checkpoint_exists,
     is_sharded,
     meta_entries,
     read_index,
@@ -45,7 +43,7 @@ from ..checkpoint.sharded import (
 from ..cluster import requeue_job, slurm_job_id
 from ..console import echo
 from ..data.loaders import ResumableSampler, data_position, finite, restore_position, stateful
-from ..errors import CheckpointError, NonFiniteLossError
+from ..errors import CheckpointError
 from ..init_args import plain_hparams, run_hparams
 from ..optim import check_optimizer_state, lr_course
 from ..strategies.base import unwrap
@@ -55,7 +53,7 @@ from .hooks import is_task_hook
 from .run import Run
 
 __all__ = ["save_checkpoint", "preempt", "open_checkpoint", "restore", "load_weights", "run_state",
-           "load_run_state"]
+           "load_run_state", "load_first", "no_training_state"]
 
 
 # ---- writing --------------------------------------------------------------------------------------------
@@ -71,12 +69,8 @@ def save_checkpoint(run: Run, path: str | os.PathLike, background: bool = False,
     (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
     """
     if run is None or run.optimizer is None:
-        raise CheckpointError(f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so it "
-                              "has no training state to save.",
-                              "call trainer.save_checkpoint(path) during or after trainer.fit(task); to save only "
-                              "weights, use torch.save(task.state_dict(), path).")
+        raise no_training_state(path)
     path = os.path.abspath(os.fspath(path))
-    _check_losses(run, path)
     writer = run.checkpoint_writer
     writer.wait()  # in order: an older file is never renamed over this one
     if weights_only:
@@ -97,16 +91,13 @@ def save_checkpoint(run: Run, path: str | os.PathLike, background: bool = False,
     return path
 
 
-def _check_losses(run: Run, path: str) -> None:
-    """No checkpoint from a state whose losses since the last check were NaN/Inf: it would rotate good files out."""
-    try:
-        run.logs.check_pending(run.state.epoch)
-    except NonFiniteLossError as exc:
-        cb = run.checkpoint_callback
-        good = [p for p in ((cb.last_model_path, cb.best_model_path) if cb else ()) if p and checkpoint_exists(p)]
-        raise NonFiniteLossError(
-            f"{exc.what} Nothing was saved to {path}; the last good checkpoint is {good[0] if good else 'none yet'}.",
-            f"resume from it with fit(ckpt_path={good[0]!r}) after the fix: {exc.hint}" if good else exc.hint) from None
+def no_training_state(path: str | os.PathLike) -> CheckpointError:
+    """The error for a save before any fit: there is no training state."""
+    return CheckpointError(
+        f"Cannot save a checkpoint to {os.fspath(path)}: this Trainer has not run fit, so it has "
+        "no training state to save.",
+        "call trainer.save_checkpoint(path) during or after trainer.fit(task); to save only "
+        "weights, use torch.save(task.state_dict(), path).")
 
 
 def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> dict[str, Any]:
@@ -125,64 +116,8 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
             "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams}, **lightning}
 
 
-# ---- run folders; resolving "last" / "best" -----------------------------------------------------------------
-def _resolve_all(run: Run, ckpt_path: Any, fresh: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
-    """The checkpoints ``ckpt_path`` may load, best first, and ``(path, why)`` of those already skipped. A path or
-    "best" is one file; "last" is the ``last.ckpt`` this Trainer wrote, else the one found under the run
-    directories, followed by the other checkpoints of its folder (newest first) and of older versions: a
-    missing, unreadable or damaged ``last.ckpt`` falls back to the newest intact one (:func:`_load_first`)."""
-    if ckpt_path not in ("last", "best"):
-        if not isinstance(ckpt_path, (str, os.PathLike)):
-            raise CheckpointError(f"ckpt_path={ckpt_path!r} is not a path.",
-                                  'pass "last", "best" or the path of a .ckpt file.')
-        return [os.path.abspath(os.path.expanduser(os.fspath(ckpt_path)))], []
-    cb = run.checkpoint_callback
-    looked: list[str] = []
-    candidates: list[str] = []
-    skipped: list[tuple[str, str]] = []
-    if cb is not None and cb.last_model_path and checkpoint_exists(cb.last_model_path):
-        last = os.path.abspath(cb.last_model_path)  # written by this Trainer
-        candidates = [last] + [p for p in folder_candidates(os.path.dirname(last)) if p != last]
-    else:
-        roots = ([cb.dirpath_arg] if cb is not None and cb.dirpath_arg else []) + [os.path.dirname(run.log_dir)]
-        for root in roots:
-            looked.append(root)
-            candidates, skipped = last_candidates(root)
-            if candidates:
-                break
-    if ckpt_path == "last":
-        where = f"looked for {LAST} in {' and '.join(looked)} and its version_*/checkpoints folders"
-        if not candidates and fresh:
-            if run.strategy.is_main:
-                # a last.ckpt that is not one (an empty folder...)
-                warn_skipped(skipped, None, stacklevel=user_stacklevel())
-                warnings.warn(f'fit(ckpt_path="last"): there is no checkpoint to resume yet ({where}), so this fit '
-                              "starts fresh. HINT: expected on a job's first start; otherwise check default_root_dir "
-                              "(or ModelCheckpoint(dirpath=...)) is the folder of the run to resume.", UserWarning,
-                              stacklevel=user_stacklevel())  # the line that called fit
-            return [], skipped
-        if not candidates:
-            raise CheckpointError(
-                f"ckpt_path=\"last\" but no checkpoint has been saved yet ({where}).",
-                "pass the path of a .ckpt file, or set Trainer(default_root_dir=...) to the folder of the run whose "
-                "checkpoint to evaluate.")
-        return candidates, skipped
-    best = cb.best_model_path if cb is not None and cb.best_model_path else None
-    if best is None and candidates:  # the newest run's bookkeeping names its best file
-        _, ckpt = _load_first(run, "last", candidates, list(skipped), load_checkpoint, warn=False)
-        states = ckpt.get("callbacks", {})
-        best = next((s.get("best_model_path") for s in states.values()
-                     if isinstance(s, Mapping) and s.get("best_model_path")), None)
-    if not best or not checkpoint_exists(best):
-        raise CheckpointError(
-            f"ckpt_path=\"best\" but no best checkpoint is known (last: {candidates[0] if candidates else None}, "
-            f"best: {best}).",
-            "train first with a ModelCheckpoint that saves top-k files (save_top_k >= 1, monitor=\"val/loss\" to "
-            "rank them), or pass the path of a .ckpt file.")
-    return [best], []
-
-
-def _load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[tuple[str, str]],
+# ---- reading the checkpoint to resume ("last" and "best": the manager, loop/checkpointer.py) ---
+def load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[tuple[str, str]],
                 load: Any, warn: bool = True) -> tuple[str, Any]:
     """``(path, load(path))`` of the first candidate that loads. Under "last" a candidate that cannot be read or
     fails its checksums is skipped for the next (one warning names what was skipped, why, and what is resumed
@@ -210,20 +145,20 @@ def open_checkpoint(run: Run, ckpt_path: Any) -> tuple[str, dict[str, Any]] | No
     """``fit(ckpt_path=...)``'s checkpoint, read before the loaders are built: the task's ``on_load_checkpoint`` and
     the data module's state come first, as in Lightning (the loaders may depend on that state). None:
     ``ckpt_path="last"`` found nothing to resume, and the fit starts fresh (with a warning)."""
-    candidates, skipped = _resolve_all(run, ckpt_path, fresh=True)
+    candidates, skipped = run.checkpointer.resolve(ckpt_path, fresh=True)
     if not candidates:
         return None
-    path, ckpt = _load_first(run, ckpt_path, candidates, skipped, _load_resumable)
+    path, ckpt = load_first(run, ckpt_path, candidates, skipped, load_resumable)
     if "optimizer" not in ckpt:
         raise CheckpointError(f"{path} holds only weights (ModelCheckpoint(save_weights_only=True)), not a training "
                               "state to resume.", "resume from a full checkpoint (the last.ckpt a preemption signal "
                               "writes is one), or start a new fit from these weights with "
                               "TaskModule.load_from_checkpoint(path).")
-    _task_loads(run, ckpt)
+    task_loads(run, ckpt)
     return path, ckpt
 
 
-def _load_resumable(path: str) -> dict[str, Any]:
+def load_resumable(path: str) -> dict[str, Any]:
     """A checkpoint to resume, read and verified (its checksums; a sharded one's index against its files)."""
     ckpt = dict(load_checkpoint(path))
     if is_sharded(path):
@@ -231,7 +166,7 @@ def _load_resumable(path: str) -> dict[str, Any]:
     return ckpt
 
 
-def _task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
+def task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
     """The task's own ``on_load_checkpoint`` (Lightning calls it for every entry point), then the data module's
     ``load_state_dict``."""
     for fn in run.hooks["on_load_checkpoint"]:
@@ -254,8 +189,6 @@ def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
     if len(saved) != len(run.optimizers):
         raise CheckpointError(f"{path} has the state of {len(saved)} optimizer(s), configure_optimizers returned "
                               f"{len(run.optimizers)}.", "resume with the optimizers of the original run.")
-    for optimizer, state in zip(run.optimizers, saved):
-        check_optimizer_state(optimizer, state, path)
     _warn_changes(run, ckpt, path)
     if is_sharded(path):  # each rank reads its part of every tensor (any number of ranks may have written them)
         templates = run.strategy.checkpoint_templates(run.model, run.optimizers, meta_entries(ckpt))
@@ -263,6 +196,9 @@ def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
     for fn in run.hooks["on_load_checkpoint"]:  # the callbacks' (the task's came first: open_checkpoint)
         if not is_task_hook(fn):
             fn(run.trainer, run.task, ckpt)
+    # after the callbacks' hooks: one may rebuild the parameter groups it added (BaseFinetuning)
+    for optimizer, state in zip(run.optimizers, saved):
+        check_optimizer_state(optimizer, state, path)
     load_run_state(run, ckpt)
     _warn_schedule(run, ckpt["data"], path)
     if run.strategy.is_main:
@@ -328,9 +264,9 @@ def _warn_changes(run: Run, ckpt: Mapping[str, Any], path: str) -> None:
 
 def load_weights(run: Run, ckpt_path: Any) -> str:
     """Load only the module weights (validate/test/predict with ``ckpt_path``)."""
-    path, ckpt = _load_first(run, ckpt_path, *_resolve_all(run, ckpt_path), load_file)
+    path, ckpt = load_first(run, ckpt_path, *run.checkpointer.resolve(ckpt_path), load_file)
     weights = check_weights(unwrap(run.model), module_state(ckpt, path), path)
-    _task_loads(run, ckpt)
+    task_loads(run, ckpt)
     if is_sharded(path):
         templates = run.strategy.checkpoint_templates(run.model, [], meta_entries({"module": weights}))
         weights = read_shards(path, {"module": weights}, templates, parts=("module",))["module"]
@@ -394,13 +330,8 @@ def load_run_state(run: Run, state: Mapping[str, Any]) -> None:
 def preempt(run: Run) -> None:
     """A preemption signal was seen at a step boundary: save to the ``last`` checkpoint, report it, exit."""
     config, signum = run.config, run.preemption.signum
-    cb = run.checkpoint_callback
-    if cb is not None:
-        # its bookkeeping names the file it is about to be saved in
-        path = cb.prepare_last(run.trainer)
-    else:
-        path = os.path.join(run.log_dir, "checkpoints", LAST)
-    save_checkpoint(run, path)
+    # The manager names the file (its policy's last.ckpt) and writes it
+    path = run.checkpointer.preempt()
     code = config.preempt_exit_code if config.preempt_exit_code is not None else 128 + signum
     requeue = config.requeue and signum == signal.SIGUSR1 and run.strategy.is_main
     job = slurm_job_id() if requeue else None

@@ -13,6 +13,7 @@ from torch import nn
 from ..errors import MisconfigurationError, TaskModuleError
 from ..module import TaskModule
 from .hooks import MODULE_HOOKS
+from .steps import defines
 
 
 def _fail(name: str, value: Any, expected: str) -> MisconfigurationError:
@@ -82,7 +83,7 @@ def check_task(task: Any, stage: str, data: Any = None) -> None:
         raise TaskModuleError(f"{type(task).__name__}.__init__ did not call super().__init__().",
                               "call `super().__init__()` first thing in your __init__.")
     step = {"fit": "training_step", "validate": "validation_step", "test": "test_step", "predict": "predict_step"}
-    own_step = callable(getattr(type(task), step[stage], None))  # its own step: forward and loss are its business
+    own_step = defines(task, step[stage])  # its own step: forward and loss are its business
     needed = ([] if own_step else ["forward"] + (["loss"] if stage != "predict" else [])) + (
         ["train_dataloader"] if stage == "fit" and not (data is not None and data.provides("train_dataloader")) else [])
     for method in needed:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Protocol
 
 import torch
@@ -15,6 +15,7 @@ from ..callback import Callback
 from ..checkpoint.files import CheckpointWriter
 from ..checkpoint.rng import isolated_rng
 from ..data.loaders import ASK, fit_loaders
+from ..data.workers import restore_sigchld
 from ..datamodule import DataSource
 from ..errors import MisconfigurationError
 from ..logs.buffer import LogBuffer
@@ -23,12 +24,13 @@ from ..logs.metrics import build_metrics
 from ..module import TaskModule, rank_zero_only
 from ..optim import Schedulers, parse_optimizers
 from ..seed import deterministic_algorithms, run_seed, seed_everything, seeds_workers
-from ..state import TrainerState
+from ..state import TrainerFn, TrainerState
 from ..strategies.base import Strategy
 from ..strategies.model_memory import prepare_module
 from ..trainer_config import TrainerConfig
 from . import modes
 from .cadence import ValidationSchedule
+from .checkpointer import Checkpointer, CheckpointPolicy
 from .checkpointing import load_weights, open_checkpoint, restore
 from .hooks import Hook, hook_table, warn_uncalled
 from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_step, zero_grad_call
@@ -45,19 +47,20 @@ class RunSource(Protocol):
     trainer_config: TrainerConfig
     strategy: Strategy
     checkpoint_writer: CheckpointWriter
-    checkpoint_callback: Any
 
 
 def new_run(trainer: RunSource, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
-            state: TrainerState, log_dir: str | None, verbose: bool = True) -> Run:
+            state: TrainerState, log_dir: str | None, verbose: bool = True,
+            policies: Sequence[CheckpointPolicy] = ()) -> Run:
     """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any
     hook fires. The only place below the Trainer that reads it (tests/test_layers.py): its
-    configuration, strategy, checkpoint writer and ModelCheckpoint become the run's."""
+    configuration, strategy and checkpoint writer become the run's. ``policies``: the
+    ModelCheckpoint callbacks, which configure the run's checkpoint manager."""
     run = Run(trainer, trainer.trainer_config, fn, task, data, trainer.strategy, callbacks, state,
-              trainer.checkpoint_writer, {}, log_dir, verbose=verbose,
-              checkpoint_callback=trainer.checkpoint_callback)
+              trainer.checkpoint_writer, {}, log_dir, verbose=verbose)
     run.hooks = hook_table(callbacks, task, data.datamodule, publish=late_publisher(run))
     warn_uncalled(callbacks, task, data.datamodule)
+    run.checkpointer = Checkpointer(run, list(policies))
     return run
 
 
@@ -76,7 +79,7 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
     """Inside a launched process: seed, attach the task (``prepare_data``, ``setup(stage)``, device, wrapper,
     precision, logging buffer), load the ``weights`` checkpoint (validate/test/predict); ``teardown(stage)`` after a
     normal end; on the way out restore what changed (``on_exception`` after an error). Yields the run."""
-    config, strategy, task, datamodule = run.config, run.strategy, run.task, run.data.datamodule
+    config, strategy, task = run.config, run.strategy, run.task
     strategy.setup_environment()
     if config.seed is not None:
         seed_everything(config.seed, workers=seeds_workers())  # as a seed_everything call set it
@@ -92,20 +95,20 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
             run.call_hooks("on_exception", exc)
             raise
         finally:
+            run.checkpointer.release()
             if run.preemption is not None:
                 run.preemption.uninstall()
+            restore_sigchld()
             if run.fn == "fit" and config.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
-            task.trainer = None
-            if datamodule is not None:
-                datamodule.trainer = None
+            task.trainer = None  # (a data module keeps its trainer after the run, as Lightning's)
 
 
 def _attach(run: Run, weights: str | None) -> Run:
     """The run's parts, in Lightning's order: the run directory, precision and logging buffer, the task attached,
     ``prepare_data``, ``setup``, ``configure_model``, the wrapped module, metrics, data seed, preemption."""
     strategy, task, datamodule, config = run.strategy, run.task, run.data.datamodule, run.config
-    run.state.fn = run.fn
+    run.state.fn = TrainerFn(run.fn)  # Lightning's enum, equal to the string
     if run.log_dir is None:  # chosen on rank 0
         chosen = strategy.is_main and run_directory(run.callbacks, config.default_root_dir)
         run.log_dir = strategy.broadcast(chosen)
@@ -152,6 +155,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
     run.training_step = run.precision.autocasting(  # the forward and the loss only, as torch.autocast asks
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
+    run.checkpointer.hold_folders()
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
     val_source = ASK
     if config.num_sanity_val_steps and config.limits["val"] and not config.overfit_batches \
@@ -174,6 +178,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
                               hooks["on_after_backward"])
     if checkpoint is not None:
         restore(run, *checkpoint)
+        run.checkpointer.resumed_from(checkpoint[0])
         run.state.resumed = True
 
 

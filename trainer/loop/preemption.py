@@ -79,10 +79,12 @@ class _AfterFit:
     """The handler of the preemption signals after a fit under a launcher (torchrun, SLURM, ddp's own workers), until
     the process exits. A scheduler signals every rank, but not at the same instant: a rank that learned of the
     signal from its peers has saved and is on its way out when its own signal lands, 0.3-0.5 s later (or a second
-    one comes). Restoring the default handler there killed it by the signal (status -10, not 138). So: while the
-    process exits from a preemption (:attr:`exit_code` set), a signal is only recorded (the status is decided and
-    the checkpoint written); after a fit that ended otherwise, the first one ends the process with SystemExit(128 +
-    signal) (nothing is left to save), the next ones are recorded. SIGINT keeps its handler after a normal end."""
+    one comes). Restoring the default handler there killed it by the signal (status -10, not
+    138). So: while the process exits from a preemption, the signals are ignored (SIG_IGN:
+    :meth:`Preemption.uninstall`; the status is decided and the checkpoint written); this
+    handler serves after a fit that ended otherwise: the first signal ends the process with
+    SystemExit(128 + signal) (nothing is left to save), the next ones are recorded. SIGINT keeps
+    its handler after a normal end."""
 
     def __init__(self) -> None:
         self.exit_code: int | None = None  # the status of the preemption exit in progress
@@ -148,8 +150,17 @@ class Preemption:
         keep = bool(self._previous) and under_launcher()
         if keep:
             AFTER_FIT.exit_code, AFTER_FIT.stopping = self.exit_code, False
+        if keep and self.exit_code is not None and self.signum is not None:
+            # the exit is decided: a launcher that dies now must not stop it (cluster.orphaned)
+            note_signal(self.signum)
         for signum, handler in self._previous.items():
-            if keep and (signum != signal.SIGINT or self.exit_code is not None):
+            if keep and self.exit_code is not None:
+                # a preemption exit in progress: a late signal is ignored by the kernel, to the
+                # process's last instruction. A Python handler is not enough: the interpreter's
+                # finalization sets it back to the default action, and a scheduler's per-task
+                # signal 0.3-0.5 s after a peer's killed the rank there (-10, not 138)
+                handler = signal.SIG_IGN
+            elif keep and signum != signal.SIGINT:
                 handler = AFTER_FIT
             signal.signal(signum, handler)
         self._previous = {}

@@ -44,15 +44,16 @@ class Run:
     checkpoint_writer: CheckpointWriter  # the Trainer's: background checkpoint files outlive a run
     hooks: dict[str, list[Hook]]  # hook name -> the callables that define it, in Lightning's order (hooks.py)
     log_dir: str | None = None  # chosen by the first logger with a directory (rank 0), or a resumed run's
+    log_dir_restored: bool = False  # log_dir is the resumed run's (set_log_dir)
     verbose: bool = True  # validate/test(verbose=): the results table is printed (callbacks/progress.py)
-    # the Trainer's first ModelCheckpoint (``trainer.checkpoint_callback``), or None
-    checkpoint_callback: Any = None
     precision: Precision | None = None
     logs: LogBuffer | None = None
     model: nn.Module | None = None  # what the loop calls: the task wrapped by the strategy (and torch.compile)
     metrics: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # configure_metrics by stage
     data_seed: int = 0  # the data order: rank 0's seed on every rank
     preemption: Preemption | None = None
+    # The checkpoint manager (loop/checkpointer.py): every save and the resume lookup go through it
+    checkpointer: Any = None
     moves_batches: bool = True  # read once from the strategy: the loop asks it every batch
     predict_dataloader: Any = None
     # ---- fit only (setup_fit) ----
@@ -103,7 +104,9 @@ class Run:
             self.hooks[name] = rewrite(name, fns)
 
     def set_log_dir(self, log_dir: str) -> None:
-        """A resumed fit continues the run directory its checkpoint recorded (a logger's on_load_checkpoint)."""
+        """A resumed fit continues the run directory its checkpoint recorded (a logger's
+        on_load_checkpoint; without one, the checkpoint manager: the checkpoint's run directory)."""
         self.log_dir = log_dir
+        self.log_dir_restored = True
 
 

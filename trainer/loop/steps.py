@@ -26,8 +26,10 @@ STEPS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
 def defines(task: TaskModule, step: str) -> bool:
-    """The task writes ``step`` itself (TaskModule has no such method: the default is the Trainer's)."""
-    return callable(getattr(type(task), step, None))
+    """The task writes ``step`` itself (TaskModule has none, or a ``default_hook``: the default is
+    the Trainer's)."""
+    method = getattr(type(task), step, None)
+    return callable(method) and not getattr(method, "default_hook", False)
 
 
 def training_step(task: TaskModule, model: nn.Module, manual: bool, unsynced: nn.Module) -> Step:

@@ -94,6 +94,10 @@ class LightningNames:
                                        doc="The first EarlyStopping, or None.")
     progress_bar_callback = property(lambda self: next((cb for cb in self.callbacks if _named_base(cb, "ProgressBar")),
                                                        None), doc="The progress bar callback, or None.")
+    lr_scheduler_configs = property(
+        lambda self: [] if self.schedulers is None else list(self.schedulers.configs),
+        doc="The fit's scheduler configs (``scheduler``, ``interval``, ``frequency``, ``monitor``, "
+            "``strict``, ``name``, ``reduce_on_plateau``).")
     progress_bar_metrics = property(lambda self: {} if self.logs is None else {
         k: v for k, v in self.state.metrics.items() if k in self.logs.prog_bar},
         doc="The latest value of every key logged with ``prog_bar=True`` (floats).")
