@@ -8,7 +8,8 @@ changes import lines, not code (examples/lightning_autoencoder.py, examples/ligh
   ``utils.make_grid`` and ``utils.save_image`` with torchvision's arguments and pixel arithmetic.
 - ``LightningCLI``: the part the autoencoder uses (``--trainer.x=v``, ``--model.x=v``, ``--data.x=v`` and
   ``--seed_everything=n`` overrides, ``run=False``, the configuration saved in the run directory); taskfit's own
-  command line is Hydra's (docs/configuration.md). ``cli_lightning_logo`` prints a banner.
+  command line is Hydra's (docs/configuration.md). ``cli_lightning_logo`` is taskfit's own (``from taskfit import
+  cli_lightning_logo``: a plain banner), re-exported here for the ports' import line.
 
 The data module is built by :func:`mnist_datamodule_class` on a given base class, so that
 benchmarks/lightning_ports.py can run the very same data under Lightning (on ``LightningDataModule``).
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, random_split
 
+from .. import cli_lightning_logo  # noqa: F401 (re-exported: the ports import it from here)
 from ..callbacks import Callback
 from ..datamodule import DataModule
 from ..seed import seed_everything
@@ -39,11 +41,6 @@ QUICK_EPOCHS = 3  # the examples' smoke run (--quick or TASKFIT_QUICK=1)
 def quick(argv: list[str] | None = None) -> bool:
     """The examples' smoke-run switch: ``--quick`` among the arguments, or ``TASKFIT_QUICK=1``."""
     return "--quick" in (sys.argv[1:] if argv is None else argv) or os.environ.get("TASKFIT_QUICK") == "1"
-
-
-def cli_lightning_logo() -> None:
-    """Lightning prints its logo here; the port prints what runs it."""
-    print("\ntaskfit: a Lightning example, ported (docs/migrating-lightning.md)\n")
 
 
 # ---- torchvision -----------------------------------------------------------------------------------------------

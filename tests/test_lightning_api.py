@@ -8,6 +8,7 @@ tests/test_lightning_semantics.py does: CI needs no Lightning. Where taskfit dif
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
@@ -467,7 +468,7 @@ def test_a_users_train_loss_replaces_the_built_in_one_never_mixed():
             published.append({k: v for k, v in metrics.items() if k.startswith("train/loss")})
 
         def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
-            kept.append(trainer.logs.last_loss is outputs["loss"])  # the step's own loss is still kept (bar, NaN)
+            kept.append(trainer.logs.last_loss is None)  # the bar shows the user's loss only
 
     trainer = Trainer(max_epochs=2, num_sanity_val_steps=0, log_every_n_steps=1, callbacks=[Published()], **QUIET)
     metrics = trainer.fit(Template())
@@ -475,6 +476,110 @@ def test_a_users_train_loss_replaces_the_built_in_one_never_mixed():
     assert metrics["train/loss"] == 1.5 and "train/loss_epoch" not in metrics
     assert trainer.progress_bar_metrics == {"train/loss": 1.5}
     assert kept == [True] * 8
+
+
+# Lightning 2.6.6 on _ViewsProgram (fit, then validate and test): callback_metrics, logged_metrics,
+# progress_bar_metrics after each, and validate/test's results
+LIGHTNING_VIEWS = {
+    "fit": (None, ["train_loss", "val_loss"], ["train_loss", "val_loss"], ["train_loss", "val_loss"]),
+    "validate": ([["val_loss"]], ["val_loss"], ["val_loss"], ["val_loss"]),
+    "test": ([["test_loss"]], ["test_loss"], ["test_loss"], []),
+}
+
+
+class _ViewsProgram(Line):
+    """A Lightning program: its own steps, each logging its loss (and returning it)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(self(batch[0]), batch[1])
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss = self.loss(self(batch[0]), batch[1])
+        self.log("val_loss", loss, prog_bar=True)
+        return loss
+
+    def test_step(self, batch, batch_idx):
+        loss = self.loss(self(batch[0]), batch[1])
+        self.log("test_loss", loss)
+        return loss
+
+    test_dataloader = Line.val_dataloader
+
+
+def test_a_program_that_logs_its_own_values_sees_exactly_those_as_lightning(tmp_path):
+    from taskfit.callbacks import CSVLogger, ProgressBar
+
+    class Screen(io.StringIO):
+        def isatty(self):
+            return True
+
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1, enable_model_summary=False, enable_checkpointing=False,
+                      logger=CSVLogger(str(tmp_path)), callbacks=[ProgressBar(stream=(screen := Screen()))])
+    task, seen = _ViewsProgram(), {}
+
+    def views(result):
+        return (result and [sorted(r) for r in result], sorted(trainer.callback_metrics),
+                sorted(trainer.logged_metrics), sorted(trainer.progress_bar_metrics))
+
+    trainer.fit(task)
+    seen["fit"] = views(None)
+    seen["validate"] = views(trainer.validate(task, verbose=False))
+    seen["test"] = views(trainer.test(task, verbose=False))
+    assert seen == LIGHTNING_VIEWS
+    bar = screen.getvalue()
+    assert "train_loss=" in bar and not re.search(r"[ ,]loss=", bar)  # no taskfit loss beside the user's
+    with open(os.path.join(trainer.log_dir, "metrics.csv"), encoding="utf-8") as f:
+        header = f.readline().strip().split(",")
+    # the loggers: the user's keys, and taskfit's vitals/* for the first screen; never a second train loss
+    assert {"train_loss", "val_loss"} <= set(header) and not any(k.startswith(("train/", "val/")) for k in header)
+    assert any(k.startswith("vitals/") for k in header)
+
+
+def test_a_program_that_logs_nothing_still_gets_taskfits_loss_curve():
+    class Silent(_ViewsProgram):
+        def log(self, *args, **kwargs):  # the same program, its self.log calls removed
+            pass
+
+    trainer = Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET)
+    metrics = trainer.fit(Silent())
+    assert {"train/loss", "train/loss_epoch", "val/loss"} <= set(metrics)
+    assert trainer.test(Silent(), verbose=False)[0].keys() == {"test/loss"}
+
+
+def test_lightning_shows_the_recorded_views(tmp_path):
+    lightning = pytest.importorskip("lightning.pytorch")
+
+    class Program(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(1, 1, bias=False)
+
+        training_step, validation_step, test_step = (_ViewsProgram.training_step, _ViewsProgram.validation_step,
+                                                     _ViewsProgram.test_step)
+        loss, forward = Line.loss, Line.forward
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    data = _loader(0, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = lightning.Trainer(max_epochs=1, log_every_n_steps=1, enable_progress_bar=False,
+                                    enable_model_summary=False, enable_checkpointing=False,
+                                    default_root_dir=str(tmp_path))
+        task, seen = Program(), {}
+
+        def views(result):
+            return (result and [sorted(r) for r in result], sorted(trainer.callback_metrics),
+                    sorted(trainer.logged_metrics), sorted(trainer.progress_bar_metrics))
+
+        trainer.fit(task, data, data)
+        seen["fit"] = views(None)
+        seen["validate"] = views(trainer.validate(task, data, verbose=False))
+        seen["test"] = views(trainer.test(task, data, verbose=False))
+    assert seen == LIGHTNING_VIEWS
 
 
 def test_torchmetrics_are_computed_before_the_epoch_end_hooks_and_reset_after():
@@ -548,6 +653,27 @@ def test_hparams_attributes_and_helpers_lightning_code_uses(tmp_path, capsys):
 
     Trainer(max_epochs=1, num_sanity_val_steps=0, **QUIET).fit(Prints())
     assert "rank zero says hi" in capsys.readouterr().out
+
+
+# Lightning 2.6.6: Shaped.load_from_checkpoint(path).hparams, with each value's type (its checkpoint pickles them)
+LIGHTNING_LOADED_HPARAMS = {"shape": (1, 4), "layers": [(2, 3), (3, 4)], "table": {1: "a", "b": (2,)},
+                            "tags": {"x"}, "n": 3, "lr": 0.1, "nothing": None}
+
+
+def test_hyperparameters_keep_their_types_through_a_checkpoint_as_lightning(tmp_path):
+    class Shaped(Line):
+        def __init__(self, shape=(1, 4), layers=[(2, 3), (3, 4)], table={1: "a", "b": (2,)}, tags={"x"}, n=3,
+                     lr=0.1, nothing=None):
+            super().__init__()
+            self.save_hyperparameters()
+
+    trainer = Trainer(max_steps=1, **QUIET)
+    trainer.fit(Shaped())
+    trainer.save_checkpoint(path := str(tmp_path / "shaped.ckpt"))
+    loaded = Shaped.load_from_checkpoint(path)
+    assert dict(loaded.hparams) == LIGHTNING_LOADED_HPARAMS
+    assert repr(dict(loaded.hparams)) == repr(LIGHTNING_LOADED_HPARAMS)  # (1, 4), not [1, 4]; 1, not "1"
+    assert (1,) + loaded.hparams.shape == (1, 1, 4)  # the tutorial's line: a TypeError with a list
 
 
 def test_toggle_optimizer_sets_requires_grad_as_lightning():
@@ -770,19 +896,20 @@ def test_a_plateau_scheduler_with_strict_false_skips_a_missing_monitor_with_one_
 
 
 # ---- deliberate differences (docs/migrating-lightning.md, "Where taskfit differs") ----------------------------
-def test_the_logged_x_axis_is_the_step_count_a_value_was_produced_after():
+def test_the_logged_x_axis_is_lightnings_count_of_batches_that_stepped_before():
     steps = []
 
     class At(Callback):
         def on_log(self, trainer, task, metrics):
             if "train/loss" in metrics:
-                steps.append(trainer.state.global_step)
+                steps.append((trainer.state.log_step, trainer.state.global_step))
 
     Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=1, callbacks=[At()], **QUIET).fit(Line())
-    assert steps == [1, 2, 3, 4]  # Lightning writes them at 0, 1, 2, 3 (its batches-that-stepped count before +1)
+    # Lightning 2.6.6 writes them at 0, 1, 2, 3: its batches-that-stepped count before the batch's own +1
+    assert steps == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
-def test_manual_optimization_logs_every_log_every_n_steps_optimizer_steps():
+def test_manual_optimization_counts_log_every_n_steps_in_batches_as_lightning():
     logged = []
 
     class Manual(Line):
@@ -805,11 +932,93 @@ def test_manual_optimization_logs_every_log_every_n_steps_optimizer_steps():
     class At(Callback):
         def on_log(self, trainer, task, metrics):
             if "m" in metrics:
-                logged.append(trainer.state.global_step)
+                logged.append((trainer.state.log_step, trainer.state.global_step))
 
     Trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=2, callbacks=[At()], **QUIET).fit(Manual())
-    # two optimizer steps per batch: every batch logs. Lightning counts batches (every 2nd batch, at x = 1, 3, 5, 7)
-    assert logged == list(range(2, 19, 2))
+    # two optimizer steps per batch; Lightning 2.6.6 counts batches: every 2nd batch, at x = 1, 3, 5, 7
+    assert logged == [(1, 4), (3, 8), (5, 12), (7, 16)]
+
+
+# Lightning 2.6.6, metrics.csv of _csv_steps' program (13 batches, 2 epochs, log_every_n_steps=5,
+# val_check_interval=0.5): the steps each key was written at, and global_step after fit
+LIGHTNING_CSV_STEPS = {
+    ("automatic", 1): (26, {"hook_value": [12, 25], "train_loss_epoch": [12, 25],
+                            "train_loss_step": [4, 9, 14, 19, 24], "val_loss": [5, 11, 18, 24]}),
+    ("manual", 1): (52, {"hook_value": [12, 25], "train_loss_epoch": [12, 25],
+                         "train_loss_step": [4, 9, 14, 19, 24], "val_loss": [5, 11, 18, 24]}),
+    ("automatic", 2): (14, {"hook_value": [6, 13], "train_loss_epoch": [6, 13], "train_loss_step": [4, 9],
+                            "val_loss": [2, 5, 9, 12]}),
+}
+
+
+def _csv_steps(framework, root, optimization: str, accumulate: int) -> tuple[int, dict[str, list[int]]]:
+    """A program run by ``framework`` (taskfit, or lightning.pytorch) with a CSVLogger: global_step, and the steps
+    metrics.csv holds each key of the program at."""
+    import csv
+
+    if framework.__name__ == "taskfit":
+        from taskfit.callbacks import CSVLogger
+        base = framework.TaskModule
+    else:
+        from lightning.pytorch.loggers import CSVLogger
+        base = framework.LightningModule
+    manual = optimization == "manual"
+
+    class Program(base):
+        def __init__(self):
+            super().__init__()
+            self.net, self.head = nn.Linear(2, 1), nn.Linear(2, 1)
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            loss = self.net(batch[0]).pow(2).mean()
+            self.log("train_loss", loss, on_step=True, on_epoch=True)
+            if not manual:
+                return loss
+            for opt in self.optimizers():
+                opt.zero_grad()
+                self.manual_backward(self.net(batch[0]).pow(2).mean() + self.head(batch[0]).pow(2).mean())
+                opt.step()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self.net(batch[0]).pow(2).mean())
+
+        def on_train_epoch_end(self):
+            self.log("hook_value", 1.0)
+
+        def configure_optimizers(self):
+            if manual:
+                return [torch.optim.SGD(m.parameters(), lr=0.01) for m in (self.net, self.head)]
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.randn(30, 2, generator=torch.Generator().manual_seed(0))
+    trainer = framework.Trainer(max_epochs=2, logger=CSVLogger(str(root)), enable_progress_bar=False,
+                                enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=5,
+                                num_sanity_val_steps=0, val_check_interval=0.5, accumulate_grad_batches=accumulate)
+    trainer.fit(Program(), DataLoader(TensorDataset(data[:26]), batch_size=2),
+                DataLoader(TensorDataset(data[26:]), batch_size=2))
+    steps: dict[str, list[int]] = {}
+    for row in csv.DictReader(open(os.path.join(trainer.logger.log_dir, "metrics.csv"), encoding="utf-8")):
+        for key in ("hook_value", "train_loss_epoch", "train_loss_step", "val_loss"):
+            if row.get(key):
+                steps.setdefault(key, []).append(int(row["step"]))
+    return trainer.global_step, steps
+
+
+@pytest.mark.parametrize("optimization, accumulate", sorted(LIGHTNING_CSV_STEPS))
+def test_every_logged_value_is_written_at_lightnings_step(tmp_path, optimization, accumulate):
+    import taskfit
+
+    assert _csv_steps(taskfit, tmp_path, optimization, accumulate) == LIGHTNING_CSV_STEPS[optimization, accumulate]
+
+
+@pytest.mark.parametrize("optimization, accumulate", sorted(LIGHTNING_CSV_STEPS))
+def test_lightning_writes_the_recorded_steps(tmp_path, optimization, accumulate):
+    lightning = pytest.importorskip("lightning.pytorch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        observed = _csv_steps(lightning, tmp_path, optimization, accumulate)
+    assert observed == LIGHTNING_CSV_STEPS[optimization, accumulate]
 
 
 # ---- ddp: epoch values reduced over ranks with each reduce_fx (real processes, gloo) ---------------------------
@@ -871,6 +1080,32 @@ def test_every_name_the_guide_calls_same_is_accepted_or_called():
     assert set(_same("`self.log` arguments")) == set(inspect.signature(TaskModule.log).parameters) - {"self"}
     for name in _same("LightningDataModule"):
         assert hasattr(Data(), name), name
+
+
+# Lightning 2.6.6: lightning.pytorch.__all__, and the other names its examples/ import from lightning.pytorch
+LIGHTNING_ALL = ("Trainer", "LightningDataModule", "LightningModule", "Callback", "seed_everything")
+LIGHTNING_EXAMPLES_IMPORT = ("callbacks", "cli_lightning_logo")
+GUIDE_RENAMES = {"LightningModule": "TaskModule", "LightningDataModule": "DataModule"}
+
+
+def test_every_top_level_name_lightning_programs_import_resolves_after_the_guides_rename(capsys):
+    import taskfit
+    from taskfit import Callback as TopLevelCallback
+    from taskfit import callbacks, cli_lightning_logo
+
+    for name in LIGHTNING_ALL + LIGHTNING_EXAMPLES_IMPORT:
+        assert hasattr(taskfit, GUIDE_RENAMES.get(name, name)), name
+    assert set(GUIDE_RENAMES.get(n, n) for n in LIGHTNING_ALL) <= set(taskfit.__all__)
+    assert TopLevelCallback is Callback is callbacks.Callback  # one class: a subclass is a taskfit callback
+    cli_lightning_logo()  # cosmetic: a plain banner, no terminal codes
+    out = capsys.readouterr().out
+    assert "taskfit" in out and "\033" not in out
+
+
+def test_lightnings_top_level_names_are_the_recorded_ones():
+    lightning = pytest.importorskip("lightning.pytorch")
+    assert tuple(lightning.__all__) == LIGHTNING_ALL
+    assert all(hasattr(lightning, name) for name in LIGHTNING_EXAMPLES_IMPORT)
 
 
 def test_test_returns_the_epoch_values_as_lightning():

@@ -255,7 +255,8 @@ def test_lightning_names_for_callbacks_data_modules_and_reductions():
     from taskfit.callbacks import EarlyStopping, ModelCheckpoint, ProgressBar
     from tasks import regression_data
 
-    trainer = Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="train/loss_epoch", patience=5)],
+    # (the program logs "peak": its keys only, as Lightning's; no taskfit train/loss_epoch beside them)
+    trainer = Trainer(max_epochs=2, callbacks=[EarlyStopping(monitor="peak", patience=5)],
                       enable_model_summary=False, logger=False, num_sanity_val_steps=0)
     assert [type(cb) for cb in trainer.checkpoint_callbacks] == [ModelCheckpoint]
     assert isinstance(trainer.early_stopping_callback, EarlyStopping)
@@ -473,9 +474,58 @@ def test_state_status_finished_and_interrupted_as_lightning():
         def training_step(self, batch, batch_idx):
             raise ValueError("boom")
 
+    trainer = Trainer(max_epochs=1, **QUIET)  # (this Trainer's epoch is done: its next fit would train nothing)
     with pytest.raises(ValueError, match="boom"):
         trainer.fit(Fails(n=16))
     assert trainer.state.status == "interrupted" and trainer.interrupted and not trainer.state.finished
+
+
+class StopOnce(Callback):
+    """should_stop at the end of the first epoch of the first fit only (an EarlyStopping that fired)."""
+
+    def __init__(self):
+        self.armed = True
+
+    def on_train_epoch_end(self, trainer, task):
+        if self.armed:
+            trainer.should_stop, self.armed = True, False
+
+
+# Lightning 2.6.6, one Trainer fitted three times (9 batches per epoch; between the 2nd and 3rd fit the limit is
+# raised to max_epochs=4 / max_steps=12): (global_step, current_epoch) after each fit. Its fit loop keeps its
+# progress: a fit with nothing left returns at once ("`Trainer.fit` stopped: `max_epochs=3` reached.") with
+# callback_metrics emptied, one after should_stop continues where it stopped.
+LIGHTNING_FITS_AGAIN = {"max_epochs": [(27, 3), (27, 3), (36, 4)], "should_stop": [(9, 1), (27, 3), (36, 4)],
+                        "max_steps": [(7, 1), (7, 1), (12, 2)]}
+
+
+@pytest.mark.parametrize("case", sorted(LIGHTNING_FITS_AGAIN))
+def test_a_second_fit_continues_the_trainers_counters_and_returns_at_once_when_done(case, capsys):
+    limits = {"max_steps": 7} if case == "max_steps" else {"max_epochs": 3}
+    trainer = Trainer(**QUIET, **limits, callbacks=[StopOnce()] if case == "should_stop" else [])
+    task, seen = Line(), []
+    for fit_number in range(3):
+        if fit_number == 2:
+            trainer.max_epochs, trainer.max_steps = (4, None) if case != "max_steps" else (None, 12)
+        before = task.net.weight.detach().clone()
+        trainer.fit(task)
+        seen.append((trainer.global_step, trainer.current_epoch))
+        if fit_number == 1 and case != "should_stop":  # nothing left to train: Lightning's early return
+            assert torch.equal(before, task.net.weight) and trainer.callback_metrics == {}
+            assert f"`Trainer.fit` stopped: `{case}={limits[case]}` reached." in capsys.readouterr().out
+    expected = LIGHTNING_FITS_AGAIN[case]
+    if case == "max_steps":  # a mid-epoch stop keeps its epoch in taskfit (the guide's table): 0, 0, 1
+        expected = [(step, epoch - 1) for step, epoch in expected]
+    assert seen == expected
+
+
+def test_a_second_fit_with_nothing_left_writes_no_new_run_folder(tmp_path):
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                      enable_model_summary=False)
+    trainer.fit(RegressionTask(n=16))
+    first = trainer.log_dir
+    trainer.fit(RegressionTask(n=16))  # a new task too: the Trainer's fit is over, as Lightning's
+    assert trainer.log_dir == first and sorted(os.listdir(tmp_path)) == ["version_0"]
 
 
 def test_lightnings_bug_report_template_runs_with_its_imports_changed(tmp_path):

@@ -151,11 +151,11 @@ def test_lr_monitor_logs_every_optimizer_at_its_schedulers_interval(tmp_path):
     def logged(key):
         return [(int(r["step"]), float(r[key])) for r in table if r.get(key)]
 
-    # SGD's scheduler steps per step: at every log interval; Adam's per epoch: at every epoch start (global_step
-    # counts both optimizers' steps, as Lightning's does: 8 per epoch)
+    # SGD's scheduler steps per step: at every log interval; Adam's per epoch: at every epoch start. As Lightning's,
+    # the interval and the step count batches under manual optimization (4 per epoch), not the 8 optimizer steps
     # Lightning's names: one group is lr-SGD, two are lr-Adam/<"name"> and lr-Adam/pg2 (counted from 1)
-    assert [s for s, _ in logged("lr-SGD")] == [s for s, _ in logged("train/loss")] == list(range(2, 17, 2))
-    assert logged("lr-Adam/weights") == [(0, pytest.approx(0.01)), (8, pytest.approx(0.001))]
+    assert [s for s, _ in logged("lr-SGD")] == [s for s, _ in logged("train/loss")] == [1, 3, 5, 7]
+    assert logged("lr-Adam/weights") == [(0, pytest.approx(0.01)), (4, pytest.approx(0.001))]
     assert logged("lr-Adam/pg2") == logged("lr-Adam/weights")  # both groups of the second optimizer
     assert {v for _, v in logged("lr-SGD-weight_decay")} == {0.01}
     assert {v for _, v in logged("lr-SGD-momentum")} == {0.9} and logged("lr-Adam/pg2-momentum")
@@ -193,8 +193,8 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     killed_run = logged_run(tmp_path, uri, "11")  # the newest checkpoint: step 8 (epoch 1, batch 2)
     assert killed_run.returncode == -signal.SIGKILL, killed_run.stderr[-3000:]
     run_dir = tmp_path / "version_0"
-    assert [int(r["step"]) for r in rows(run_dir / "metrics.csv")] == list(range(1, 11))  # 11's was not complete
-    assert [e.step for e in read_run(run_dir).Scalars("train/loss")][-3:] == [8, 9, 10]  # past the checkpoint
+    assert [int(r["step"]) for r in rows(run_dir / "metrics.csv")] == list(range(10))  # 10's was not complete
+    assert [e.step for e in read_run(run_dir).Scalars("train/loss")][-3:] == [7, 8, 9]  # past the checkpoint
     client = mlflow.tracking.MlflowClient(uri)
     (killed,) = client.search_runs([client.get_experiment_by_name("taskfit").experiment_id])
     assert killed.info.status == "RUNNING"  # nobody closed it
@@ -205,22 +205,22 @@ def test_a_killed_run_resumes_into_the_same_logger_runs_without_duplicates(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "version_0"]
 
     table = rows(run_dir / "metrics.csv")
-    assert [int(r["step"]) for r in table] == list(range(1, 19))  # each step once, the redone 9-11 included
+    assert [int(r["step"]) for r in table] == list(range(18))  # each step once, the redone 8-10 included
     assert [r["epoch"] for r in table] == [str(e) for e in range(3) for _ in range(6)]
     epoch_times = [int(r["step"]) for r in table if r["vitals/epoch_time_s"]]
-    assert epoch_times == [6, 18]  # not the resumed epoch 1, whose time would be that of its rest only
+    assert epoch_times == [5, 17]  # not the resumed epoch 1, whose time would be that of its rest only
 
-    run = read_run(run_dir)  # the killed run's steps 9-10 are hidden by the resumed writer's purge_step
-    assert [e.step for e in run.Scalars("train/loss")] == list(range(1, 19))
+    run = read_run(run_dir)  # the killed run's steps 8-9 are hidden by the resumed writer's purge_step
+    assert [e.step for e in run.Scalars("train/loss")] == list(range(18))
     assert [e.value for e in run.Scalars("train/loss")] == pytest.approx([float(r["train/loss"]) for r in table])
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
 
     (resumed,) = client.search_runs([killed.info.experiment_id])
     assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
     assert "died without closing the run" in resumed.data.tags["taskfit.killed"]
-    assert resumed.data.tags["taskfit.resumed_at"] == "8"
+    assert resumed.data.tags["taskfit.resumed_at"] == "7"
     history = client.get_metric_history(resumed.info.run_id, "train/loss")
-    assert [m.step for m in history] == list(range(1, 19))  # the steps the killed run sent are not sent again
+    assert [m.step for m in history] == list(range(18))  # the steps the killed run sent are not sent again
     assert [m.value for m in history] == pytest.approx([float(r["train/loss"]) for r in table])
 
 
@@ -241,7 +241,7 @@ def test_a_resume_whose_run_directory_is_gone_starts_a_new_one_and_says_so(tmp_p
     with pytest.warns(RuntimeWarning, match=r"CSVLogger: the run this checkpoint was logged to \(.*version_0\) is "
                                             r"gone; the resumed fit starts a new one in .*version_0"):
         second.fit(RegressionTask(n=16), ckpt_path=str(moved))
-    assert [int(r["step"]) for r in rows(Path(second.log_dir) / "metrics.csv")] == [6]  # the third epoch only
+    assert [int(r["step"]) for r in rows(Path(second.log_dir) / "metrics.csv")] == [5]  # the third epoch only
 
 
 def test_a_resumed_fit_with_mlflow_alone_continues_its_run_and_directory(tmp_path):
@@ -259,10 +259,10 @@ def test_a_resumed_fit_with_mlflow_alone_continues_its_run_and_directory(tmp_pat
     second, second_logger = fit(2, ckpt_path="last")  # extend the finished fit by an epoch
     assert second.log_dir == first.log_dir and second_logger.run_id == first_logger.run_id
     run = mlflow.tracking.MlflowClient(uri).get_run(first_logger.run_id)
-    assert run.info.status == "FINISHED" and run.data.tags["taskfit.resumed_at"] == "2"
+    assert run.info.status == "FINISHED" and run.data.tags["taskfit.resumed_at"] == "1"  # (the log step)
     assert "taskfit.killed" not in run.data.tags  # it was closed: FINISHED, not left RUNNING
     assert [m.step for m in mlflow.tracking.MlflowClient(uri).get_metric_history(run.info.run_id,
-                                                                               "train/loss_epoch")] == [2, 4]
+                                                                               "train/loss_epoch")] == [1, 3]
 
 
 def test_lr_monitor_refuses_two_param_groups_of_one_name_and_says_when_momentum_is_zero(tmp_path):

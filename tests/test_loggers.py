@@ -33,13 +33,13 @@ QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_check
 
 
 class Recorder(Callback):
-    """Every ``on_log`` call as (global step, values): what a logger must have written."""
+    """Every ``on_log`` call as (the step loggers record it at, values): what a logger must have written."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, dict[str, float]]] = []
 
     def on_log(self, trainer, task, metrics):
-        self.calls.append((trainer.state.global_step, dict(metrics)))
+        self.calls.append((trainer.state.log_step, dict(metrics)))
 
 
 class RankCSV(CSVLogger):
@@ -115,7 +115,8 @@ def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
     for step, values in recorder.calls:
         expected.setdefault(step, {}).update(values)
     assert header[:2] == ["step", "epoch"] and set(header[2:]) == {k for v in expected.values() for k in v}
-    assert [int(r["step"]) for r in rows] == sorted(expected) == [2, 4, 6, 8, 10, 12]  # one row per step
+    # one row per step, at Lightning's steps (a value logged after optimizer step k is at k - 1)
+    assert [int(r["step"]) for r in rows] == sorted(expected) == [1, 3, 5, 7, 9, 11]
     assert [int(r["epoch"]) for r in rows] == [0, 0, 0, 1, 1, 1]  # as Lightning's metrics.csv has it
     for row in rows:
         values = expected[int(row["step"])]
@@ -149,7 +150,7 @@ def test_csv_is_valid_after_the_process_is_killed(tmp_path):
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     header, rows = read_csv(tmp_path / "version_0" / "metrics.csv")
     assert "val/loss" in header and "train/loss_epoch" in header
-    assert [int(r["step"]) for r in rows] == list(range(1, 9))  # step 9's row was not complete yet
+    assert [int(r["step"]) for r in rows] == list(range(8))  # (Lightning's steps) step 8's row was not complete yet
     assert all(None not in r and None not in r.values() for r in rows)  # every row as wide as the header
     assert all(r["train/loss"] for r in rows) and rows[5]["val/loss"] and not rows[4]["val/loss"]
 
@@ -181,10 +182,10 @@ def test_csv_of_a_fit_resumed_at_an_epochs_last_step_has_each_step_once(tmp_path
     resumed.fit(ClassifierTask(), ckpt_path="last")
     assert resumed.state.resumed and resumed.log_dir == str(tmp_path / "version_0")
     header, rows = read_csv(tmp_path / "version_0" / "metrics.csv")
-    assert [int(r["step"]) for r in rows] == list(range(1, 19))  # each step once, in order
+    assert [int(r["step"]) for r in rows] == list(range(18))  # each step once, in order (Lightning's: from 0)
     assert all(None not in r and None not in r.values() and r["train/loss"] for r in rows)
     ends = {int(r["step"]): r for r in rows if r["train/loss_epoch"]}
-    assert sorted(ends) == [6, 12, 18] and all(r["val/loss"] for r in ends.values())
+    assert sorted(ends) == [5, 11, 17] and all(r["val/loss"] for r in ends.values())
     assert [r["epoch"] for r in rows] == [str(e) for e in range(3) for _ in range(6)]
 
 
@@ -205,7 +206,7 @@ def _last_row_torn(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("damage, kept_steps", [
-    (_not_utf8, [1, 2]), (_header_lost, []), (_last_row_torn, [1, 2, 3, 4, 5])])
+    (_not_utf8, [0, 1]), (_header_lost, []), (_last_row_torn, [0, 1, 2, 3, 4])])  # Lightning's steps
 def test_a_resume_over_a_damaged_metrics_csv_keeps_it_aside_and_goes_on(tmp_path, damage,
                                                                         kept_steps):
     """Issue 47, row 5: a metrics.csv that is not UTF-8, lost its header or has a torn last row
@@ -232,7 +233,7 @@ def test_a_resume_over_a_damaged_metrics_csv_keeps_it_aside_and_goes_on(tmp_path
     assert header[:2] == ["step", "epoch"] and "train/loss" in header
     assert all(None not in r and None not in r.values() for r in rows)
     steps = [int(r["step"]) for r in rows]
-    assert steps[:len(kept_steps)] == kept_steps and steps[-6:] == list(range(7, 13))
+    assert steps[:len(kept_steps)] == kept_steps and steps[-6:] == list(range(6, 12))
     assert steps == sorted(set(steps))
 
 
@@ -271,7 +272,7 @@ def test_a_custom_logger_gets_rank0_calls_in_order(tmp_path):
     trainer.fit(task)
     assert calls[:2] == [("setup", trainer.log_dir), ("hparams", task.hparams)] and task.hparams["lr"] == 0.1
     assert ("save",) in calls and calls[-1] == ("finalize", "success")
-    assert any(c[:2] == ("metrics", 2) and "train/loss_epoch" in c[2] for c in calls)
+    assert any(c[:2] == ("metrics", 1) and "train/loss_epoch" in c[2] for c in calls)  # the last step's, as Lightning
     calls.clear()
     with pytest.raises(ValueError, match="boom"):
         Trainer(max_epochs=2, logger=Memory(), callbacks=[RaiseAtStep(1, 0)], **QUIET).fit(RegressionTask(n=16))
@@ -286,7 +287,7 @@ def test_ddp_writes_from_rank_0_only(tmp_path):
     trainer.fit(ClassifierTask(batch_size=8))  # 96 samples, 2 ranks x 8: 6 steps per epoch
     assert sorted(p.name for p in probes.iterdir()) == ["on_log-rank0", "on_log-rank1", "setup-rank0"]
     header, rows = read_csv(Path(trainer.log_dir) / "metrics.csv")
-    assert [int(r["step"]) for r in rows] == list(range(1, 13))  # each step once: rank 1 wrote nothing
+    assert [int(r["step"]) for r in rows] == list(range(12))  # each step once: rank 1 wrote nothing
     assert "val/acc" in header and float(rows[-1]["val/loss"]) == pytest.approx(trainer.state.metrics["val/loss"])
     assert sorted(os.listdir(trainer.log_dir)) == ["hparams.yaml", "metrics.csv"]
 
@@ -344,7 +345,7 @@ def test_mlflow_run_of_a_failed_fit_is_failed_and_keeps_its_metrics(tmp_path, ml
                 default_root_dir=str(tmp_path), **QUIET).fit(ClassifierTask())
     client = MlflowClient(tracking_uri=mlflow_store)
     assert client.get_run(logger.run_id).info.status == "FAILED"
-    assert [m.step for m in client.get_metric_history(logger.run_id, "train/loss")] == list(range(1, 10))
+    assert [m.step for m in client.get_metric_history(logger.run_id, "train/loss")] == list(range(9))
 
 
 def test_mlflow_bad_uri_fails_at_fit_start_before_training(tmp_path, mlflow_store, monkeypatch):
@@ -480,8 +481,9 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
     version = run / "version_0"
     assert list(version.glob("events.out.tfevents.*")), sorted(os.listdir(version))
     header, rows = read_csv(version / "metrics.csv")
-    # step 0: the learning rate the first epoch starts with (the digits task's cosine steps per epoch)
-    assert [r["step"] for r in rows] == ["0", "1", "2"] and "val/loss" in header and rows[-1]["val/loss"]
+    # 2 steps, at Lightning's steps 0 and 1; step 0 also holds the learning rate the first epoch starts with (the
+    # digits task's cosine steps per epoch), the last the epoch's values
+    assert [r["step"] for r in rows] == ["0", "1"] and "val/loss" in header and rows[-1]["val/loss"]
     assert yaml.safe_load((version / "hparams.yaml").read_text())["trainer.max_epochs"] == 1
     assert f"CSV:             {version / 'metrics.csv'}" in result.stdout
     if MLFLOW is None:
@@ -499,7 +501,7 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
     assert result.stdout.count("mlflow ui --backend-store-uri") == 1
     assert found.data.params["trainer.max_epochs"] == "1" and "task.optimizer.lr" in found.data.params
     history = [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "val/loss")]
-    assert history == [(2, pytest.approx(float(rows[-1]["val/loss"])))]
+    assert history == [(1, pytest.approx(float(rows[-1]["val/loss"])))]
 
 
 def test_loggers_work_outside_a_run_as_lightnings(tmp_path):

@@ -46,13 +46,13 @@ def event_files(root) -> list[Path]:
 
 
 class Recorder(Callback):
-    """Keeps every ``on_log`` call: (global step, values), to compare with what the event files hold."""
+    """Keeps every ``on_log`` call: (the step loggers record it at, values), to compare with the event files."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, dict[str, float]]] = []
 
     def on_log(self, trainer, task, metrics):
-        self.calls.append((trainer.state.global_step, dict(metrics)))
+        self.calls.append((trainer.state.log_step, dict(metrics)))
 
 
 # ---- scalars ----------------------------------------------------------------------------------------------
@@ -75,16 +75,16 @@ def test_scalars_in_event_files_are_what_was_logged(tmp_path):
     for key, points in expected.items():  # event files store float32
         assert scalars(run, key) == [(s, pytest.approx(v, rel=1e-6, abs=1e-9)) for s, v in points], key
 
-    assert [s for s, _ in scalars(run, "train/loss")] == [2, 4, 6, 8, 10, 12]
-    assert [s for s, _ in scalars(run, "train/acc_batch")] == [2, 4, 6, 8, 10, 12]  # self.log in loss()
+    assert [s for s, _ in scalars(run, "train/loss")] == [1, 3, 5, 7, 9, 11]  # Lightning's steps
+    assert [s for s, _ in scalars(run, "train/acc_batch")] == [1, 3, 5, 7, 9, 11]  # self.log in loss()
     for tag in ("val/loss", "val/acc", "train/loss_epoch", "vitals/epoch_time_s"):  # acc_batch: per step only
-        assert [s for s, _ in scalars(run, tag)] == [6, 12], tag
-    assert scalars(run, "vitals/lr/SGD/pg0") == [(s, pytest.approx(0.1)) for s in (2, 4, 6, 8, 10, 12)]
+        assert [s for s, _ in scalars(run, tag)] == [5, 11], tag
+    assert scalars(run, "vitals/lr/SGD/pg0") == [(s, pytest.approx(0.1)) for s in (1, 3, 5, 7, 9, 11)]
     assert all(v > 0 for _, v in scalars(run, "vitals/samples_per_sec"))
     assert scalars(run, "~best/val/loss")[0][1] == pytest.approx(min(v for _, v in scalars(run, "val/loss")))
 
     # The logged val/loss is what trainer.validate returns for the same weights; validate and test write
-    # into the same run directory, at the run's last global step.
+    # into the same run directory, at the run's count of stepped batches (12, as Lightning's).
     final_val = scalars(run, "val/loss")[-1][1]
     validated = trainer.validate(task)[0]
     tested = trainer.test(task)[0]
@@ -125,12 +125,13 @@ def test_one_event_per_step_and_a_key_logged_twice_keeps_both_values(tmp_path):
     trainer = Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), callbacks=[Twice()],
                       **QUIET)
     trainer.fit(ClassifierTask())  # 6 steps per epoch
-    assert scalars(read_run(trainer.log_dir), "custom/x") == [(6, 1.0), (6, 2.0), (12, 1.0), (12, 2.0)]
+    # at the epoch's last step (Lightning's: 5 and 11 after 6 and 12 optimizer steps)
+    assert scalars(read_run(trainer.log_dir), "custom/x") == [(5, 1.0), (5, 2.0), (11, 1.0), (11, 2.0)]
     steps = [e.step for path in event_files(tmp_path) for e in LegacyEventFileLoader(str(path)).Load()
              if e.summary.value and all(v.HasField("simple_value") for v in e.summary.value)]
-    # The loss, learning rate and throughput of an interval arrive in three on_log calls: one event. At 6 and
-    # 12 the epoch's values and validation join it; custom/x's second value starts one more event there.
-    assert steps == [2, 4, 6, 6, 8, 10, 12, 12, 12], steps
+    # The loss, learning rate and throughput of an interval arrive in three on_log calls: one event. At 5 and
+    # 11 the epoch's values and validation join it; custom/x's second value starts one more event there.
+    assert steps == [1, 3, 5, 5, 7, 9, 11, 11, 11], steps
 
 
 @pytest.mark.parametrize("send_secs", [3600.0, 0.0])
@@ -162,14 +163,15 @@ def test_scalars_reach_the_writer_in_one_batch_every_send_secs(tmp_path, monkeyp
     if send_secs:  # nothing handed over while training: all of it at the end
         assert during == []
     else:  # each step's event as soon as the next one starts
-        assert during == list(range(1, 18)), during
-    assert [s for s, _ in scalars(read_run(trainer.log_dir), "train/loss")] == list(range(1, 19))
+        assert during == list(range(17)), during  # (Lightning's steps: from 0)
+    assert [s for s, _ in scalars(read_run(trainer.log_dir), "train/loss")] == list(range(18))
 
 
 def test_each_fit_gets_its_own_version_directory(tmp_path):
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
     trainer.fit(RegressionTask(n=16))
     first = trainer.log_dir
+    trainer.max_epochs = 2  # this Trainer's next fit continues at epoch 1 (Lightning's counters), in a new run
     trainer.fit(RegressionTask(n=16))
     assert (Path(first).name, Path(trainer.log_dir).name) == ("version_0", "version_1")
     assert all(len(event_files(d)) == 1 for d in (first, trainer.log_dir))
@@ -248,7 +250,7 @@ def test_event_file_is_closed_when_fit_ends_abnormally(tmp_path, how, raised, st
     run = read_run(trainer.log_dir)
     steps = [s for s, _ in scalars(run, "train/loss")]
     # error: step 3 never finishes; a signal is handled at the step boundary (sigint: KeyboardInterrupt at once)
-    assert steps[:2] == [1, 2] and steps[-1] <= 3
+    assert steps[:2] == [0, 1] and steps[-1] <= 2  # (Lightning's steps: from 0)
     from tensorboard.plugins.hparams import api_pb2
 
     assert hparams_data(run)["session_end_info"].session_end_info.status == api_pb2.Status.Value(status)
@@ -324,8 +326,9 @@ def test_only_rank_zero_writes_event_files_under_ddp(tmp_path):
     assert files[0].parent == Path(trainer.log_dir) == tmp_path / "version_0"
     assert files[0].name.split(".")[4] != str(os.getpid())  # written by a worker, not by this process
     run = read_run(trainer.log_dir)
-    assert [s for s, _ in scalars(run, "train/loss")] == [2, 4, 6, 8]  # 32 samples per rank: 4 steps per epoch
-    assert scalars(run, "val/loss")[-1] == (8, pytest.approx(metrics["val/loss"], rel=1e-6))
+    # 32 samples per rank: 4 steps per epoch, logged at Lightning's steps 1, 3, 5, 7
+    assert [s for s, _ in scalars(run, "train/loss")] == [1, 3, 5, 7]
+    assert scalars(run, "val/loss")[-1] == (7, pytest.approx(metrics["val/loss"], rel=1e-6))
 
 
 # ---- a real TensorBoard serves the runs of a sweep ------------------------------------------------------------

@@ -29,8 +29,9 @@ def test_own_steps_equal_the_default_steps_bitwise_and_callbacks_get_their_outpu
     own, metrics, trainer = _fit(StepClassifier, callbacks=[probe])
     for key, value in default.state_dict().items():
         assert torch.equal(own.state_dict()[key], value), key
-    assert metrics.keys() == expected.keys()
-    for key in ("train/loss_epoch", "train/acc_batch", "val/loss", "val/acc", "val/acc_batch"):
+    # a training_step of its own that logs (acc_batch): its keys only, as Lightning (no taskfit train/ or val/loss)
+    assert metrics.keys() == expected.keys() - {"train/loss", "train/loss_epoch", "val/loss"}
+    for key in ("train/acc_batch", "val/acc", "val/acc_batch"):
         assert metrics[key] == expected[key], key  # val/acc: stage_metrics updated inside validation_step
     assert len(probe.outputs) == trainer.state.global_step == 12 and probe.sizes[0] == 16
     first = probe.outputs[0]
@@ -38,7 +39,7 @@ def test_own_steps_equal_the_default_steps_bitwise_and_callbacks_get_their_outpu
     assert not first["loss"].requires_grad and not first["logits"].requires_grad  # detached for the callbacks
     (tested,) = Trainer(**QUIET).test(own)
     (expected_test,) = Trainer(**QUIET).test(default)
-    assert tested == expected_test
+    assert tested and tested == {k: v for k, v in expected_test.items() if k in tested}
 
 
 def test_predict_step_returns_what_the_step_returns():
@@ -121,7 +122,8 @@ def test_manual_optimization_steps_two_optimizers_counts_steps_and_resumes_exact
     assert trainer.state.global_step == 2 * 18 == counter.before_step  # global_step counts optimizer steps
     first, second = (s.scheduler for s in trainer.schedulers.configs)
     assert first.last_epoch == second.last_epoch == 18  # stepped by the task, once per batch, not by the Trainer
-    assert {"train/loss", "train/second_loss", "train/loss_epoch", "val/acc"} <= metrics.keys()
+    # the step logs train/second_loss: its keys only, as Lightning (no taskfit train/loss beside it)
+    assert {"train/second_loss", "val/acc"} <= metrics.keys() and "train/loss" not in metrics
 
     # stop after 2 epochs with a checkpoint, resume for the third: both optimizers and schedulers come back
     seed_everything(0)
@@ -178,7 +180,8 @@ def test_ddp_two_processes_equal_one_process_with_own_steps(task_cls, tmp_path):
     for key, value in reference.state_dict().items():
         assert torch.allclose(task.state_dict()[key], value, atol=1e-6, rtol=0), key
     assert trainer.state.global_step == (24 if task_cls is ManualClassifier else 12)
-    for key in ("val/acc", "val/loss", "train/loss_epoch"):
+    assert metrics.keys() == expected.keys() and "val/acc" in metrics
+    for key in expected.keys() & {"val/acc", "val/loss", "train/loss_epoch"}:  # (step values: rank 0's)
         assert metrics[key] == pytest.approx(expected[key], abs=1e-6), key
 
 

@@ -3,9 +3,11 @@ form checkpoints and loggers get) and the old module paths (compat/old_paths.py:
 taskfit.strategies.fsdp, the same module object)."""
 from __future__ import annotations
 
+import enum
 import functools
 import importlib
 import importlib.machinery
+import io
 import sys
 import types
 
@@ -78,18 +80,26 @@ def test_save_hyperparameters_of_an_unknown_name_lists_the_arguments():
 
 
 # ---- the plain form: checkpoints (weights_only=True) and loggers --------------------------------------------------
-def test_plain_hparams_are_primitives_only():
+def test_plain_hparams_keep_the_types_given_and_load_with_weights_only():
     def make_optimizer(params, lr):
         return None
 
-    owner = owner_with(lr=0.1, name="net", flag=True, nothing=None, sizes=(1, 2), nested={"a": {1: [3]}},
+    owner = owner_with(lr=0.1, name="net", flag=True, nothing=None, sizes=(1, 2), nested={"a": {1: [3, (4,)]}},
+                       tags={"x"}, shape=torch.Size([2, 3]), count=enum.IntEnum("E", "ONE")(1),
                        optimizer=functools.partial(torch.optim.SGD, lr=0.5, momentum=0.9),
                        device=torch.device("cpu"))
     plain = plain_hparams(owner)
-    assert plain == {"lr": 0.1, "name": "net", "flag": True, "nothing": None, "sizes": [1, 2],
-                     "nested": {"a": {"1": [3]}}, "optimizer": {"_target_": "torch.optim.sgd.SGD", "lr": 0.5,
-                                                                "momentum": 0.9},
-                     "device": "device(type='cpu')"}
+    expected = {"lr": 0.1, "name": "net", "flag": True, "nothing": None, "sizes": (1, 2),
+                "nested": {"a": {1: [3, (4,)]}}, "tags": {"x"}, "shape": (2, 3), "count": 1,
+                "optimizer": {"_target_": "torch.optim.sgd.SGD", "lr": 0.5, "momentum": 0.9},
+                "device": "device(type='cpu')"}
+    assert plain == expected
+    buffer = io.BytesIO()
+    torch.save(plain, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)  # how checkpoints are read
+    assert loaded == expected and repr(loaded) == repr(expected)  # tuple stays tuple, int keys stay ints
+    assert type(loaded["shape"]) is tuple and type(loaded["count"]) is int
     assert plain_hparams(types.SimpleNamespace()) == {}
 
 

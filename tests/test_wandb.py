@@ -163,7 +163,8 @@ def test_an_offline_run_reads_back_as_the_tensorboard_run_and_a_resume_continues
     tb = tensorboard_steps(first.log_dir)
     assert {"train/loss", "train/loss_epoch", "val/loss"} <= set(tb)
     same_points(run.steps(), tb)  # every key, step and value TensorBoard has, and nothing else
-    assert [s for s, _ in run.steps()["val/loss"]] == [4, 8]  # 32 samples / 8 per batch: 4 steps per epoch
+    # 32 samples / 8 per batch: 4 steps per epoch; validation at each epoch's last step (Lightning's: 3, 7)
+    assert [s for s, _ in run.steps()["val/loss"]] == [3, 7]
     assert run.summary["val/loss"] == pytest.approx(first.state.metrics["val/loss"])
     hparams = dict(first.hparams)
     assert hparams and {k: run.config[k] for k in hparams} == hparams and run.config["dataset"] == "regression"
@@ -180,8 +181,8 @@ def test_an_offline_run_reads_back_as_the_tensorboard_run_and_a_resume_continues
     runs = offline_runs(wb_dir)
     assert len(runs) == 2 and {r.run.run_id for r in runs} == {logger.run_id}  # offline: a folder per process
     later = next(r for r in runs if r.folder != run.folder)
-    assert later.summary["taskfit.resumed_at"] == "8" and "taskfit.killed" not in later.summary
-    assert [s for s, _ in later.steps()["train/loss"]] == [10, 12]
+    assert later.summary["taskfit.resumed_at"] == "7" and "taskfit.killed" not in later.summary
+    assert [s for s, _ in later.steps()["train/loss"]] == [9, 11]
     merged = {k: run.steps().get(k, []) + later.steps().get(k, []) for k in tensorboard_steps(second.log_dir)}
     same_points(merged, tensorboard_steps(second.log_dir))  # what `wandb sync` uploads: TensorBoard's run
     assert later.exit_code == 0
@@ -210,11 +211,11 @@ def test_fit_test_validate_predict_and_a_resume_in_one_process_are_one_offline_r
     (run,) = offline_runs(wb)  # one folder, one id, closed once
     assert run.run.run_id == logger.run_id and run.exit_code == 0
     steps = run.steps()
-    # fit, the validate after it, the resumed epoch
-    assert [s for s, _ in steps["val/loss"]] == [4, 8, 8, 12]
+    # fit, the validate after it, the resumed epoch (Lightning's steps: each epoch's last, the fit's count after)
+    assert [s for s, _ in steps["val/loss"]] == [3, 7, 8, 11]
     assert [s for s, _ in steps["test/loss"]] == [8]
-    assert [s for s, _ in steps["train/loss"]] == [2, 4, 6, 8, 10, 12]
-    assert run.summary["taskfit.resumed_at"] == "8"
+    assert [s for s, _ in steps["train/loss"]] == [1, 3, 5, 7, 9, 11]
+    assert run.summary["taskfit.resumed_at"] == "7"
 
 
 class Boom(Callback):
@@ -231,7 +232,7 @@ def test_an_exception_marks_the_run_failed(tmp_path):
         trainer.fit(RegressionTask(n=32))
     (run,) = offline_runs(tmp_path)
     assert run.exit_code == 1  # W&B shows the run as failed
-    assert [s for s, _ in run.steps()["train/loss"]] == [1, 2, 3]  # what was logged before the error is there
+    assert [s for s, _ in run.steps()["train/loss"]] == [0, 1, 2]  # what was logged before the error is there
     assert json.loads((run.folder / "taskfit-status.json").read_text())["status"] == "failed"
 
 
@@ -273,8 +274,8 @@ def test_a_killed_run_is_marked_when_a_resume_continues_it(tmp_path):
     logger.finish()
     later = closed_run(next(f for f in (wb / "wandb").glob("offline-run-*") if f != first.folder))
     assert "died without closing the run" in later.summary["taskfit.killed"]
-    assert later.summary["taskfit.resumed_at"] == "4" and later.exit_code == 0
-    assert [s for s, _ in later.steps()["train/loss"]] == [5, 6, 7, 8]
+    assert later.summary["taskfit.resumed_at"] == "3" and later.exit_code == 0
+    assert [s for s, _ in later.steps()["train/loss"]] == [4, 5, 6, 7]
 
 
 def test_the_taskfit_command_logs_to_wandb(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,14 +13,27 @@ from .errors import MisconfigurationError
 
 _PRIMITIVES = (int, float, str, bool, type(None))
 
+
 def _plain(value: Any) -> Any:
-    """An init argument as a primitive (hparams must be loggable and safe to store in a checkpoint)."""
-    if isinstance(value, _PRIMITIVES):
+    """An init argument as a checkpoint holds it (``torch.load(weights_only=True)`` reads it back): numbers,
+    strings, bools and None, and tuples, lists, sets and dicts of them, each of the type given, so that
+    ``load_from_checkpoint`` passes ``(1, 4)`` back as a tuple, as Lightning's pickled hparams do. A factory
+    (``functools.partial``) becomes a description, anything else its ``repr``."""
+    if type(value) in _PRIMITIVES:
         return value
+    if isinstance(value, numbers.Integral):  # an IntEnum, a numpy integer: the number
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return {k if type(k) in _PRIMITIVES else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):  # a namedtuple or torch.Size as a tuple
+        return (tuple if isinstance(value, tuple) else list)(_plain(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        try:
+            return {_plain(v) for v in value}
+        except TypeError:  # an element that is a set itself (unhashable once plain)
+            return repr(value)
     func = getattr(value, "func", None)  # functools.partial, e.g. a Hydra `_partial_: true` optimizer
     if func is not None:
         args = {k: _plain(v) for k, v in getattr(value, "keywords", {}).items()}
@@ -85,7 +99,8 @@ def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
 
 
 def plain_hparams(owner: Any) -> dict[str, Any]:
-    """``owner.hparams`` as primitives: what checkpoints hold (they load with weights_only=True) and loggers show."""
+    """``owner.hparams`` as checkpoints hold them (they load with weights_only=True), containers of the types given;
+    loggers show them flattened (:func:`flatten`)."""
     return {str(k): _plain(v) for k, v in owner.__dict__.get("_hparams", {}).items()}
 
 

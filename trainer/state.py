@@ -50,6 +50,13 @@ class TrainerState:
     stage: str = "idle"  # "sanity", "train", "val", "test", "predict" or "idle"
     epoch: int = 0
     global_step: int = 0
+    # batches that ended with an optimizer step (under manual optimization: every batch), the current one included
+    # once it stepped: Lightning's `_batches_that_stepped`, which log_step (the loggers' x-axis) is read from
+    stepped_batches: int = 0
+    # from a batch's step to its end, and from an epoch's end to the next epoch (or the fit's end): what is
+    # published is at the count before the last stepped batch (Lightning's x-axis: log_step). Saved: a resumed
+    # logger continues after the step the checkpoint's values were at
+    log_at_previous: bool = False
     batch_idx: int = 0  # index of the batch being (or last) trained in this epoch
     batches_done: int = 0  # batches of this epoch already trained (where a resume continues)
     epoch_done: bool = False  # every batch of this epoch is trained (set before on_train_epoch_end)
@@ -64,6 +71,13 @@ class TrainerState:
     def finished(self) -> bool:
         """The last entry point ran to its end (Lightning's ``trainer.state.finished``)."""
         return self.status == "finished"
+
+    @property
+    def log_step(self) -> int:
+        """The step loggers record a value at, as Lightning's: the batches that stepped before the one being
+        trained (a value logged after optimizer step k is at k - 1; an epoch's values at its last batch's step),
+        all of them between batches; under manual optimization batches are counted, not optimizer steps."""
+        return self.stepped_batches - self.log_at_previous
 
     @property
     def checkpoint_epoch(self) -> int:
@@ -82,6 +96,8 @@ class TrainerState:
         for key, value in state.items():
             if hasattr(self, key) and key not in _NOT_SAVED:
                 setattr(self, key, dict(value) if key == "metrics" else value)
+        if "stepped_batches" not in state:  # a checkpoint from before the count: its steps, the nearest value
+            self.stepped_batches = self.global_step
         self.stage = "idle"
         if self.epoch_done:
             self.epoch, self.batches_done, self.epoch_done = self.epoch + 1, 0, False

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from . import console
 from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
 from .callbacks.loggers.logger import DUMMY_LOGGER
 from .checkpoint.files import CheckpointWriter
@@ -55,6 +56,12 @@ from .strategies import model_memory
 from .strategies.model_memory import checkpoint_policy
 from .strategies.registry import select_strategy
 from .trainer_config import Limits, TrainerConfig
+
+
+def fitted_counters(state: TrainerState) -> tuple[int, int, int]:
+    """Where a finished fit left off, for the next fit: (epoch, global_step, stepped_batches). A fit stopped mid-epoch
+    (``max_steps``) continues at the next epoch, as Lightning's, whose ``current_epoch`` has moved on."""
+    return state.epoch + (1 if state.batches_done else 0), state.global_step, state.stepped_batches
 
 
 def _run_part(name: str, doc: str, empty: Any = None) -> property:
@@ -142,6 +149,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         self.run: Run | None = None  # the current or last run: task, model, optimizers, loaders... (loop/run.py)
         self._log_dir: str | None = None  # a self-launched fit's run directory and task, as its rank 0 reported them
         self._spawned_task: TaskModule | None = None
+        # (epoch, global_step) where the last fit that ran to its end left off: the next fit without ckpt_path
+        # continues from there, as Lightning's fit loop does (nothing left: it returns at once)
+        self._fitted: tuple[int, int, int] | None = None  # (and state.stepped_batches)
         self.checkpoint_writer = CheckpointWriter()  # writes checkpoint files off the training thread
 
     def init_module(self, empty_init: bool | None = None) -> Any:
@@ -160,6 +170,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         check_task(task, "fit", data=data)
         check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
         check_strategy(self.precision_name, self.strategy)
+        if ckpt_path is None and self._nothing_left_to_fit():  # Lightning's early return
+            return {}
         try:
             return self.strategy.launch(self._fit, task, data, ckpt_path)
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
@@ -199,7 +211,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     # ---- fit: epochs and batches ----------------------------------------------------------------------
     def _fit(self, task: TaskModule, data: DataSource, ckpt_path: str | None) -> dict[str, float]:
         self._default_max_epochs()
-        self.state = TrainerState()
+        # Lightning's fit loop continues its counters from the last finished fit
+        epoch, step, stepped = self._fitted if ckpt_path is None and self._fitted else (0, 0, 0)
+        self.state = TrainerState(epoch=epoch, global_step=step, stepped_batches=stepped)
         self.callbacks = merge_task_callbacks(self.callbacks, task)  # the task's configure_callbacks()
         self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state,
                                            log_dir=None, policies=self._checkpoint_policies())
@@ -213,6 +227,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             log_every = config.log_every_n_steps
             # automatic or manual optimization: one plain function each, chosen once per fit
             train_step = self._manual_step if run.manual else self._train_step
+            # each batch counts as stepped
+            every_batch = run.manual or config.accumulate_grad_batches == 1
             if config.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
             # the first epoch's iterator, before on_train_start, as Lightning's
@@ -235,13 +251,18 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
                     outputs = train_step(batch, batch_idx)
-                    if st.global_step // log_every != step // log_every:
-                        self._log_interval()  # every log_every_n_steps optimizer steps
+                    st.log_at_previous = stepped = every_batch or st.global_step != step
+                    # Lightning's log_every_n_steps counts these (manual: batches)
+                    st.stepped_batches += stepped
+                    if stepped and st.stepped_batches % log_every == 0:
+                        # at state.log_step: the count before this batch, as Lightning
+                        self._log_interval()
                     st.batches_done = batch_idx + 1
                     for fn in on_end:  # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
                         fn(self, task, outputs, batch, batch_idx)
                     if validating and run.val_schedule.due(st.epoch, batch_idx):
                         self._validate()  # after the batch's hooks, as Lightning
+                    st.log_at_previous = False  # what is published from here on is at the count with this batch
                     if st.global_step != step:  # the batch stepped: step-interval ReduceLROnPlateau (it may read
                         if run.schedulers.plateau_per_step:  # a value logged in this step), then leave the epoch?
                             run.schedulers.after_step(st.global_step, run.logs.monitored(st.metrics), plateau=True)
@@ -259,8 +280,29 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             st.stage = "idle"
             run.call_hooks("on_train_end")
             run.call_hooks("on_fit_end")
+            st.log_at_previous = False  # a validate/test after fit: at the fit's count (Lightning's)
             self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
+            self._fitted = fitted_counters(st)
             return dict(st.metrics)
+
+    def _nothing_left_to_fit(self) -> bool:
+        """Lightning's fit loop keeps its progress: after a fit that reached ``max_steps``/``max_epochs``, another
+        fit trains nothing. Lightning's message, and its emptied ``callback_metrics``."""
+        epoch, step, _ = self._fitted or (0, 0, 0)
+        if self._fitted is None or not (self._max_steps_reached_at(step) or self._max_epochs_reached_at(epoch)):
+            return False
+        name = "max_steps" if self._max_steps_reached_at(step) else "max_epochs"
+        console.echo(f"`Trainer.fit` stopped: `{name}={getattr(self, name)!r}` reached. (This Trainer's last fit "
+                     f"reached it: this one trains nothing, as in Lightning. HINT: raise trainer.{name} to train "
+                     "on from there, or fit with a new Trainer to start over.)")
+        self.state.metrics.clear()
+        return True
+
+    def _max_steps_reached_at(self, step: int) -> bool:
+        return self.max_steps is not None and step >= self.max_steps
+
+    def _max_epochs_reached_at(self, epoch: int) -> bool:
+        return self.max_epochs is not None and epoch >= self.max_epochs
 
     def _default_max_epochs(self) -> None:
         """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning."""
@@ -358,7 +400,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         if preemption.requested:
             preempt(self.run)
         return (st.should_stop and self._can_stop) or self._max_steps_reached or (
-            self.max_epochs is not None and st.epoch >= self.max_epochs)
+            self._max_epochs_reached_at(st.epoch))
 
     @property
     def _can_stop(self) -> bool:
@@ -373,7 +415,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def _max_steps_reached(self) -> bool:
-        return self.max_steps is not None and self.state.global_step >= self.max_steps
+        return self._max_steps_reached_at(self.state.global_step)
 
     def _epoch_batches(self) -> Any:
         """The epoch's training batches from where it stands, fetched as Lightning's loop fetches
@@ -386,13 +428,14 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     def _start_epoch(self) -> tuple[Any, float, bool]:  # the loader set to this epoch, its batches, validating?
         st, run = self.state, self.run
-        st.stage = "train"
+        st.stage, st.log_at_previous = "train", False
         self._epoch_hooks("on_train_epoch_start")  # (each submodule keeps its mode: loop/modes.py)
         return run.train_dataloader, run.num_train_batches, run.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
         st, run, logs = self.state, self.run, self.run.logs
-        st.epoch_done = completed
+        # the epoch's values, and the fit's closing ones after the last epoch: at the last batch's step (Lightning)
+        st.epoch_done, st.log_at_previous = completed, True
         if not logs.logged_this_epoch and logs.step_logged:  # an epoch shorter than log_every_n_steps
             self._log_interval()  # logs its last step here: a short run still has its curves
         logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
@@ -453,7 +496,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     # ---- what callbacks read and call -------------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
-        """Publish values from a callback at the current global step: into ``state.metrics`` and every ``on_log``."""
+        """Publish values from a callback at the current step (``state.log_step``): into ``state.metrics`` and every
+        ``on_log``."""
         self.run.publish(LogBuffer.to_floats(metrics))
 
     @property
@@ -597,6 +641,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     def load_worker_snapshot(self, snapshot: Mapping[str, Any], task: TaskModule | None) -> None:
         """In the parent process: continue from :meth:`worker_snapshot` of rank 0, with the fitted ``task``."""
         self.state = TrainerState(**snapshot["state"])
+        if self.state.fn == "fit" and self.state.finished:
+            self._fitted = fitted_counters(self.state)
         self.run, self._log_dir, self._spawned_task = None, snapshot["log_dir"], task
         for cb in self.callbacks:
             if cb.state_key in snapshot["callbacks"]:

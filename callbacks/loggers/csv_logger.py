@@ -76,7 +76,7 @@ class CSVLogger(Logger):
                 header, rows = _read_checked(path)
                 self._header = header
                 if self.resuming:  # the steps after the checkpoint's were written by the killed run: redone now
-                    step = trainer.state.global_step
+                    step = trainer.state.log_step
                     kept = [r for r in rows if not r or not r[0].isdigit() or int(r[0]) <= step]
                     if len(kept) != len(rows):
                         replace_file(path, _table(header, kept))

@@ -83,7 +83,7 @@ class Logger(Callback):
         """Open what :meth:`log_metrics` needs (rank 0, when a run starts writing, and again when a finalized run
         writes more). Raise :class:`~taskfit.MisconfigurationError` if it cannot write: at fit start every rank
         stops before training. :attr:`log_dir` is the run's directory; :attr:`resuming` says whether it continues
-        a run a checkpoint recorded (at ``trainer.state.global_step``)."""
+        a run a checkpoint recorded (at ``trainer.state.log_step``)."""
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         """The run's hyperparameters, flattened (``{"task.optimizer.lr": 0.01, ...}``), once at fit start."""
@@ -198,7 +198,7 @@ class Logger(Callback):
             self._start(trainer)
         if self.prefix:  # at the log interval, not per step
             metrics = {f"{self.prefix}{PREFIX_SEPARATOR}{key}": value for key, value in metrics.items()}
-        self.log_metrics(metrics, trainer.state.global_step)
+        self.log_metrics(metrics, trainer.state.log_step)  # Lightning's step for the value (state.py)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if self._active:

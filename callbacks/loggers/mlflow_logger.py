@@ -152,7 +152,7 @@ class MLFlowLogger(Logger):
             self._client = MlflowClient(tracking_uri=uri)
             run_id = (recorded or {}).get("run_id") or self._run_id
             if run_id is not None:
-                self._continue(run_id, trainer.state.global_step if recorded else None)
+                self._continue(run_id, trainer.state.log_step if recorded else None)
                 self._monitors_wait = False
             else:
                 tags = resolve_tags({**self.tags, "taskfit.log_dir": str(self._run_dir)})

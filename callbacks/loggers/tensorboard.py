@@ -61,7 +61,8 @@ def guess_mode(key: str) -> str:
 
 
 class TensorBoardLogger(Logger):
-    """Writes every published value as a scalar (x-axis: ``trainer.state.global_step``) into its run directory.
+    """Writes every published value as a scalar into its run directory (x-axis: ``trainer.state.log_step``,
+    the step Lightning records a value at).
 
     On by default (``Trainer(logger=True)``); rank 0 only. One run directory per fit: ``<save_dir>/<name>/version_N``
     (``save_dir`` defaults to ``Trainer(default_root_dir=...)``, no ``name`` level unless given). A
@@ -228,9 +229,9 @@ class TensorBoardLogger(Logger):
     # ---- the Logger interface ---------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
         check_writable(self.log_dir, "TensorBoardLogger")
-        self._hparams_step = trainer.state.global_step
+        self._hparams_step = trainer.state.log_step
         if self.resuming:  # events of steps after the checkpoint's were written by the killed run: hidden
-            self._purge_step = trainer.state.global_step + 1
+            self._purge_step = trainer.state.log_step + 1
         self.writer(trainer)
 
     def log_hyperparams(self, params: dict[str, Any] | Any, metrics: Any = None) -> None:
@@ -352,7 +353,7 @@ class TensorBoardLogger(Logger):
         writer = self.writer(trainer)
         if writer is None:
             return
-        step = trainer.state.global_step
+        step = trainer.state.log_step
         self._collect(step, {f"{BEST}{key}": value for key, value in self._best.items()})
         self._send()
         names = metric_order(self._final, self._monitors, self._validation_keys) if self.hparam_metrics is None else \
@@ -383,7 +384,8 @@ class _HistogramLogger(TensorBoardLogger):
 
 def summary_writer(trainer: Any) -> SummaryWriter | None:
     """The ``SummaryWriter`` of ``trainer``'s TensorBoardLogger for your own callbacks; None on other ranks or
-    when the Trainer has no logger (``logger=False``). Write at ``trainer.state.global_step``."""
+    when the Trainer has no logger (``logger=False``). Write at ``trainer.state.log_step`` (the loggers'
+    step)."""
     for callback in trainer.callbacks:
         if isinstance(callback, TensorBoardLogger):
             return callback.writer(trainer)

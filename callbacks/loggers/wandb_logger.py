@@ -166,7 +166,7 @@ class WandbLogger(Logger):
         self._folder = os.path.dirname(os.path.abspath(run.dir))
         _OPEN[run.id] = run
         if recorded is not None:
-            self._resumed(trainer.state.global_step, killed)
+            self._resumed(trainer.state.log_step, killed)
         _write_status(self._folder, "running")
 
     def _init(self, trainer: Any, recorded: dict[str, Any] | None, run_id: str | None) -> Any:

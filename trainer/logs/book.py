@@ -208,12 +208,17 @@ class LogBook:
         """A new key: its names claim a built-in one (the loss: never mixed), the bar, the loggers, the alias."""
         names = {step_name, epoch_name} - {None}
         builtin = self.series.get(LOSS + self.suffix)
-        if builtin is not None and names & {builtin.step_name, builtin.epoch_name}:
-            builtin.hidden = True  # the user's self.log of the loss key replaces the built-in one (all its names)
+        if builtin is not None and (names & {builtin.step_name, builtin.epoch_name} or self._exact):
+            builtin.hidden = True  # the user's self.log of the loss key (or, exact, of any key) replaces the loss
         if options.prog_bar:
             self.prog_bar |= names
         if self.buffer is not None:
-            self.buffer.register(options, step_name, epoch_name, names)
+            self.buffer.register(options, step_name, epoch_name, names, self.stage)
+
+    @property
+    def _exact(self) -> bool:
+        """The task's keys only (LogBuffer.exact): a key it logs hides the built-in loss of this pass."""
+        return self.buffer is not None and self.buffer.exact
 
     def builtin_loss(self, step_name: str | None, epoch_name: str) -> Series:
         """The loop's own loss series (``train/loss``, ``train/loss_epoch``; ``val/loss``, per loader
@@ -222,8 +227,9 @@ class LogBook:
         series = self.series.get(key)
         if series is None:
             series = self.series[key] = Series(LogOptions(True, True), builtin=(step_name, epoch_name))
-            series.hidden = any(name in (step_name, epoch_name) for s in self.series.values() if not s.builtin
-                                for name in (s.step_name, s.epoch_name))
+            series.hidden = any(name in (step_name, epoch_name) or self._exact for s in self.series.values()
+                                if not s.builtin for name in (s.step_name, s.epoch_name)) or (
+                self.stage == "train" and self.buffer is not None and self.buffer.own_values_only)
         return series
 
     def fold(self) -> None:
@@ -280,4 +286,5 @@ class LogBook:
             s.unit = saved.get("unit")
             s.total, s.weight = saved["total"], saved["weight"]
             if self.buffer is not None and not s.builtin:
-                self.buffer.register(options, s.step_name, s.epoch_name, {s.step_name, s.epoch_name} - {None})
+                self.buffer.register(options, s.step_name, s.epoch_name, {s.step_name, s.epoch_name} - {None},
+                                     self.stage)

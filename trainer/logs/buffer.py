@@ -17,6 +17,8 @@ from ..errors import NonFiniteLossError
 from .book import LogBook, Series, stack_scalars
 from .options import LogOptions
 
+VITALS = "vitals/"  # taskfit's own measurements (throughput, learning rates...): callbacks publish them
+
 if TYPE_CHECKING:
     from ..state import TrainerState
     from ..strategies.base import Strategy
@@ -31,8 +33,14 @@ class LogBuffer:
     """
 
     def __init__(self, strategy: Strategy, nonfinite_loss: str, scales_loss: bool,
-                 accumulate_grad_batches: int) -> None:
+                 accumulate_grad_batches: int, exact: bool = False) -> None:
         self.strategy, self.accumulate = strategy, accumulate_grad_batches
+        # A task with its own training_step (a Lightning program): once it logs training values,
+        # the views hold its keys only, as Lightning's (no train/loss, val/loss nor vitals/* beside
+        # them; loggers keep vitals/*)
+        self.exact = exact
+        # the task logged a training value with self.log (this run)
+        self.logged_training = False
         # With a GradScaler (16-mixed) overflowing steps are skipped by it: not an error.
         self.raise_nonfinite = nonfinite_loss == "raise" and not scales_loss
         self.prog_bar: set[str] = set()  # published names logged with prog_bar=True (any stage)
@@ -43,8 +51,10 @@ class LogBuffer:
         self.current = self.train
         self.new_epoch(0)
 
-    def register(self, options: LogOptions, step_name: str | None, epoch_name: str | None, names: set[str]) -> None:
+    def register(self, options: LogOptions, step_name: str | None, epoch_name: str | None, names: set[str],
+                 stage: str = "train") -> None:
         """A logged key's published names: on the bar, kept from the loggers, aliased (books call it once per key)."""
+        self.logged_training = self.logged_training or stage == "train"
         if options.prog_bar:
             self.prog_bar |= names
         if not options.logger:
@@ -73,12 +83,21 @@ class LogBuffer:
 
     @property
     def last_loss(self) -> Any:
-        """The most recent training loss (a device tensor: reading it is a sync), or None before the first."""
-        return self._loss.last
+        """The most recent training loss (a device tensor: reading it is a sync), or None before the first and
+        while the task logs its own values instead (the progress bar then shows those only)."""
+        return None if self._loss.hidden else self._loss.last
+
+    @property
+    def own_values_only(self) -> bool:
+        """The task writes its own training_step and logged training values: the views hold its keys only."""
+        return self.exact and self.logged_training
 
     # ---- what is published where: callbacks (state.metrics), loggers (on_log), the progress bar ---------------
     def callback_view(self, values: dict[str, float]) -> dict[str, float]:
-        """``values`` plus Lightning's plain ``<key>`` for a key logged both per step and per epoch (the latest)."""
+        """``values`` plus Lightning's plain ``<key>`` for a key logged both per step and per epoch (the latest);
+        taskfit's ``vitals/*`` only while the task does not log values of its own (then they go to loggers only)."""
+        if self.own_values_only:
+            values = {k: v for k, v in values.items() if not k.startswith(VITALS)}
         if not self.aliases:
             return values
         named = sorted((k.endswith("_epoch"), k) for k in values if k in self.aliases)  # the epoch value wins

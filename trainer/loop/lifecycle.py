@@ -37,7 +37,7 @@ from .overrides import backward_call, clip_call, scheduler_step, task_optimizer_
 from ..precision import Precision
 from .preemption import Preemption
 from .run import Run
-from .steps import ManualOptimizer, training_step
+from .steps import ManualOptimizer, defines, training_step
 
 
 class RunSource(Protocol):
@@ -115,8 +115,9 @@ def _attach(run: Run, weights: str | None) -> Run:
     run.precision = Precision(config.precision, strategy.device)
     run.moves_batches = strategy.moves_batches or run.precision.true
     run.batch_to_device = run.precision.batch_mover(strategy.batch_to_device)
+    # a Lightning program (its own training_step): its keys only (logs/buffer.py)
     run.logs = LogBuffer(strategy, config.nonfinite_loss, run.precision.scales_loss,
-                         config.accumulate_grad_batches)
+                         config.accumulate_grad_batches, exact=defines(task, "training_step"))
     task.trainer = run.trainer
     if datamodule is not None:
         datamodule.trainer = run.trainer
