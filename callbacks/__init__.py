@@ -1,4 +1,5 @@
-"""taskfit callbacks. Heavy dependencies (tensorboard, tqdm) load only when their callback is used."""
+"""taskfit callbacks. Heavy dependencies (tensorboard, tqdm) load only when their callback is
+used."""
 from __future__ import annotations
 
 import importlib
@@ -49,37 +50,46 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'taskfit.callbacks' has no attribute {name!r}")
 
 
-DEFAULT_ARGUMENTS = {"LearningRateMonitor": {"names": "vitals"}}  # the built-in one: taskfit's own names
+# the built-in one: taskfit's own names
+DEFAULT_ARGUMENTS = {"LearningRateMonitor": {"names": "vitals"}}
 
 
 def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointing: bool,
                   logger: bool | Logger | list[Logger] | None) -> list[Callback]:
-    """The user's callbacks, the ``logger`` argument's loggers and the default callbacks the Trainer's switches ask
-    for (unless the user passed one of that class), sorted by ``order``.
+    """The user's callbacks, the ``logger`` argument's loggers and the default callbacks the
+    Trainer's switches ask for (unless the user passed one of that class), sorted by ``order``.
 
-    ``logger``: True (or None) adds a TensorBoardLogger unless a Logger is among the callbacks; a Logger or a list
-    of them is added instead; False (or ``[]``) adds none. Any logger brings a LearningRateMonitor (taskfit's
-    vitals names) and a ThroughputMonitor (their values go to every logger).
+    ``logger``: True (or None) adds a TensorBoardLogger unless a Logger is among the callbacks; a
+    Logger or a list of them is added instead; False (or ``[]``) adds none. Any logger brings a
+    LearningRateMonitor (taskfit's vitals names) and a ThroughputMonitor (their values go to every
+    logger).
     """
     if isinstance(callbacks, Callback):  # one callback, as Lightning accepts
         callbacks = [callbacks]
     if callbacks is not None and not isinstance(callbacks, (list, tuple)):
-        raise MisconfigurationError(f"Trainer(callbacks=...) got {type(callbacks).__name__}, not a list of callbacks.",
+        raise MisconfigurationError(f"Trainer(callbacks=...) got {type(callbacks).__name__}, not a "
+                                    "list of callbacks.",
                                     "pass a list of taskfit.callbacks.Callback instances, e.g. "
                                     "callbacks=[EarlyStopping()].")
     callbacks = list(callbacks or [])
     for cb in callbacks:
         if not isinstance(cb, Callback):
-            raise MisconfigurationError(f"Trainer(callbacks=[...]) got {type(cb).__name__}, not a Callback.",
+            raise MisconfigurationError(f"Trainer(callbacks=[...]) got {type(cb).__name__}, not a "
+                                        "Callback.",
                                         "subclass `taskfit.callbacks.Callback` and pass instances.")
     loggers = _loggers(logger)
     callbacks += [lg for lg in loggers if not any(lg is cb for cb in callbacks)]
     logging = bool(loggers) or logger is True or logger is None
     present = {type(cb) for cb in callbacks}
     default_tb = logging and not any(isinstance(cb, Logger) for cb in callbacks)
-    for wanted, name in ((progress, "ProgressBar"), (summary, "ModelSummary"), (checkpointing, "ModelCheckpoint"),
-                         (default_tb, "TensorBoardLogger"), (logging, "LearningRateMonitor"),
-                         (logging, "ThroughputMonitor")):
+    for wanted, name in (
+        (progress, "ProgressBar"),
+        (summary, "ModelSummary"),
+        (checkpointing, "ModelCheckpoint"),
+        (default_tb, "TensorBoardLogger"),
+        (logging, "LearningRateMonitor"),
+        (logging, "ThroughputMonitor"),
+    ):
         if wanted:
             cls = __getattr__(name)
             if not any(issubclass(t, cls) for t in present):
@@ -94,20 +104,23 @@ def _loggers(logger: Any) -> list[Logger]:
     items = list(logger) if isinstance(logger, (list, tuple)) else [logger]
     if not isinstance(logger, (list, tuple, Logger)):
         raise MisconfigurationError(
-            f"Trainer(logger={logger!r}) is not valid: expected True, False, a Logger or a list of Loggers.",
-            "pass logger=True (TensorBoard), False (none), a logger such as CSVLogger() or MLFlowLogger() from "
-            "taskfit.callbacks, or a list of them; from the command line choose the group: taskfit logger=csv.")
+            f"Trainer(logger={logger!r}) is not valid: expected True, False, a Logger or a list of "
+            "Loggers.",
+            "pass logger=True (TensorBoard), False (none), a logger such as CSVLogger() or "
+            "MLFlowLogger() from taskfit.callbacks, or a list of them; from the command line "
+            "choose the group: taskfit logger=csv.")
     for item in items:
         if not isinstance(item, Logger):
             raise MisconfigurationError(
                 f"Trainer(logger=[...]) got {_describe(item)}, not a Logger instance.",
-                "list instances of taskfit.callbacks.Logger subclasses, e.g. logger=[TensorBoardLogger(), "
-                "CSVLogger()]; other callbacks go in callbacks=[...].")
+                "list instances of taskfit.callbacks.Logger subclasses, e.g. "
+                "logger=[TensorBoardLogger(), CSVLogger()]; other callbacks go in callbacks=[...].")
     return items
 
 
 def _describe(value: Any) -> str:
-    """``'csv'``, ``the class CSVLogger``, ``an object of type EarlyStopping``: what an error says it got."""
+    """``'csv'``, ``the class CSVLogger``, ``an object of type EarlyStopping``: what an error says
+    it got."""
     if isinstance(value, type):
         return f"the class {value.__name__}"
     if value is None or isinstance(value, (str, int, float)):

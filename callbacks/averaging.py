@@ -1,15 +1,18 @@
-"""A running average of a module's weights kept beside it, for EMA and SWA (callbacks/weight_averaging.py).
+"""A running average of a module's weights kept beside it, for EMA and SWA
+(callbacks/weight_averaging.py).
 
-``AveragedWeights`` holds one tensor per floating-point parameter (and per floating-point buffer with
-``use_buffers``) of the module being trained, and updates them in place with ``torch._foreach_lerp_``, the
-kernel ``torch.optim.swa_utils`` uses: one extra copy of the weights in memory and, per update, one pass over
-them (read two copies, write one), about the cost of an SGD step. Under fsdp each rank averages its own shard of
-every parameter (the average is elementwise: no communication), so the copy is 1/N of the model per rank; under
-ddp every rank holds the same weights after each step, so every rank's average is the same.
+``AveragedWeights`` holds one tensor per floating-point parameter (and per floating-point buffer
+with ``use_buffers``) of the module being trained, and updates them in place with
+``torch._foreach_lerp_``, the kernel ``torch.optim.swa_utils`` uses: one extra copy of the weights
+in memory and, per update, one pass over them (read two copies, write one), about the cost of an SGD
+step. Under fsdp each rank averages its own shard of every parameter (the average is elementwise: no
+communication), so the copy is 1/N of the model per rank; under ddp every rank holds the same
+weights after each step, so every rank's average is the same.
 
-The model and the average can trade places (``swap``): validation runs on the average, training goes on with
-the model's own weights. ``state`` / ``load`` give a checkpoint's part: whichever of the two is not in the
-model at the time, and where it is (under fsdp gathered whole: the checkpoint's callback part is one file).
+The model and the average can trade places (``swap``): validation runs on the average, training goes
+on with the model's own weights. ``state`` / ``load`` give a checkpoint's part: whichever of the two
+is not in the model at the time, and where it is (under fsdp gathered whole: the checkpoint's
+callback part is one file).
 """
 from __future__ import annotations
 
@@ -32,25 +35,33 @@ def _dtensor_type() -> type | None:
 
 
 class AveragedWeights:
-    """The running average of ``module``'s floating-point parameters (and buffers, with ``use_buffers``).
+    """The running average of ``module``'s floating-point parameters (and buffers, with
+    ``use_buffers``).
 
-    ``device``: where the average lives (None: beside each tensor). Nothing is allocated until the first
-    :meth:`update`, which copies the weights (as ``AveragedModel`` does); later updates blend them in.
+    ``device``: where the average lives (None: beside each tensor). Nothing is allocated until the
+    first :meth:`update`, which copies the weights (as ``AveragedModel`` does); later updates blend
+    them in.
     """
 
-    def __init__(self, module: nn.Module, use_buffers: bool = True, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, module: nn.Module, use_buffers: bool = True, device: torch.device | str | None = None
+    ) -> None:
         dtensor = _dtensor_type()
         named = list(module.named_parameters())
         if use_buffers:
             named += [(n, b) for n, b in module.named_buffers() if b.is_floating_point()]
         self.names: list[str] = []
-        self.live: list[torch.Tensor] = []  # the module's own tensors (this rank's shard under fsdp), detached
-        self.layouts: list[Any] = []  # per tensor: (mesh, placements, shape, stride) of a DTensor, else None
+        # the module's own tensors (this rank's shard under fsdp), detached
+        self.live: list[torch.Tensor] = []
+        # per tensor: (mesh, placements, shape, stride) of a DTensor, else None
+        self.layouts: list[Any] = []
         for name, tensor in named:
             if not tensor.is_floating_point():
                 continue
             if dtensor is not None and isinstance(tensor, dtensor):
-                self.layouts.append((tensor.device_mesh, tensor.placements, tensor.shape, tensor.stride()))
+                self.layouts.append(
+                    (tensor.device_mesh, tensor.placements, tensor.shape, tensor.stride())
+                )
                 tensor = tensor.to_local()
             else:
                 self.layouts.append(None)
@@ -60,27 +71,33 @@ class AveragedWeights:
         self.average: list[torch.Tensor] | None = None  # allocated by the first update
         self._grouped: list[tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
         self.count = 0  # updates so far (AveragedModel's n_averaged)
-        self.swapped = False  # True while the module holds the average and ``average`` the module's own weights
+        # True while the module holds the average and ``average`` the module's own weights
+        self.swapped = False
 
     @property
     def nbytes(self) -> int:
         """Memory the average takes on this rank (0 before the first update)."""
         return sum(t.numel() * t.element_size() for t in self.average or [])
 
-    # ---- updating -------------------------------------------------------------------------------------------
+    # ---- updating --------------------------------------------------------------------------------
     @torch.no_grad()
     def update(self, weight: float | None = None, avg_fn: AvgFn | None = None,
                multi_avg_fn: MultiAvgFn | None = None) -> None:
         """Blend the module's current weights into the average.
 
-        The first update copies them. Then, by precedence: ``weight`` (``avg += weight * (w - avg)``: EMA with
-        ``weight = 1 - decay``), ``multi_avg_fn`` / ``avg_fn`` (``torch.optim.swa_utils`` signatures, called with
-        the number of updates so far), else the equal average of every update (SWA: ``weight = 1 / (count + 1)``).
+        The first update copies them. Then, by precedence: ``weight`` (``avg += weight * (w -
+        avg)``: EMA with ``weight = 1 - decay``), ``multi_avg_fn`` / ``avg_fn``
+        (``torch.optim.swa_utils`` signatures, called with the number of updates so far), else the
+        equal average of every update (SWA: ``weight = 1 / (count + 1)``).
         """
         if self.swapped:
-            raise RuntimeError("AveragedWeights.update while the average is swapped into the module")
+            raise RuntimeError(
+                "AveragedWeights.update while the average is swapped into the module"
+            )
         if self.average is None:
-            self.average = [t.to(self.device, copy=True) if self.device else t.clone() for t in self.live]
+            self.average = [
+                t.to(self.device, copy=True) if self.device else t.clone() for t in self.live
+            ]
             self._grouped = None
         elif weight is not None or (avg_fn is None and multi_avg_fn is None):
             weight = 1.0 / (self.count + 1) if weight is None else weight
@@ -91,7 +108,9 @@ class AveragedWeights:
                 multi_avg_fn(averaged, current, torch.tensor(self.count, device=averaged[0].device))
         else:
             for averaged, current in zip(self.average, self._current()):
-                averaged.copy_(avg_fn(averaged, current, torch.tensor(self.count, device=averaged.device)))
+                averaged.copy_(
+                    avg_fn(averaged, current, torch.tensor(self.count, device=averaged.device))
+                )
         self.count += 1
 
     def _current(self) -> list[torch.Tensor]:
@@ -101,11 +120,14 @@ class AveragedWeights:
         return [t.to(self.device, non_blocking=True) for t in self.live]
 
     def _groups(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-        """(average, current) lists of one device and dtype each: what a ``_foreach`` kernel takes at once. Built
-        once (the lists hold the tensors themselves) unless the average lives elsewhere (fresh copies each time)."""
+        """(average, current) lists of one device and dtype each: what a ``_foreach`` kernel takes
+        at once. Built once (the lists hold the tensors themselves) unless the average lives
+        elsewhere (fresh copies each time)."""
         if self._grouped is not None:
             return self._grouped
-        groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        groups: dict[
+            tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]
+        ] = {}
         for averaged, current in zip(self.average or [], self._current()):
             pair = groups.setdefault((averaged.device, averaged.dtype), ([], []))
             pair[0].append(averaged)
@@ -114,11 +136,12 @@ class AveragedWeights:
             self._grouped = list(groups.values())
         return list(groups.values())
 
-    # ---- using the average ------------------------------------------------------------------------------------
+    # ---- using the average -----------------------------------------------------------------------
     @torch.no_grad()
     def swap(self) -> None:
-        """Exchange the module's weights and the average (exact copies: swapping twice restores both bit for bit).
-        Under fsdp it exchanges this rank's shards: call it while the module is sharded (not gathered)."""
+        """Exchange the module's weights and the average (exact copies: swapping twice restores both
+        bit for bit). Under fsdp it exchanges this rank's shards: call it while the module is
+        sharded (not gathered)."""
         if self.average is None:
             return
         for averaged, live in zip(self.average, self.live):
@@ -127,10 +150,11 @@ class AveragedWeights:
             averaged.copy_(kept)
         self.swapped = not self.swapped
 
-    # ---- checkpoints ------------------------------------------------------------------------------------------
+    # ---- checkpoints -----------------------------------------------------------------------------
     def state(self, gather: bool) -> dict[str, Any]:
-        """The average (or, while swapped, the module's own weights) by name, with the update count. ``gather``:
-        under fsdp, all-gather each shard to the whole tensor (a collective: every rank must call it)."""
+        """The average (or, while swapped, the module's own weights) by name, with the update count.
+        ``gather``: under fsdp, all-gather each shard to the whole tensor (a collective: every rank
+        must call it)."""
         tensors = None
         if self.average is not None:
             tensors = {name: self._whole(t, layout) if gather else t
@@ -144,11 +168,16 @@ class AveragedWeights:
 
         mesh, placements, shape, stride = layout
         on_mesh = local.to(self.live[0].device)
-        return DTensor.from_local(on_mesh, mesh, placements, shape=shape, stride=stride).full_tensor().cpu()
+        return (
+            DTensor.from_local(on_mesh, mesh, placements, shape=shape, stride=stride)
+            .full_tensor()
+            .cpu()
+        )
 
     def exchange(self, module_state: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """In a checkpoint's ``module`` state (a state dict of the module, sharded under fsdp): put the average in
-        place of the weights, and return those weights, whole (under fsdp gathered: every rank must call it)."""
+        """In a checkpoint's ``module`` state (a state dict of the module, sharded under fsdp): put
+        the average in place of the weights, and return those weights, whole (under fsdp gathered:
+        every rank must call it)."""
         training = {}
         for name, averaged, layout in zip(self.names, self.average or [], self.layouts):
             current = module_state[name]
@@ -159,15 +188,16 @@ class AveragedWeights:
 
             mesh, placements, shape, stride = layout
             training[name] = current.full_tensor().cpu()
-            module_state[name] = DTensor.from_local(averaged.to(current.device), mesh, placements, shape=shape,
-                                                    stride=stride)
+            module_state[name] = DTensor.from_local(
+                averaged.to(current.device), mesh, placements, shape=shape, stride=stride
+            )
         return training
 
     @torch.no_grad()
     def load(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state`: the module holds what the checkpoint's ``module`` part holds (loaded first);
-        if that was the average (``swapped``), the two trade places so that training goes on with its own
-        weights."""
+        """Continue from :meth:`state`: the module holds what the checkpoint's ``module`` part holds
+        (loaded first); if that was the average (``swapped``), the two trade places so that training
+        goes on with its own weights."""
         weights = state.get("weights")
         self.count, self.swapped = int(state["count"]), False
         if weights is None:
@@ -184,10 +214,13 @@ class AveragedWeights:
             self.swap()
 
     def _local(self, saved: torch.Tensor, live: torch.Tensor, layout: Any) -> torch.Tensor:
-        """``saved`` as this rank keeps it: its shard (fsdp) on the average's device, a tensor of its own."""
+        """``saved`` as this rank keeps it: its shard (fsdp) on the average's device, a tensor of
+        its own."""
         if layout is not None and tuple(saved.shape) != tuple(live.shape):
             from torch.distributed.tensor import distribute_tensor
 
             mesh, placements, _, _ = layout
-            saved = distribute_tensor(saved.to(live.device), mesh, placements, src_data_rank=None).to_local()
+            saved = distribute_tensor(
+                saved.to(live.device), mesh, placements, src_data_rank=None
+            ).to_local()
         return saved.to(self.device or live.device, dtype=live.dtype, copy=True)

@@ -1,8 +1,10 @@
-"""LearningRateMonitor: the learning rate (and momentum, weight decay) of every param group of every optimizer.
+"""LearningRateMonitor: the learning rate (and momentum, weight decay) of every param group of every
+optimizer.
 
-A monitor you add writes Lightning's names (``lr-SGD``, ``lr-SGD/pg2``, ``lr-Adam-1``, ``lr-SGD-momentum``) and
-keeps Lightning's ``lrs``/``last_momentum_values``/``last_weight_decay_values``; the one taskfit adds with any
-logger writes its vitals (``vitals/lr/SGD/pg0``), grouped after train/ and val/ in every logger's UI.
+A monitor you add writes Lightning's names (``lr-SGD``, ``lr-SGD/pg2``, ``lr-Adam-1``,
+``lr-SGD-momentum``) and keeps Lightning's
+``lrs``/``last_momentum_values``/``last_weight_decay_values``; the one taskfit adds with any logger
+writes its vitals (``vitals/lr/SGD/pg0``), grouped after train/ and val/ in every logger's UI.
 """
 from __future__ import annotations
 
@@ -14,33 +16,33 @@ from ..arguments import arguments_checked
 from ..callback import Callback
 from ..errors import MisconfigurationError
 
-MONITORS = "vitals"  # the group of the trainer's own measurements: after train/ and val/ in every logger's UI
+# the group of the trainer's own measurements: after train/ and val/ in every logger's UI
+MONITORS = "vitals"
 
 
 class LearningRateMonitor(Callback):
-    """Logs the learning rate of every param group of every optimizer, through the Trainer (every logger, and
-    ``trainer.callback_metrics``: ``monitor="lr-SGD"`` works).
+    """Logs the learning rate of every param group of every optimizer, through the Trainer (every
+    logger, and ``trainer.callback_metrics``: ``monitor="lr-SGD"`` works).
 
-    Names (``names="lightning"``, Lightning's): ``lr-<Optimizer>`` for an optimizer of one param group,
-    ``lr-<Optimizer>/<group>`` for several (``<group>`` is the group's ``"name"``, else ``pg1``, ``pg2``...); a
-    second optimizer of the same class is ``lr-<Optimizer>-1``; a scheduler config's ``"name"`` replaces
-    ``lr-<Optimizer>``; momentum and weight decay add ``-momentum``, ``-weight_decay``. ``names="vitals"`` (the
-    monitor taskfit adds with a logger): ``vitals/lr/<Optimizer>/<group>`` (``pg0``, ``pg1``...),
-    ``vitals/momentum/...``, ``vitals/weight_decay/...``.
+    Names (``names="lightning"``, Lightning's): ``lr-<Optimizer>`` for an optimizer of one param
+    group, ``lr-<Optimizer>/<group>`` for several (``<group>`` is the group's ``"name"``, else
+    ``pg1``, ``pg2``...); a second optimizer of the same class is ``lr-<Optimizer>-1``; a scheduler
+    config's ``"name"`` replaces ``lr-<Optimizer>``; momentum and weight decay add ``-momentum``,
+    ``-weight_decay``. ``names="vitals"`` (the monitor taskfit adds with a logger):
+    ``vitals/lr/<Optimizer>/<group>`` (``pg0``, ``pg1``...), ``vitals/momentum/...``,
+    ``vitals/weight_decay/...``.
 
     Reading ``param_groups`` is host-side: no device sync.
 
-    Args:
-        logging_interval: None (Lightning's default): an optimizer whose scheduler steps per epoch is logged at each
-            epoch start, the others at every ``log_every_n_steps``; ``"step"``: all at every ``log_every_n_steps``
-            (the value at global step ``s`` is the rate the next optimizer step uses); ``"epoch"``: all at each
-            epoch start (the rate that epoch starts with).
-        log_momentum: also log the momentum (``momentum``, or ``betas[0]`` for Adam-like optimizers; Lightning's
-            names log 0 for an optimizer without either, as Lightning does).
-        log_weight_decay: also log the weight decay.
-        log_key_prefix: a prefix for every name (``"optim/"``: ``optim/lr-Adam``); Lightning's names
-            only.
-        names: ``"lightning"`` or ``"vitals"``, as above.
+    Args: logging_interval: None (Lightning's default): an optimizer whose scheduler steps per epoch
+        is logged at each epoch start, the others at every ``log_every_n_steps``; ``"step"``: all at
+        every ``log_every_n_steps`` (the value at global step ``s`` is the rate the next optimizer
+        step uses); ``"epoch"``: all at each epoch start (the rate that epoch starts with).
+        log_momentum: also log the momentum (``momentum``, or ``betas[0]`` for Adam-like optimizers;
+        Lightning's names log 0 for an optimizer without either, as Lightning does).
+        log_weight_decay: also log the weight decay. log_key_prefix: a prefix for every name
+        (``"optim/"``: ``optim/lr-Adam``); Lightning's names only. names: ``"lightning"`` or
+        ``"vitals"``, as above.
     """
 
     @arguments_checked(docs="docs/logging.md")
@@ -51,29 +53,32 @@ class LearningRateMonitor(Callback):
             raise MisconfigurationError(
                 f"LearningRateMonitor(logging_interval={logging_interval!r}) is not valid "
                 "(logging_interval should be `step` or `epoch` or `None`).",
-                                        'use None (each scheduler\'s interval), "step" (every log_every_n_steps) '
-                                        'or "epoch" (at each epoch start).')
+                                        'use None (each scheduler\'s interval), "step" (every '
+                                        'log_every_n_steps) or "epoch" (at each epoch start).')
         if names not in ("lightning", "vitals"):
             raise MisconfigurationError(f"LearningRateMonitor(names={names!r}) is not valid.",
-                                        'use "lightning" (lr-SGD, as Lightning) or "vitals" (vitals/lr/SGD/pg0).')
+                                        'use "lightning" (lr-SGD, as Lightning) or "vitals" '
+                                        '(vitals/lr/SGD/pg0).')
         self.logging_interval, self.log_momentum, self.log_weight_decay, self.names = \
             logging_interval, log_momentum, log_weight_decay, names
         self.log_key_prefix = log_key_prefix or ""
-        self._keys: dict[str, list[tuple[Any, int, str]]] = {"step": [], "epoch": []}  # (optimizer, group, name)
+        # (optimizer, group, name)
+        self._keys: dict[str, list[tuple[Any, int, str]]] = {"step": [], "epoch": []}
         self._counts: list[int] = []  # each optimizer's parameter groups when they were named
         self.lrs: dict[str, list[float]] = {}  # Lightning's: every logged rate, by name
         self.last_momentum_values: dict[str, float | None] = {}
         self.last_weight_decay_values: dict[str, float | None] = {}
 
     def on_fit_start(self, trainer: Any, task: Any) -> None:
-        """Name every optimizer's groups once (not at every log), and sort them by when they are logged."""
+        """Name every optimizer's groups once (not at every log), and sort them by when they are
+        logged."""
         if self.names == "lightning" and not trainer.loggers:
             raise MisconfigurationError(
                 "LearningRateMonitor() was added to a Trainer without a logger: its values would "
                 "go nowhere (Lightning's words: Cannot use `LearningRateMonitor` callback with "
                 "`Trainer` that has no logger).",
-                "pass a logger (logger=True for TensorBoard, or CSVLogger()...), or remove the LearningRateMonitor "
-                "(Lightning raises here too).")
+                "pass a logger (logger=True for TensorBoard, or CSVLogger()...), or remove the "
+                "LearningRateMonitor (Lightning raises here too).")
         self._name_groups(trainer)
         if self.log_momentum and self.names == "lightning" and any(
                 "momentum" not in o.defaults and "betas" not in o.defaults
@@ -97,8 +102,9 @@ class LearningRateMonitor(Callback):
         seen: Counter[str] = Counter()
         for optimizer in trainer.optimizers:
             mine = [c for c in configs if getattr(c.scheduler, "optimizer", None) is optimizer]
-            interval = self.logging_interval or ("epoch" if mine and all(c.interval == "epoch" for c in mine)
-                                                 else "step")
+            interval = self.logging_interval or (
+                "epoch" if mine and all(c.interval == "epoch" for c in mine) else "step"
+            )
             name = next((c.name for c in mine if getattr(c, "name", None)), None)
             if name is None:
                 kind = type(optimizer).__name__
@@ -109,12 +115,15 @@ class LearningRateMonitor(Callback):
             given = [g["name"] for g in groups if g.get("name")]
             if len(given) != len(set(given)):
                 raise MisconfigurationError(
-                    f"An optimizer ({type(optimizer).__name__}) has several parameter groups with the same \"name\" "
-                    f"({sorted({n for n in given if given.count(n) > 1})}): their learning rates would be logged "
-                    "under one key (Lightning's words: A single `Optimizer` cannot have multiple "
-                    "parameter groups with identical `name` values).",
+                    f"An optimizer ({type(optimizer).__name__}) has several parameter groups with "
+                    f"the same \"name\" ({sorted({n for n in given if given.count(n) > 1})}): "
+                    "their learning rates would be logged under one key (Lightning's words: A "
+                    "single `Optimizer` cannot have multiple parameter groups with identical "
+                    "`name` values).",
                     "give each parameter group its own name (Lightning refuses this too).")
-            self._keys[interval] += [(optimizer, i, self._group_name(name, groups, i)) for i in range(len(groups))]
+            self._keys[interval] += [
+                (optimizer, i, self._group_name(name, groups, i)) for i in range(len(groups))
+            ]
 
     def _rename(self, trainer: Any) -> None:
         """Groups were added since the names were made (BaseFinetuning): name them again and move
@@ -132,15 +141,17 @@ class LearningRateMonitor(Callback):
                     values[self._key(kind, name)] = values.pop(self._key(kind, old))
 
     def _key(self, kind: str, name: str) -> str:
-        """The published name of a group's ``kind`` (``"lr"``, ``"momentum"``, ``"weight_decay"``): Lightning's
-        ``lr-SGD``, ``lr-SGD-momentum``; the vitals' ``vitals/lr/SGD/pg0``, ``vitals/momentum/SGD/pg0``."""
+        """The published name of a group's ``kind`` (``"lr"``, ``"momentum"``, ``"weight_decay"``):
+        Lightning's ``lr-SGD``, ``lr-SGD-momentum``; the vitals' ``vitals/lr/SGD/pg0``,
+        ``vitals/momentum/SGD/pg0``."""
         if self.names == "vitals":
             return f"{MONITORS}/{kind}/{name}"
         return name if kind == "lr" else f"{name}-{kind}"
 
     def _group_name(self, name: str, groups: list[dict[str, Any]], i: int) -> str:
-        """``lr-SGD``, ``lr-SGD/pg2``, ``lr-SGD/<"name">`` (Lightning: a suffix only for several or named groups,
-        counted from 1); ``SGD/pg0``, ``SGD/<"name">`` (vitals: always, counted from 0)."""
+        """``lr-SGD``, ``lr-SGD/pg2``, ``lr-SGD/<"name">`` (Lightning: a suffix only for several or
+        named groups, counted from 1); ``SGD/pg0``, ``SGD/<"name">`` (vitals: always, counted from
+        0)."""
         given = groups[i].get("name")
         if self.names == "vitals":
             return f"{name}/{given or f'pg{i}'}"
@@ -149,7 +160,8 @@ class LearningRateMonitor(Callback):
         return self.log_key_prefix + name
 
     def values(self, trainer: Any, interval: str = "step") -> dict[str, float]:
-        """The current rate (and momentum, weight decay) of the param groups logged at ``interval``."""
+        """The current rate (and momentum, weight decay) of the param groups logged at
+        ``interval``."""
         out: dict[str, float] = {}
         if any(len(o.param_groups) != n for o, n in zip(trainer.optimizers, self._counts)):
             self._rename(trainer)
@@ -157,7 +169,8 @@ class LearningRateMonitor(Callback):
             group = optimizer.param_groups[i]  # looked up: load_state_dict replaces the group dicts
             momentum = group.get("momentum", group.get("betas", (None,))[0])
             if momentum is None and self.names == "lightning":
-                momentum = 0.0  # Lightning logs 0 for an optimizer without momentum (on_fit_start warned)
+                # Lightning logs 0 for an optimizer without momentum (on_fit_start warned)
+                momentum = 0.0
             key = self._key("lr", name)
             out[key] = float(group["lr"])  # a Python float (or a CPU tensor): no device sync
             self.lrs[key].append(out[key])

@@ -1,10 +1,12 @@
-"""ProgressBar: a tqdm bar on a terminal; one plain line per epoch when stdout is a file or a CI log. Either way the
-epoch's line also goes to the ``taskfit`` logger (the ``taskfit`` command's taskfit.log), the bar itself does not.
+"""ProgressBar: a tqdm bar on a terminal; one plain line per epoch when stdout is a file or a CI
+log. Either way the epoch's line also goes to the ``taskfit`` logger (the ``taskfit`` command's
+taskfit.log), the bar itself does not.
 
-What the bar costs: one ``tqdm.update()`` per batch. Its values (the loss, the ``prog_bar`` values, the validation
-metrics) are read only when tqdm redraws, at most ``REFRESH_S`` apart: the current loss is the training step's
-kept tensor (``trainer.logs.last_loss``), converted then, so the bar shows it from the first steps with one
-host-device sync per redraw, never one per step. The values keep the order they first appeared in.
+What the bar costs: one ``tqdm.update()`` per batch. Its values (the loss, the ``prog_bar`` values,
+the validation metrics) are read only when tqdm redraws, at most ``REFRESH_S`` apart: the current
+loss is the training step's kept tensor (``trainer.logs.last_loss``), converted then, so the bar
+shows it from the first steps with one host-device sync per redraw, never one per step. The values
+keep the order they first appeared in.
 """
 from __future__ import annotations
 
@@ -21,21 +23,22 @@ REFRESH_S = 0.25  # the bar and its values redraw at most this often (tqdm's min
 EVAL_DELAY_S = 2.0  # a validation, test or predict pass shows a bar once it has run this long
 _TITLES = {"validate": "Validation", "test": "Test", "predict": "Predict"}
 _LIGHTNING_ONLY = {
-    "refresh_rate": "remove it: the bar redraws at most 4 times a second whatever the step rate (turn it off with "
-                    "Trainer(enable_progress_bar=False)).",
+    "refresh_rate": "remove it: the bar redraws at most 4 times a second whatever the step rate "
+                    "(turn it off with Trainer(enable_progress_bar=False)).",
     "process_position": "remove it: taskfit draws one bar at a time, on rank 0.",
 }
 
 
 class ProgressBar(Callback):
-    """Shows epoch, batches, it/s, the current loss and the ``prog_bar`` and validation values. Rank 0 only.
+    """Shows epoch, batches, it/s, the current loss and the ``prog_bar`` and validation values. Rank
+    0 only.
 
-    After ``trainer.validate()`` or ``trainer.test()`` (on a terminal or not) it prints a table of the pass's
-    results. Validation, test and predict passes longer than ``EVAL_DELAY_S`` get a bar of their own.
+    After ``trainer.validate()`` or ``trainer.test()`` (on a terminal or not) it prints a table of
+    the pass's results. Validation, test and predict passes longer than ``EVAL_DELAY_S`` get a bar
+    of their own.
 
-    Args:
-        stream: where to write (default ``sys.stdout``). A non-terminal stream gets one line per epoch.
-        leave: keep each epoch's bar on screen.
+    Args: stream: where to write (default ``sys.stdout``). A non-terminal stream gets one line per
+        epoch. leave: keep each epoch's bar on screen.
     """
 
     order = 100  # after the callbacks that produce metrics
@@ -46,7 +49,8 @@ class ProgressBar(Callback):
         self._bar: Any = None
         self._eval_bar: Any = None
         self._logged: dict[str, float] = {}  # the latest published value of each key this fit
-        self._order: list[str] = []  # the keys the bar shows, in the order they first appeared (a fixed order)
+        # the keys the bar shows, in the order they first appeared (a fixed order)
+        self._order: list[str] = []
         self._pass: dict[str, float] = {}  # what a validate/test pass published (its results table)
         self._interactive = False
         self._start = 0.0
@@ -66,14 +70,16 @@ class ProgressBar(Callback):
     def needs_batch_hooks(self, trainer: Any) -> bool:
         return self._interactive  # a log file gets one line per epoch: nothing to do per batch
 
-    # ---- training -----------------------------------------------------------------------------------------
+    # ---- training --------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
         self._start, self._total = time.perf_counter(), _epoch_total(trainer)
         if self._interactive:
             self._bar = _bar(self, trainer, total=self._total, initial=trainer.state.batches_done,
                              desc=self._desc(trainer), leave=self.leave)
 
-    def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._bar is not None:
             self._bar.update()  # redraws (and reads the values) only every REFRESH_S
 
@@ -86,7 +92,8 @@ class ProgressBar(Callback):
         if not trainer.is_main:
             return
         bar, self._bar = self._bar, None
-        if bar is not None:  # the bar stays on the terminal (its last redraw reads the values); the log gets a line
+        # the bar stays on the terminal (its last redraw reads the values); the log gets a line
+        if bar is not None:
             bar.close()
         from tqdm import tqdm
 
@@ -97,18 +104,21 @@ class ProgressBar(Callback):
         echo(line, stream=self._out(), name="taskfit.progress", terminal=bar is None)
 
     def values(self, trainer: Any) -> dict[str, str]:
-        """What the bar shows now, formatted: the current loss, then the ``prog_bar`` values and the validation
-        metrics in the order they first appeared. Reading the loss is a sync: called when the bar redraws."""
+        """What the bar shows now, formatted: the current loss, then the ``prog_bar`` values and the
+        validation metrics in the order they first appeared. Reading the loss is a sync: called when
+        the bar redraws."""
         loss = trainer.logs.last_loss if trainer.state.fn == "fit" else None
         shown = {} if loss is None else {"loss": f"{float(loss):.4g}"}
         wanted = _shown_keys(trainer)
         self._order += [key for key in self._logged if key in wanted and key not in self._order]
         for key in self._order:
             if key in self._logged and key != "train/loss":
-                shown[key[len("train/"):] if key.startswith("train/") else key] = f"{self._logged[key]:.4g}"
+                shown[key[len("train/") :] if key.startswith("train/") else key] = (
+                    f"{self._logged[key]:.4g}"
+                )
         return shown
 
-    # ---- validation, test, predict: a bar for long passes, a table of results -----------------------------------
+    # ---- validation, test, predict: a bar for long passes, a table of results --------------------
     def on_validation_start(self, trainer: Any, task: Any) -> None:
         self._start_pass(trainer, "validate" if trainer.state.fn == "validate" else "fit")
 
@@ -123,13 +133,32 @@ class ProgressBar(Callback):
         if not self._terminal(trainer):
             return
         stage = {"fit": "val", "validate": "val", "test": "test", "predict": "predict"}[fn]
-        total = getattr(trainer, f"num_{stage}_batches", None)  # in fit: the batches of each validation loader
-        total = sum(total) if isinstance(total, list) and all(isinstance(n, int) for n in total) else total
-        self._eval_bar = _bar(self, trainer, total=total if isinstance(total, int) else None,
-                              desc=_TITLES.get(fn, "Validation"), leave=False, delay=EVAL_DELAY_S, values=False)
+        # in fit: the batches of each validation loader
+        total = getattr(trainer, f"num_{stage}_batches", None)
+        total = (
+            sum(total)
+            if isinstance(total, list) and all(isinstance(n, int) for n in total)
+            else total
+        )
+        self._eval_bar = _bar(
+            self,
+            trainer,
+            total=total if isinstance(total, int) else None,
+            desc=_TITLES.get(fn, "Validation"),
+            leave=False,
+            delay=EVAL_DELAY_S,
+            values=False,
+        )
 
-    def on_validation_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: Any,
+        task: Any,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if self._eval_bar is not None:
             self._eval_bar.update()
 
@@ -175,13 +204,18 @@ def _epoch_total(trainer: Any) -> int | None:
 
 
 def _shown_keys(trainer: Any) -> set[str]:
-    """The published keys the bar shows: ``prog_bar`` values (any stage), the validation loss and metrics."""
-    return set(trainer.progress_bar_metrics) | {"val/loss"} | {f"val/{name}" for name in trainer.metrics.get("val", {})}
+    """The published keys the bar shows: ``prog_bar`` values (any stage), the validation loss and
+    metrics."""
+    return (
+        set(trainer.progress_bar_metrics)
+        | {"val/loss"}
+        | {f"val/{name}" for name in trainer.metrics.get("val", {})}
+    )
 
 
 def _bar(progress: ProgressBar, trainer: Any, *, values: bool = True, **kwargs: Any) -> Any:
-    """A tqdm bar (``tqdm.auto``: a widget in a notebook) that, when ``values``, sets its postfix from
-    ``progress.values(trainer)`` each time it redraws, and only then."""
+    """A tqdm bar (``tqdm.auto``: a widget in a notebook) that, when ``values``, sets its postfix
+    from ``progress.values(trainer)`` each time it redraws, and only then."""
     bar = _bar_class()(file=progress._out(), dynamic_ncols=True, mininterval=REFRESH_S, **kwargs)
     if values:
         bar.shown = functools.partial(progress.values, trainer)
@@ -191,7 +225,8 @@ def _bar(progress: ProgressBar, trainer: Any, *, values: bool = True, **kwargs: 
 
 @functools.lru_cache(maxsize=None)
 def _bar_class() -> type:
-    """``tqdm.auto.tqdm`` whose redraw first sets the postfix from ``shown()`` (imported on first use)."""
+    """``tqdm.auto.tqdm`` whose redraw first sets the postfix from ``shown()`` (imported on first
+    use)."""
     from tqdm.auto import tqdm
 
     class Bar(tqdm):  # type: ignore[misc, valid-type]

@@ -1,4 +1,5 @@
-"""The example tasks (``taskfit.examples.digits.DigitsTask``...): their data comes from scikit-learn's bundled sets."""
+"""The example tasks (``taskfit.examples.digits.DigitsTask``...): their data comes from
+scikit-learn's bundled sets."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,21 +8,24 @@ from ..errors import MisconfigurationError
 
 
 def sklearn_dataset(name: str, **kwargs: Any) -> Any:
-    """``sklearn.datasets.<name>()`` (bundled data, no download), or one clear error when scikit-learn is missing."""
+    """``sklearn.datasets.<name>()`` (bundled data, no download), or one clear error when
+    scikit-learn is missing."""
     try:
         from sklearn import datasets
     except ImportError:
         raise MisconfigurationError(
-            f"The example tasks load scikit-learn's bundled data ({name}), but scikit-learn is not installed.",
-            "pip install 'taskfit[examples]' (or pip install scikit-learn); your own TaskModule needs neither.",
+            f"The example tasks load scikit-learn's bundled data ({name}), but scikit-learn is not "
+            "installed.",
+            "pip install 'taskfit[examples]' (or pip install scikit-learn); your own TaskModule "
+            "needs neither.",
         ) from None
     return getattr(datasets, name)(**kwargs)
 
 
 def image_grid(images: Any, nrow: int = 8, zoom: int = 4, padding: int = 2) -> Any:
-    """``(N, 1, H, W)`` images in [0, 1] as one ``(1, rows*(H*zoom+padding)+padding, ...)`` grid, each pixel
-    a ``zoom x zoom`` square, on a dark grey background, for ``SummaryWriter.add_image`` (CHW) and
-    :func:`save_png` (torchvision not needed)."""
+    """``(N, 1, H, W)`` images in [0, 1] as one ``(1, rows*(H*zoom+padding)+padding, ...)`` grid,
+    each pixel a ``zoom x zoom`` square, on a dark grey background, for ``SummaryWriter.add_image``
+    (CHW) and :func:`save_png` (torchvision not needed)."""
     import torch
 
     images = images.detach().float().clamp(0, 1).cpu()
@@ -36,8 +40,8 @@ def image_grid(images: Any, nrow: int = 8, zoom: int = 4, padding: int = 2) -> A
 
 
 def save_png(grids: Any, path: str, gap: int = 6) -> None:
-    """Write one or more grids of :func:`image_grid` (stacked top to bottom) as a greyscale PNG, with Pillow
-    (installed with tensorboard, which taskfit depends on)."""
+    """Write one or more grids of :func:`image_grid` (stacked top to bottom) as a greyscale PNG,
+    with Pillow (installed with tensorboard, which taskfit depends on)."""
     import os
 
     import torch

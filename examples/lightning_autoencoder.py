@@ -1,14 +1,23 @@
-# Ported to taskfit from PyTorch Lightning's examples/pytorch/basics/autoencoder.py (Lightning-AI/pytorch-lightning,
-# commit 215acdc; Apache-2.0, the notice below). Only these lines differ, each under a "# was:" comment holding the
+# Ported to taskfit from PyTorch Lightning's examples/pytorch/basics/autoencoder.py
+# (Lightning-AI/pytorch-lightning,
+# commit 215acdc; Apache-2.0, the notice below). Only these lines differ, each under a "# was:"
+# comment holding the
 # original:
-#   8 import lines: taskfit's DataModule, TaskModule, Trainer, callbacks and rank_zero_only under Lightning's names;
-#     from taskfit.examples.lightning_stand_ins, stand-ins with the same names and arguments for what taskfit does
-#     not have: cli_lightning_logo, LightningCLI (taskfit's command line is Hydra's), MNIST (the data, below),
-#     _TORCHVISION_AVAILABLE, torchvision, transforms and save_image (torchvision is not installable beside this torch);
-#   1 data line: MNIST is scikit-learn's bundled digits scaled to 28x28 (1,500 training images, not 60,000), so
+#   8 import lines: taskfit's DataModule, TaskModule, Trainer, callbacks and rank_zero_only under
+#   Lightning's names;
+#     from taskfit.examples.lightning_stand_ins, stand-ins with the same names and arguments for
+#     what taskfit does
+#     not have: cli_lightning_logo, LightningCLI (taskfit's command line is Hydra's), MNIST (the
+#     data, below),
+#     _TORCHVISION_AVAILABLE, torchvision, transforms and save_image (torchvision is not installable
+#     beside this torch);
+#   1 data line: MNIST is scikit-learn's bundled digits scaled to 28x28 (1,500 training images, not
+#   60,000), so
 #     random_split's sizes are [1375, 125] instead of [55000, 5000] (the same 11:1 split).
-# --quick (or TASKFIT_QUICK=1), the examples' smoke run, is read by the LightningCLI stand-in: max_epochs=3.
-# The same program under Lightning 2.6.6 on the same data: benchmarks/lightning_ports.py (docs/examples.md).
+# --quick (or TASKFIT_QUICK=1), the examples' smoke run, is read by the LightningCLI stand-in:
+# max_epochs=3.
+# The same program under Lightning 2.6.6 on the same data: benchmarks/lightning_ports.py
+# (docs/examples.md).
 # Copyright The Lightning AI team.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
@@ -33,7 +42,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-# was: from lightning.pytorch import LightningDataModule, LightningModule, Trainer, callbacks, cli_lightning_logo
+# was: from lightning.pytorch import LightningDataModule, LightningModule, Trainer, callbacks,
+# cli_lightning_logo
 from taskfit import DataModule as LightningDataModule
 from taskfit import TaskModule as LightningModule
 
@@ -43,7 +53,12 @@ from taskfit import Trainer, callbacks, rank_zero_only
 # was: from lightning.pytorch.cli import LightningCLI
 # was: from lightning.pytorch.demos.mnist_datamodule import MNIST
 # was: from lightning.pytorch.utilities.imports import _TORCHVISION_AVAILABLE
-from taskfit.examples.lightning_stand_ins import _TORCHVISION_AVAILABLE, MNIST, LightningCLI, cli_lightning_logo
+from taskfit.examples.lightning_stand_ins import (
+    _TORCHVISION_AVAILABLE,
+    MNIST,
+    LightningCLI,
+    cli_lightning_logo,
+)
 from torch import nn
 from torch.utils.data import DataLoader, random_split
 from typing_extensions import override
@@ -111,7 +126,9 @@ class ImageSampler(callbacks.Callback):
         if not _TORCHVISION_AVAILABLE:
             return
 
-        images, _ = next(iter(DataLoader(trainer.datamodule.mnist_val, batch_size=self.num_samples)))
+        images, _ = next(
+            iter(DataLoader(trainer.datamodule.mnist_val, batch_size=self.num_samples))
+        )
         images_flattened = images.view(images.size(0), -1)
 
         # generate images
@@ -122,7 +139,10 @@ class ImageSampler(callbacks.Callback):
 
         if trainer.current_epoch == 0:
             save_image(self._to_grid(images), f"grid_ori_{trainer.current_epoch}.png")
-        save_image(self._to_grid(images_generated.reshape(images.shape)), f"grid_generated_{trainer.current_epoch}.png")
+        save_image(
+            self._to_grid(images_generated.reshape(images.shape)),
+            f"grid_generated_{trainer.current_epoch}.png",
+        )
 
 
 class LitAutoEncoder(LightningModule):
@@ -137,8 +157,12 @@ class LitAutoEncoder(LightningModule):
     def __init__(self, hidden_dim: int = 64, learning_rate=10e-3):
         super().__init__()
         self.save_hyperparameters()
-        self.encoder = nn.Sequential(nn.Linear(28 * 28, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 3))
-        self.decoder = nn.Sequential(nn.Linear(3, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 28 * 28))
+        self.encoder = nn.Sequential(
+            nn.Linear(28 * 28, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 3)
+        )
+        self.decoder = nn.Sequential(
+            nn.Linear(3, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 28 * 28)
+        )
 
     @override
     def forward(self, x):
@@ -181,7 +205,9 @@ class MyDataModule(LightningDataModule):
     def __init__(self, batch_size: int = 32):
         super().__init__()
         dataset = MNIST(DATASETS_PATH, train=True, download=True, transform=transforms.ToTensor())
-        self.mnist_test = MNIST(DATASETS_PATH, train=False, download=True, transform=transforms.ToTensor())
+        self.mnist_test = MNIST(
+            DATASETS_PATH, train=False, download=True, transform=transforms.ToTensor()
+        )
         self.mnist_train, self.mnist_val = random_split(
             # was: dataset, [55000, 5000], generator=torch.Generator().manual_seed(42)
             dataset, [1375, 125], generator=torch.Generator().manual_seed(42)

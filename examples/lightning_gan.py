@@ -1,15 +1,25 @@
-# Ported to taskfit from PyTorch Lightning's examples/pytorch/domain_templates/generative_adversarial_net.py
-# (Lightning-AI/pytorch-lightning, commit 215acdc; Apache-2.0, the notice below). Only these lines differ, each under
+# Ported to taskfit from PyTorch Lightning's
+# examples/pytorch/domain_templates/generative_adversarial_net.py
+# (Lightning-AI/pytorch-lightning, commit 215acdc; Apache-2.0, the notice below). Only these lines
+# differ, each under
 # a "# was:" comment holding the original (or "# added:"):
-#   6 import lines: taskfit's TaskModule and Trainer under Lightning's names; from taskfit.examples.lightning_stand_ins,
-#     stand-ins with the same names and arguments: cli_lightning_logo, MNISTDataModule (the data, below),
-#     _TORCHVISION_AVAILABLE and torchvision (its make_grid; torchvision is not installable beside this torch);
-#   the Trainer line: accelerator="gpu" is "auto" so that it also runs without a GPU (taskfit takes "gpu" as
-#     Lightning does, and refuses it as Lightning does where there is none), and --quick stops after 12 epochs
+#   6 import lines: taskfit's TaskModule and Trainer under Lightning's names; from
+#   taskfit.examples.lightning_stand_ins,
+#     stand-ins with the same names and arguments: cli_lightning_logo, MNISTDataModule (the data,
+#     below),
+#     _TORCHVISION_AVAILABLE and torchvision (its make_grid; torchvision is not installable beside
+#     this torch);
+#   the Trainer line: accelerator="gpu" is "auto" so that it also runs without a GPU (taskfit takes
+#   "gpu" as
+#     Lightning does, and refuses it as Lightning does where there is none), and --quick stops after
+#     12 epochs
 #     (otherwise max_epochs=None: Lightning's default of 1000 epochs, with its warning, in both);
-#   2 added lines for --quick, the examples' smoke run (also TASKFIT_QUICK=1): `import os` and the argument.
-# The data: MNISTDataModule's 60,000 MNIST images are 1,500 of scikit-learn's bundled digits (1,375 to train, 125 to
-# validate), 8x8 scaled to 28x28, so the 28x28 model stays as written. The same program under Lightning 2.6.6 on the
+#   2 added lines for --quick, the examples' smoke run (also TASKFIT_QUICK=1): `import os` and the
+#   argument.
+# The data: MNISTDataModule's 60,000 MNIST images are 1,500 of scikit-learn's bundled digits (1,375
+# to train, 125 to
+# validate), 8x8 scaled to 28x28, so the 28x28 model stays as written. The same program under
+# Lightning 2.6.6 on the
 # same data: benchmarks/lightning_ports.py (docs/examples.md).
 # Copyright The Lightning AI team.
 #
@@ -49,7 +59,11 @@ from taskfit import Trainer
 # was: from lightning.pytorch import cli_lightning_logo
 # was: from lightning.pytorch.demos.mnist_datamodule import MNISTDataModule
 # was: from lightning.pytorch.utilities.imports import _TORCHVISION_AVAILABLE
-from taskfit.examples.lightning_stand_ins import _TORCHVISION_AVAILABLE, MNISTDataModule, cli_lightning_logo
+from taskfit.examples.lightning_stand_ins import (
+    _TORCHVISION_AVAILABLE,
+    MNISTDataModule,
+    cli_lightning_logo,
+)
 from typing_extensions import override
 
 if _TORCHVISION_AVAILABLE:
@@ -251,11 +265,16 @@ if __name__ == "__main__":
 
     # Hyperparameters
     parser.add_argument("--lr", type=float, default=0.0002, help="adam: learning rate")
-    parser.add_argument("--b1", type=float, default=0.5, help="adam: decay of first order momentum of gradient")
-    parser.add_argument("--b2", type=float, default=0.999, help="adam: decay of second order momentum of gradient")
-    parser.add_argument("--latent_dim", type=int, default=100, help="dimensionality of the latent space")
+    parser.add_argument("--b1", type=float, default=0.5, help="adam: decay of first order momentum "
+                                                              "of gradient")
+    parser.add_argument("--b2", type=float, default=0.999, help="adam: decay of second order "
+                                                                "momentum of gradient")
+    parser.add_argument("--latent_dim", type=int, default=100, help="dimensionality of the latent "
+                                                                    "space")
     # added: --quick, the examples' smoke run
-    parser.add_argument("--quick", action="store_true", default=os.environ.get("TASKFIT_QUICK") == "1")
+    parser.add_argument(
+        "--quick", action="store_true", default=os.environ.get("TASKFIT_QUICK") == "1"
+    )
     args = parser.parse_args()
 
     main(args)

@@ -1,15 +1,18 @@
 """Inference from a checkpoint: rebuild the trained task from its file and predict, two ways.
 
-    python examples/predict_from_checkpoint.py                      # trains the digits CNN briefly first (~10 s)
-    python examples/predict_from_checkpoint.py --ckpt path/to.ckpt  # or use a checkpoint you have
+    python examples/predict_from_checkpoint.py                      # trains the digits CNN briefly
+    first (~10 s) python examples/predict_from_checkpoint.py --ckpt path/to.ckpt  # or use a
+    checkpoint you have
 
-1. ``DigitsTask.load_from_checkpoint(path)`` builds the task with the hyperparameters the checkpoint recorded
-   (channels, hidden size...: no need to repeat them) and loads the weights, in eval mode. Use it like any
-   ``nn.Module``.
-2. ``trainer.predict(task, ckpt_path=path)`` loads the weights into a task and runs its ``predict_dataloader``
-   batch by batch (on the Trainer's device and precision, under any strategy).
+1. ``DigitsTask.load_from_checkpoint(path)`` builds the task with the hyperparameters the checkpoint
+   recorded (channels, hidden size...: no need to repeat them) and loads the weights, in eval mode.
+   Use it like any ``nn.Module``.
+2. ``trainer.predict(task, ckpt_path=path)`` loads the weights into a task and runs its
+   ``predict_dataloader`` batch by batch (on the Trainer's device and precision, under any
+   strategy).
 
-Both read the file with ``torch.load(weights_only=True)`` only: a checkpoint cannot run code (docs/checkpointing.md).
+Both read the file with ``torch.load(weights_only=True)`` only: a checkpoint cannot run code
+(docs/checkpointing.md).
 """
 from __future__ import annotations
 
@@ -31,23 +34,33 @@ class DigitsPredictor(DigitsTask):
 
 
 def train(root: str) -> str:
-    """A short training run; returns the path of its best checkpoint (ranked by validation accuracy)."""
+    """A short training run; returns the path of its best checkpoint (ranked by validation
+    accuracy)."""
     from taskfit.callbacks import ModelCheckpoint
 
     seed_everything(0)
     checkpoint = ModelCheckpoint(monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.3f}")
-    trainer = Trainer(max_epochs=3, default_root_dir=root, callbacks=[checkpoint], enable_progress_bar=False,
-                      enable_model_summary=False)
+    trainer = Trainer(
+        max_epochs=3,
+        default_root_dir=root,
+        callbacks=[checkpoint],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(DigitsPredictor(channels=16, hidden=64))
-    print(f"trained: best val/acc {checkpoint.best_model_score:.4f} in {checkpoint.best_model_path} "
-          f"(run directory: {trainer.log_dir})")
+    print(f"trained: best val/acc {checkpoint.best_model_score:.4f} in "
+          f"{checkpoint.best_model_path} (run directory: {trainer.log_dir})")
     return checkpoint.best_model_path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ckpt", help="a checkpoint of DigitsTask (default: train one first)")
-    parser.add_argument("--root", default="taskfit_logs", help="where the short training run writes")
+    parser.add_argument(
+        "--root", default="taskfit_logs", help="where the short training run writes"
+    )
     args = parser.parse_args()
     path = args.ckpt or train(args.root)
 
@@ -59,14 +72,15 @@ def main() -> None:
     images, targets = task.val_set.tensors
     with torch.no_grad():
         direct = task(images).argmax(-1)
-    print(f"direct forward:  accuracy {(direct == targets).float().mean():.4f} on {len(targets)} images")
+    print(f"direct forward:  accuracy {(direct == targets).float().mean():.4f} on {len(targets)} "
+          "images")
 
     # 2. The Trainer: loads the weights into a fresh task and predicts batch by batch.
     trainer = Trainer(enable_progress_bar=False, enable_model_summary=False, logger=False)
     batches = trainer.predict(DigitsPredictor(**sizes), ckpt_path=path)
     predicted = torch.cat(batches).argmax(-1)
-    print(f"trainer.predict: accuracy {(predicted == targets).float().mean():.4f} "
-          f"({len(batches)} batches; same predictions as the direct forward: {torch.equal(predicted, direct)})")
+    print(f"trainer.predict: accuracy {(predicted == targets).float().mean():.4f} ({len(batches)} "
+          f"batches; same predictions as the direct forward: {torch.equal(predicted, direct)})")
 
 
 if __name__ == "__main__":

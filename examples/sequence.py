@@ -1,15 +1,17 @@
 """A small GRU on a synthetic task that needs memory: recall the token that followed a marker.
 
-Each sequence holds random tokens 1..8; somewhere in its first half a marker (token 9) is followed by a *key*
-token, and the label is that key. The answer is never at a fixed position and the rest of the sequence is
-noise, so a model must notice the marker, store the next token and carry it to the end. Counting tokens gets
-about a quarter right (chance is 1/8); a GRU solves it.
+Each sequence holds random tokens 1..8; somewhere in its first half a marker (token 9) is followed
+by a *key* token, and the label is that key. The answer is never at a fixed position and the rest of
+the sequence is noise, so a model must notice the marker, store the next token and carry it to the
+end. Counting tokens gets about a quarter right (chance is 1/8); a GRU solves it.
 
-    python examples/sequence.py            # ~100% validation accuracy in well under a minute on a CPU
-    python examples/sequence.py --quick    # a smoke run with small settings (what the test suite runs)
+    python examples/sequence.py            # ~100% validation accuracy in well under a minute on a
+    CPU python examples/sequence.py --quick    # a smoke run with small settings (what the test
+    suite runs)
 
-What it shows: batches as dicts with a custom ``split_batch``, gradient clipping (the usual RNN safeguard),
-a step-interval OneCycle scheduler, and ``self.log(..., prog_bar=True)`` for a value computed in ``loss``.
+What it shows: batches as dicts with a custom ``split_batch``, gradient clipping (the usual RNN
+safeguard), a step-interval OneCycle scheduler, and ``self.log(..., prog_bar=True)`` for a value
+computed in ``loss``.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ VOCAB, MARKER = 8, 9  # tokens 1..8 are symbols, 9 the marker; 0 is unused (free
 
 
 class RecallDataset(Dataset):
-    """``n`` sequences of length ``length``, generated once from ``seed`` (a map-style dataset: shardable)."""
+    """``n`` sequences of length ``length``, generated once from ``seed`` (a map-style dataset:
+    shardable)."""
 
     def __init__(self, n: int, length: int = 24, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
@@ -64,9 +67,12 @@ class RecallTask(TaskModule):
         return self.head(last[-1])
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # A tensor, not a float: self.log keeps it on the device (no sync); the Trainer averages it per epoch.
-        # (Not "acc": val/acc is the torchmetrics accuracy of configure_metrics, and one name cannot be both.)
-        self.log(f"{self.stage}/hit_rate", (outputs.argmax(-1) == targets).float().mean(), prog_bar=True)
+        # A tensor, not a float: self.log keeps it on the device (no sync); the Trainer averages it
+        # per epoch. (Not "acc": val/acc is the torchmetrics accuracy of configure_metrics, and one
+        # name cannot be both.)
+        self.log(
+            f"{self.stage}/hit_rate", (outputs.argmax(-1) == targets).float().mean(), prog_bar=True
+        )
         return F.cross_entropy(outputs, targets)
 
     def configure_metrics(self):
@@ -89,18 +95,27 @@ class RecallTask(TaskModule):
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", default=os.environ.get("TASKFIT_QUICK") == "1",
-                        help="small settings for a smoke run (also: TASKFIT_QUICK=1)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=os.environ.get("TASKFIT_QUICK") == "1",
+        help="small settings for a smoke run (also: TASKFIT_QUICK=1)",
+    )
     parser.add_argument("--max-epochs", type=int, default=None)
     parser.add_argument("--root", default=None, help="where runs go (default: ./taskfit_logs)")
     args = parser.parse_args(argv)
 
     seed_everything(0)
     epochs = args.max_epochs or (4 if args.quick else 12)
-    task = RecallTask(length=16 if args.quick else 24, n_train=2048 if args.quick else 4096, epochs=epochs)
-    trainer = Trainer(max_epochs=epochs, gradient_clip_val=1.0, default_root_dir=args.root, log_every_n_steps=10)
+    task = RecallTask(
+        length=16 if args.quick else 24, n_train=2048 if args.quick else 4096, epochs=epochs
+    )
+    trainer = Trainer(
+        max_epochs=epochs, gradient_clip_val=1.0, default_root_dir=args.root, log_every_n_steps=10
+    )
     metrics = trainer.fit(task)
-    print(f"validation accuracy: {metrics['val/acc']:.4f}  (chance: {1 / VOCAB:.3f}; run directory: {trainer.log_dir})")
+    print(f"validation accuracy: {metrics['val/acc']:.4f}  (chance: {1 / VOCAB:.3f}; run "
+          f"directory: {trainer.log_dir})")
     return metrics
 
 

@@ -2,5 +2,6 @@
 ``torchrun --nproc-per-node=2 -m taskfit trainer=ddp``."""
 from .cli.app import main
 
-if __name__ == "__main__":  # spawned ddp workers re-import this module as __mp_main__: they must not run it
+# spawned ddp workers re-import this module as __mp_main__: they must not run it
+if __name__ == "__main__":
     main()

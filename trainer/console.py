@@ -1,16 +1,19 @@
 """What a run shows on the console, also handed to Python ``logging``: the ``taskfit`` logger.
 
-Every line taskfit shows (the model summary, the epoch lines, EarlyStopping's and ThroughputMonitor's reports,
-"Resumed from ...", preemption messages, the ``taskfit`` command's report, sweep summary and errors) goes
-through :func:`echo`: it is printed exactly as before (``print(message, file=stream, flush=True)``) *and*
-logged as one record of the ``taskfit`` logger (``taskfit.<part>`` children), which does not propagate to the
-root logger, so a root console handler never shows a line twice. Whatever handler is attached to ``taskfit``
-gets the lines: the ``taskfit`` command attaches Hydra's job log file (``<run dir>/taskfit.log``, see
-``conf/hydra/job_logging/taskfit.yaml``); from Python, ``logging.getLogger("taskfit").addHandler(...)``.
+Every line taskfit shows (the model summary, the epoch lines, EarlyStopping's and
+ThroughputMonitor's reports, "Resumed from ...", preemption messages, the ``taskfit`` command's
+report, sweep summary and errors) goes through :func:`echo`: it is printed exactly as before
+(``print(message, file=stream, flush=True)``) *and* logged as one record of the ``taskfit`` logger
+(``taskfit.<part>`` children), which does not propagate to the root logger, so a root console
+handler never shows a line twice. Whatever handler is attached to ``taskfit`` gets the lines: the
+``taskfit`` command attaches Hydra's job log file (``<run dir>/taskfit.log``, see
+``conf/hydra/job_logging/taskfit.yaml``); from Python,
+``logging.getLogger("taskfit").addHandler(...)``.
 
-Under ddp started by the command, rank 0 is a new process without Hydra's logging: the command names its log
-file in ``TASKFIT_LOG_FILE`` (and its format in ``TASKFIT_LOG_FORMAT``), and the first line a process without
-that handler echoes opens the file in append mode, so rank 0's lines land in the same ``taskfit.log``.
+Under ddp started by the command, rank 0 is a new process without Hydra's logging: the command names
+its log file in ``TASKFIT_LOG_FILE`` (and its format in ``TASKFIT_LOG_FORMAT``), and the first line
+a process without that handler echoes opens the file in append mode, so rank 0's lines land in the
+same ``taskfit.log``.
 """
 from __future__ import annotations
 
@@ -29,24 +32,32 @@ LOG_FILE_ENV, LOG_FORMAT_ENV = "TASKFIT_LOG_FILE", "TASKFIT_LOG_FORMAT"
 DEFAULT_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 logger = logging.getLogger(LOGGER_NAME)
-logger.propagate = False  # the terminal has the line already (printed); a root console handler must not repeat it
-logger.addHandler(logging.NullHandler())  # no "No handlers could be found" and no lastResort copy on stderr
+# the terminal has the line already (printed); a root console handler must not repeat it
+logger.propagate = False
+# no "No handlers could be found" and no lastResort copy on stderr
+logger.addHandler(logging.NullHandler())
 logger.setLevel(logging.INFO)
 
 
-def echo(message: str, *, stream: TextIO | None = None, level: int = logging.INFO, name: str | None = None,
-         terminal: bool = True) -> None:
-    """``message`` and a newline to ``stream or sys.stdout`` in one write, flushed, and the same text as a ``taskfit``
-    log record.
+def echo(
+    message: str,
+    *,
+    stream: TextIO | None = None,
+    level: int = logging.INFO,
+    name: str | None = None,
+    terminal: bool = True,
+) -> None:
+    """``message`` and a newline to ``stream or sys.stdout`` in one write, flushed, and the same
+    text as a ``taskfit`` log record.
 
-    Args:
-        message: the text (several lines are one record).
-        stream: where the terminal copy goes (default ``sys.stdout``, looked up now: redirections apply).
-        level: the record's level (``logging.WARNING`` for warnings, ``logging.ERROR`` for errors).
-        name: the logger, a child of ``taskfit`` (``"taskfit.progress"``); default ``taskfit``.
-        terminal: False: the log record only (the progress bar already showed the line).
+    Args: message: the text (several lines are one record). stream: where the terminal copy goes
+        (default ``sys.stdout``, looked up now: redirections apply). level: the record's level
+        (``logging.WARNING`` for warnings, ``logging.ERROR`` for errors). name: the logger, a child
+        of ``taskfit`` (``"taskfit.progress"``); default ``taskfit``. terminal: False: the log
+        record only (the progress bar already showed the line).
     """
-    if terminal:  # one write of the line and its newline: ddp ranks sharing a stream never interleave mid-line
+    # one write of the line and its newline: ddp ranks sharing a stream never interleave mid-line
+    if terminal:
         out = stream or sys.stdout
         out.write(f"{message}\n")
         out.flush()
@@ -55,12 +66,14 @@ def echo(message: str, *, stream: TextIO | None = None, level: int = logging.INF
 
 
 def _follow_parent_log() -> None:
-    """In a process started by the ``taskfit`` command (a ddp worker), append to the command's log file too."""
+    """In a process started by the ``taskfit`` command (a ddp worker), append to the command's log
+    file too."""
     path = os.environ.get(LOG_FILE_ENV)
     if not path or any(os.path.abspath(getattr(h, "baseFilename", "")) == os.path.abspath(path)
                        for h in logger.handlers):
         return
-    if not os.path.isdir(os.path.dirname(path) or "."):  # the run directory is gone: nothing to add to
+    # the run directory is gone: nothing to add to
+    if not os.path.isdir(os.path.dirname(path) or "."):
         return
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     handler.setFormatter(logging.Formatter(os.environ.get(LOG_FORMAT_ENV) or DEFAULT_FORMAT))
@@ -68,8 +81,8 @@ def _follow_parent_log() -> None:
 
 
 def log_file() -> tuple[str, str] | None:
-    """The file (and its format) the ``taskfit`` logger writes to in this process, if any: what ddp workers
-    started from here should append to."""
+    """The file (and its format) the ``taskfit`` logger writes to in this process, if any: what ddp
+    workers started from here should append to."""
     for handler in logger.handlers:
         if isinstance(handler, logging.FileHandler):
             fmt = getattr(handler.formatter, "_fmt", None) or DEFAULT_FORMAT
@@ -79,7 +92,8 @@ def log_file() -> tuple[str, str] | None:
 
 @contextlib.contextmanager
 def shared_with_workers() -> Iterator[None]:
-    """While inside: processes started from here (ddp workers) append their lines to this process's log file."""
+    """While inside: processes started from here (ddp workers) append their lines to this process's
+    log file."""
     found = log_file()
     saved = {key: os.environ.get(key) for key in (LOG_FILE_ENV, LOG_FORMAT_ENV)}
     if found is not None:
@@ -121,8 +135,14 @@ def warnings_logged() -> Iterator[None]:
     ``UserWarning: message``."""
     shown = warnings.showwarning
 
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
-             line: str | None = None) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         if (filename, lineno) == ("sys", 1):  # (not "sys:1: UserWarning: ...")
             text = f"{category.__name__}: {message}"
             print(text, file=file or sys.stderr, flush=True)
@@ -156,6 +176,14 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-__all__ = ["echo", "logger", "log_file", "shared_with_workers", "warnings_logged", "describe", "results_table",
-           "LOGGER_NAME"]
+__all__ = [
+    "echo",
+    "logger",
+    "log_file",
+    "shared_with_workers",
+    "warnings_logged",
+    "describe",
+    "results_table",
+    "LOGGER_NAME",
+]
 

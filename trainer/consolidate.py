@@ -1,4 +1,5 @@
-"""``python -m taskfit.consolidate SRC [DST]``: kept at its documented path; the code is checkpoint/consolidate.py."""
+"""``python -m taskfit.consolidate SRC [DST]``: kept at its documented path; the code is
+checkpoint/consolidate.py."""
 from __future__ import annotations
 
 import sys

@@ -1,7 +1,8 @@
-"""Data kept apart from the task: a small ``DataModule`` (Lightning's ``LightningDataModule``) and ``DataSource``,
-where one entry point's loaders come from: loaders passed to fit/validate/test/predict, a data module, or the
-TaskModule's own ``*_dataloader`` methods. Whatever the source, a plain DataLoader is re-created around taskfit's
-resumable sampler (data.py), so exact resume and ddp sharding work for all of them.
+"""Data kept apart from the task: a small ``DataModule`` (Lightning's ``LightningDataModule``) and
+``DataSource``, where one entry point's loaders come from: loaders passed to
+fit/validate/test/predict, a data module, or the TaskModule's own ``*_dataloader`` methods. Whatever
+the source, a plain DataLoader is re-created around taskfit's resumable sampler (data.py), so exact
+resume and ddp sharding work for all of them.
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ LOADERS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "tes
 
 class DataModule:
     """The data of a task in a class of its own (Lightning's ``LightningDataModule``): pass it as
-    ``trainer.fit(task, datamodule=dm)``. The Trainer calls ``prepare_data()`` (once per machine, rank 0 first:
-    downloads), ``setup(stage)`` (every process: splits, transforms), the ``*_dataloader()`` methods and
-    ``teardown(stage)``; ``state_dict()``/``load_state_dict()`` are saved in checkpoints and restored on resume.
-    Its ``__init__`` arguments are recorded in :attr:`hparams`, as a TaskModule's.
+    ``trainer.fit(task, datamodule=dm)``. The Trainer calls ``prepare_data()`` (once per machine,
+    rank 0 first: downloads), ``setup(stage)`` (every process: splits, transforms), the
+    ``*_dataloader()`` methods and ``teardown(stage)``; ``state_dict()``/``load_state_dict()`` are
+    saved in checkpoints and restored on resume. Its ``__init__`` arguments are recorded in
+    :attr:`hparams`, as a TaskModule's.
     """
 
     trainer: Any = None  # the Trainer of its current or last run (kept after it, as Lightning's)
@@ -33,14 +35,16 @@ class DataModule:
         self.__dict__["_hparams"] = AttributeDict(recorded_init_args(cls, args, kwargs))
         return self
 
-    # Lightning's hooks of a data module: TaskModule's no-ops (@default_hook: the hook table leaves them out unless a
-    # subclass writes its own). prepare_data: downloads, once per machine, before setup; setup(stage): splits and
-    # transforms, in every process; teardown(stage): after a run of stage ended normally.
+    # Lightning's hooks of a data module: TaskModule's no-ops (@default_hook: the hook table leaves
+    # them out unless a subclass writes its own). prepare_data: downloads, once per machine, before
+    # setup; setup(stage): splits and transforms, in every process; teardown(stage): after a run of
+    # stage ended normally.
     prepare_data = TaskModule.prepare_data
     setup = TaskModule.setup
     teardown = TaskModule.teardown
 
-    # the loaders, as a TaskModule's: train_dataloader is required for fit, the others return None (skipped)
+    # the loaders, as a TaskModule's: train_dataloader is required for fit, the others return None
+    # (skipped)
     train_dataloader = TaskModule.train_dataloader
     val_dataloader = TaskModule.val_dataloader
     test_dataloader = TaskModule.test_dataloader
@@ -51,13 +55,20 @@ class DataModule:
         """An entry point ended by ``exception``."""
 
     @classmethod
-    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,
-                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
-                      **datamodule_kwargs: Any) -> DataModule:
-        """A data module of datasets (each one, or a list of them), as Lightning's ``from_datasets``: DataLoaders of
-        ``batch_size`` with ``num_workers``, the training one shuffled (not an IterableDataset).
-        ``datamodule_kwargs`` go to ``cls()``, and ``batch_size``/``num_workers`` too where its
-        ``__init__`` takes them (as Lightning's)."""
+    def from_datasets(
+        cls,
+        train_dataset: Any = None,
+        val_dataset: Any = None,
+        test_dataset: Any = None,
+        predict_dataset: Any = None,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        **datamodule_kwargs: Any,
+    ) -> DataModule:
+        """A data module of datasets (each one, or a list of them), as Lightning's
+        ``from_datasets``: DataLoaders of ``batch_size`` with ``num_workers``, the training one
+        shuffled (not an IterableDataset). ``datamodule_kwargs`` go to ``cls()``, and
+        ``batch_size``/``num_workers`` too where its ``__init__`` takes them (as Lightning's)."""
         import inspect
 
         from torch.utils.data import DataLoader, IterableDataset
@@ -78,11 +89,16 @@ class DataModule:
             if takes_all or name in params:
                 datamodule_kwargs.setdefault(name, value)
         datamodule = cls(**datamodule_kwargs)
-        for name, datasets, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset,
-                                        False), ("test_dataloader", test_dataset, False),
-                                        ("predict_dataloader", predict_dataset, False)):
+        for name, datasets, shuffle in (
+            ("train_dataloader", train_dataset, True),
+            ("val_dataloader", val_dataset, False),
+            ("test_dataloader", test_dataset, False),
+            ("predict_dataloader", predict_dataset, False),
+        ):
             if datasets is not None:
-                datamodule.__dict__[name] = lambda datasets=datasets, shuffle=shuffle: loaders(datasets, shuffle)
+                datamodule.__dict__[name] = lambda datasets=datasets, shuffle=shuffle: loaders(
+                    datasets, shuffle
+                )
         return datamodule
 
     def __getstate__(self) -> dict[str, Any]:
@@ -98,7 +114,8 @@ class DataModule:
                                for name, method in zip(names, LOADERS.values()))
 
     def state_dict(self) -> dict[str, Any]:
-        """What this data module needs to continue after a resume (plain containers, numbers, tensors)."""
+        """What this data module needs to continue after a resume (plain containers, numbers,
+        tensors)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -106,11 +123,15 @@ class DataModule:
 
     @property
     def hparams(self) -> AttributeDict:
-        """The ``__init__`` arguments (``self.hparams.batch_size``), or those :meth:`save_hyperparameters` chose."""
+        """The ``__init__`` arguments (``self.hparams.batch_size``), or those
+        :meth:`save_hyperparameters` chose."""
         return self.__dict__["_hparams"]
 
-    def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True) -> None:
-        """Lightning's call: keep only ``args`` (names) in :attr:`hparams`, or all but ``ignore``."""
+    def save_hyperparameters(
+        self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True
+    ) -> None:
+        """Lightning's call: keep only ``args`` (names) in :attr:`hparams`, or all but
+        ``ignore``."""
         select_hparams(self, args, ignore)
 
 
@@ -134,42 +155,69 @@ def _size(loader: Any) -> str:
 
 
 class DataSource:
-    """Where an entry point's loaders come from, per loader as Lightning decides: loaders passed to the entry point,
-    else the data module's methods, else the task's. Passing both loaders and a data module is an error."""
+    """Where an entry point's loaders come from, per loader as Lightning decides: loaders passed to
+    the entry point, else the data module's methods, else the task's. Passing both loaders and a
+    data module is an error."""
 
-    def __init__(self, task: Any, fn: str, datamodule: Any = None, train: Any = None, val: Any = None,
-                 loaders: Any = None) -> None:
-        if isinstance(train, DataModule) and datamodule is None:  # fit(task, dm): Lightning accepts it here too
+    def __init__(
+        self,
+        task: Any,
+        fn: str,
+        datamodule: Any = None,
+        train: Any = None,
+        val: Any = None,
+        loaders: Any = None,
+    ) -> None:
+        # fit(task, dm): Lightning accepts it here too
+        if isinstance(train, DataModule) and datamodule is None:
             datamodule, train = train, None
         if isinstance(loaders, DataModule) and datamodule is None:
             datamodule, loaders = loaders, None
         passed = [name for name, value in (("train_dataloaders", train), ("val_dataloaders", val),
                                            ("dataloaders", loaders)) if value is not None]
-        for name, value in (("train_dataloaders", train), ("val_dataloaders", val), ("dataloaders", loaders)):
-            if isinstance(value, (str, os.PathLike)):  # fit(task, "last"): taskfit's order before Lightning's
+        for name, value in (
+            ("train_dataloaders", train),
+            ("val_dataloaders", val),
+            ("dataloaders", loaders),
+        ):
+            # fit(task, "last"): taskfit's order before Lightning's
+            if isinstance(value, (str, os.PathLike)):
                 raise MisconfigurationError(
-                    f"Trainer.{fn}(task, {value!r}): the second argument is {name} (Lightning's order), not a "
+                    f"Trainer.{fn}(task, {value!r}): the second argument is {name} (Lightning's "
+                    "order), not a "
                     "checkpoint.", f"name it: trainer.{fn}(task, ckpt_path={value!r}).")
         if datamodule is not None and passed:
             raise MisconfigurationError(
                 f"Trainer.{fn}() got both {passed[0]}= and datamodule=.",
-                f"pass one of them: the loaders, or a DataModule whose {LOADERS[fn]}() returns them.")
+                f"pass one of them: the loaders, or a DataModule whose {LOADERS[fn]}() returns "
+                "them.")
         if datamodule is not None and not isinstance(datamodule, DataModule):
             raise MisconfigurationError(
-                f"Trainer.{fn}(datamodule=...) got {type(datamodule).__name__}, not a taskfit.DataModule.",
-                "subclass taskfit.DataModule (Lightning's LightningDataModule: the same methods), or pass the "
-                f"loaders themselves: Trainer.{fn}(task, {'train_dataloaders' if fn == 'fit' else 'dataloaders'}=...).")
+                f"Trainer.{fn}(datamodule=...) got {type(datamodule).__name__}, not a "
+                "taskfit.DataModule.",
+                "subclass taskfit.DataModule (Lightning's LightningDataModule: the same methods), "
+                f"or pass the loaders themselves: Trainer.{fn}(task, "
+                f"{'train_dataloaders' if fn == 'fit' else 'dataloaders'}=...).")
         self.task, self.datamodule = task, datamodule
         self.passed = {"train_dataloader": train, "val_dataloader": val if fn == "fit" else None,
                        LOADERS[fn]: loaders if fn != "fit" else train}
-        # Lightning's rule: fit validates only a task that has a validation step (here also the default one: forward
-        # and the task's own loss); a GAN's val_dataloader from a shared data module is then not used.
-        self.skip_val = fn == "fit" and isinstance(task, TaskModule) and not (
-            callable(getattr(type(task), "validation_step", None)) or type(task).loss is not TaskModule.loss)
+        # Lightning's rule: fit validates only a task that has a validation step (here also the
+        # default one: forward and the task's own loss); a GAN's val_dataloader from a shared data
+        # module is then not used.
+        self.skip_val = (
+            fn == "fit"
+            and isinstance(task, TaskModule)
+            and not (
+                callable(getattr(type(task), "validation_step", None))
+                or type(task).loss is not TaskModule.loss
+            )
+        )
         if self.skip_val and self.defines("val_dataloader"):
-            warnings.warn(f"{type(task).__name__} defines no validation_step (nor a loss for the default one), so fit "
-                          f"does not validate, although {self.owner}.val_dataloader() is defined (Lightning: 'Skipping "
-                          "val loop'). HINT: define validation_step(self, batch, batch_idx) to validate.", stacklevel=3)
+            warnings.warn(f"{type(task).__name__} defines no validation_step (nor a loss for the "
+                          "default one), so fit does not validate, although "
+                          f"{self.owner}.val_dataloader() is defined (Lightning: 'Skipping val "
+                          "loop'). HINT: define validation_step(self, batch, batch_idx) to "
+                          "validate.", stacklevel=3)
 
     def _get(self, method: str) -> Any:
         if self.passed.get(method) is not None:
@@ -177,14 +225,16 @@ class DataSource:
         return getattr(self.datamodule if self.datamodule is not None else self.task, method)()
 
     def defines(self, method: str) -> bool:
-        """The loader of ``method`` is passed, or the data module's or task's own method (not the base's None)."""
+        """The loader of ``method`` is passed, or the data module's or task's own method (not the
+        base's None)."""
         if self.passed.get(method) is not None:
             return True
         owner = type(self.datamodule if self.datamodule is not None else self.task)
         return getattr(owner, method, None) is not getattr(TaskModule, method)
 
     def provides(self, method: str) -> bool:
-        """The loader of ``method`` comes from somewhere other than the task (check_task then does not ask it)."""
+        """The loader of ``method`` comes from somewhere other than the task (check_task then does
+        not ask it)."""
         return self.passed.get(method) is not None or self.datamodule is not None
 
     def train_dataloader(self) -> Any:

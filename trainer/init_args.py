@@ -1,6 +1,6 @@
-"""What a TaskModule or DataModule was constructed with: ``hparams`` (Lightning's ``self.hparams.lr``), recorded
-from the ``__init__`` arguments; ``save_hyperparameters`` choosing among them; their plain form for checkpoints
-(which load with ``weights_only=True``) and loggers."""
+"""What a TaskModule or DataModule was constructed with: ``hparams`` (Lightning's
+``self.hparams.lr``), recorded from the ``__init__`` arguments; ``save_hyperparameters`` choosing
+among them; their plain form for checkpoints (which load with ``weights_only=True``) and loggers."""
 from __future__ import annotations
 
 import argparse
@@ -15,10 +15,11 @@ _PRIMITIVES = (int, float, str, bool, type(None))
 
 
 def _plain(value: Any) -> Any:
-    """An init argument as a checkpoint holds it (``torch.load(weights_only=True)`` reads it back): numbers,
-    strings, bools and None, and tuples, lists, sets and dicts of them, each of the type given, so that
-    ``load_from_checkpoint`` passes ``(1, 4)`` back as a tuple, as Lightning's pickled hparams do. A factory
-    (``functools.partial``) becomes a description, anything else its ``repr``."""
+    """An init argument as a checkpoint holds it (``torch.load(weights_only=True)`` reads it back):
+    numbers, strings, bools and None, and tuples, lists, sets and dicts of them, each of the type
+    given, so that ``load_from_checkpoint`` passes ``(1, 4)`` back as a tuple, as Lightning's
+    pickled hparams do. A factory (``functools.partial``) becomes a description, anything else its
+    ``repr``."""
     if type(value) in _PRIMITIVES:
         return value
     if isinstance(value, numbers.Integral):  # an IntEnum, a numpy integer: the number
@@ -34,7 +35,8 @@ def _plain(value: Any) -> Any:
             return {_plain(v) for v in value}
         except TypeError:  # an element that is a set itself (unhashable once plain)
             return repr(value)
-    func = getattr(value, "func", None)  # functools.partial, e.g. a Hydra `_partial_: true` optimizer
+    # functools.partial, e.g. a Hydra `_partial_: true` optimizer
+    func = getattr(value, "func", None)
     if func is not None:
         args = {k: _plain(v) for k, v in getattr(value, "keywords", {}).items()}
         return {"_target_": f"{func.__module__}.{func.__qualname__}", **args}
@@ -42,7 +44,8 @@ def _plain(value: Any) -> Any:
 
 
 class AttributeDict(dict):
-    """A dict whose keys are also attributes: ``self.hparams.lr`` (Lightning's ``AttributeDict``)."""
+    """A dict whose keys are also attributes: ``self.hparams.lr`` (Lightning's
+    ``AttributeDict``)."""
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -58,8 +61,9 @@ class AttributeDict(dict):
 
 
 def recorded_init_args(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The arguments ``cls(*args, **kwargs)`` is constructed with, by name (defaults filled in; ``**kwargs``
-    flattened), as given: what ``hparams`` holds. Empty when they do not bind (the constructor then says why)."""
+    """The arguments ``cls(*args, **kwargs)`` is constructed with, by name (defaults filled in;
+    ``**kwargs`` flattened), as given: what ``hparams`` holds. Empty when they do not bind (the
+    constructor then says why)."""
     try:
         signature = inspect.signature(cls.__init__)
         bound = signature.bind(None, *args, **kwargs)
@@ -77,8 +81,9 @@ def recorded_init_args(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
-    """``save_hyperparameters(*args, ignore=...)``: keep the named init arguments (all by default) but ``ignore``d
-    ones; a mapping or an ``argparse.Namespace`` replaces them (Lightning's ``save_hyperparameters(config)``)."""
+    """``save_hyperparameters(*args, ignore=...)``: keep the named init arguments (all by default)
+    but ``ignore``d ones; a mapping or an ``argparse.Namespace`` replaces them (Lightning's
+    ``save_hyperparameters(config)``)."""
     hparams = owner.__dict__["_hparams"]
     if len(args) == 1 and isinstance(args[0], argparse.Namespace):
         chosen = vars(args[0]).copy()
@@ -89,8 +94,8 @@ def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
         unknown = [n for n in names if n not in hparams]
         if unknown:
             raise MisconfigurationError(
-                f"save_hyperparameters({', '.join(map(repr, names))}): {unknown[0]!r} is not an argument of "
-                f"{type(owner).__name__}.__init__ (arguments: {sorted(hparams)}).",
+                f"save_hyperparameters({', '.join(map(repr, names))}): {unknown[0]!r} is not an "
+                f"argument of {type(owner).__name__}.__init__ (arguments: {sorted(hparams)}).",
                 "name __init__ arguments, or call save_hyperparameters() to keep all of them.")
         chosen = {k: v for k, v in hparams.items() if not names or k in names}
     ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
@@ -99,20 +104,23 @@ def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
 
 
 def plain_hparams(owner: Any) -> dict[str, Any]:
-    """``owner.hparams`` as checkpoints hold them (they load with weights_only=True), containers of the types given;
-    loggers show them flattened (:func:`flatten`)."""
+    """``owner.hparams`` as checkpoints hold them (they load with weights_only=True), containers of
+    the types given; loggers show them flattened (:func:`flatten`)."""
     return {str(k): _plain(v) for k, v in owner.__dict__.get("_hparams", {}).items()}
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as ``{"a.b": value}`` with loggable values (anything else as its ``str``)."""
+    """A nested mapping as ``{"a.b": value}`` with loggable values (anything else as its
+    ``str``)."""
     out: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             out.update(flatten(value, name + "."))
         else:
-            out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+            out[name] = (
+                value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+            )
     return out
 
 

@@ -1,4 +1,5 @@
-"""TaskModule: the one class a user subclasses. It says *what* to train; the Trainer decides *how*."""
+"""TaskModule: the one class a user subclasses. It says *what* to train; the Trainer decides
+*how*."""
 from __future__ import annotations
 
 import contextlib
@@ -17,23 +18,25 @@ from .errors import MisconfigurationError, TaskModuleError
 from .init_args import AttributeDict, recorded_init_args, select_hparams
 from .optim import gradient_clipper, plain_scheduler_step
 
-# torch.compiler.disable, applied at the first call: the decorator imports torch._dynamo (about a second), which
-# `import taskfit` should not pay. torch.optim defers it the same way, with this helper; where a torch lacks it,
-# the public decorator (and the import at once).
+# torch.compiler.disable, applied at the first call: the decorator imports torch._dynamo (about a
+# second), which `import taskfit` should not pay. torch.optim defers it the same way, with this
+# helper; where a torch lacks it, the public decorator (and the import at once).
 _EAGER = getattr(torch, "_disable_dynamo", torch.compiler.disable)
 
 
 class TaskModule(nn.Module):
     """Subclass this and provide ``forward``, ``loss`` and ``train_dataloader``.
 
-    Optional: ``val_dataloader``/``test_dataloader``/``predict_dataloader``, ``configure_optimizers``
-    (or pass ``optimizer=``/``scheduler=`` factories to ``__init__``), ``configure_metrics``,
-    ``split_batch``. Call ``self.log(name, value)`` from any of them to record a value.
+    Optional: ``val_dataloader``/``test_dataloader``/``predict_dataloader``,
+    ``configure_optimizers`` (or pass ``optimizer=``/``scheduler=`` factories to ``__init__``),
+    ``configure_metrics``, ``split_batch``. Call ``self.log(name, value)`` from any of them to
+    record a value.
 
-    Beyond forward and loss (docs/steps.md): define ``training_step(batch, batch_idx)`` (returns the loss, or a
-    dict with ``"loss"``), ``validation_step``/``test_step``/``predict_step(batch, batch_idx)``; set
-    ``automatic_optimization = False`` to step the optimizers yourself (:meth:`optimizers`, :meth:`manual_backward`).
-    Lightning's hooks (``setup``, ``on_train_epoch_end``...) are called when defined (docs/taskmodule.md).
+    Beyond forward and loss (docs/steps.md): define ``training_step(batch, batch_idx)`` (returns the
+    loss, or a dict with ``"loss"``), ``validation_step``/``test_step``/``predict_step(batch,
+    batch_idx)``; set ``automatic_optimization = False`` to step the optimizers yourself
+    (:meth:`optimizers`, :meth:`manual_backward`). Lightning's hooks (``setup``,
+    ``on_train_epoch_end``...) are called when defined (docs/taskmodule.md).
 
     The arguments a subclass is constructed with are recorded automatically in :attr:`hparams`
     (they are written to TensorBoard's HParams tab and to every checkpoint).
@@ -45,9 +48,11 @@ class TaskModule(nn.Module):
         object.__setattr__(self, "_hparams", AttributeDict(recorded_init_args(cls, args, kwargs)))
         return self
 
-    trainer: Any = None  # the taskfit.Trainer running this module, for the length of fit/validate/... (not imported:
+    # the taskfit.Trainer running this module, for the length of fit/validate/... (not imported:
     # module.py sits below trainer.py)
-    automatic_optimization: bool = True  # False: training_step calls manual_backward and steps self.optimizers()
+    trainer: Any = None
+    # False: training_step calls manual_backward and steps self.optimizers()
+    automatic_optimization: bool = True
 
     def __init__(self, optimizer: Callable[..., torch.optim.Optimizer] | None = None,
                  scheduler: Callable[..., Any] | None = None) -> None:
@@ -83,42 +88,55 @@ class TaskModule(nn.Module):
         return None
 
     def configure_optimizers(self) -> Any:
-        """Return an optimizer, ``(optimizer, scheduler)`` or a dict ``{"optimizer", "lr_scheduler"}``.
+        """Return an optimizer, ``(optimizer, scheduler)`` or a dict ``{"optimizer",
+        "lr_scheduler"}``.
 
-        The default builds them from the ``optimizer``/``scheduler`` factories given to ``__init__``.
+        The default builds them from the ``optimizer``/``scheduler`` factories given to
+        ``__init__``.
         """
         factory = self.__dict__.get("optimizer_factory")
         if factory is None:
             raise TaskModuleError(
                 f"{type(self).__name__} has no optimizer.",
-                "define `def configure_optimizers(self): return torch.optim.Adam(self.parameters(), lr=1e-3)` "
-                "or pass `optimizer=functools.partial(torch.optim.Adam, lr=1e-3)` to TaskModule.__init__.")
+                "define `def configure_optimizers(self): return "
+                "torch.optim.Adam(self.parameters(), lr=1e-3)` or pass "
+                "`optimizer=functools.partial(torch.optim.Adam, lr=1e-3)` to TaskModule.__init__.")
         optimizer = factory(self.parameters())
         scheduler = self.__dict__.get("scheduler_factory")
         return optimizer if scheduler is None else (optimizer, scheduler(optimizer))
 
     def configure_metrics(self) -> Mapping[str, Any] | None:
-        """Return ``{name: torchmetrics.Metric}`` updated on every validation/test batch with ``(outputs, targets)``.
+        """Return ``{name: torchmetrics.Metric}`` updated on every validation/test batch with
+        ``(outputs, targets)``.
 
-        The Trainer keeps one copy per stage, computes it once per epoch, logs it as ``val/<name>`` /
-        ``test/<name>`` and resets it.
+        The Trainer keeps one copy per stage, computes it once per epoch, logs it as ``val/<name>``
+        / ``test/<name>`` and resets it.
         """
         return None
 
     def split_batch(self, batch: Any) -> tuple[Any, Any]:
-        """Split a batch into ``(inputs, targets)``: ``batch[0], batch[1]`` or ``batch["inputs"], batch["targets"]``."""
-        if type(batch) in (list, tuple) and len(batch) == 2:  # the common case first: concrete types are cheap
+        """Split a batch into ``(inputs, targets)``: ``batch[0], batch[1]`` or ``batch["inputs"],
+        batch["targets"]``."""
+        # the common case first: concrete types are cheap
+        if type(batch) in (list, tuple) and len(batch) == 2:
             return batch[0], batch[1]
         if isinstance(batch, Mapping) and "inputs" in batch and "targets" in batch:
             return batch["inputs"], batch["targets"]
         if isinstance(batch, Sequence) and not isinstance(batch, str) and len(batch) == 2:
             return batch[0], batch[1]
-        kind = f"a mapping with keys {sorted(map(str, batch))}" if isinstance(batch, Mapping) else (
-            f"a sequence of length {len(batch)}" if isinstance(batch, Sequence) else f"a {type(batch).__name__}")
+        kind = (
+            f"a mapping with keys {sorted(map(str, batch))}"
+            if isinstance(batch, Mapping)
+            else (
+                f"a sequence of length {len(batch)}"
+                if isinstance(batch, Sequence)
+                else f"a {type(batch).__name__}"
+            )
+        )
         raise TaskModuleError(
             f"Cannot split the batch into (inputs, targets): got {kind}.",
-            "return `(inputs, targets)` or `{'inputs': ..., 'targets': ...}` from the dataset, or override "
-            "`def split_batch(self, batch): return inputs, targets` in your TaskModule.")
+            "return `(inputs, targets)` or `{'inputs': ..., 'targets': ...}` from the dataset, or "
+            "override `def split_batch(self, batch): return inputs, targets` in your TaskModule.")
 
     @default_hook
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -131,11 +149,13 @@ class TaskModule(nn.Module):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, /, *, map_location: Any = "cpu",
                              **kwargs: Any) -> "TaskModule":
-        """Rebuild the module from a checkpoint, for inference: ``MyTask.load_from_checkpoint("last.ckpt")``.
+        """Rebuild the module from a checkpoint, for inference:
+        ``MyTask.load_from_checkpoint("last.ckpt")``.
 
-        The module is constructed with the init arguments the checkpoint recorded (``kwargs`` override them),
-        its weights are loaded (safely: ``torch.load(weights_only=True)``), it is moved to ``map_location``
-        and put in eval mode. Also reads plain state dicts (then the module is built from ``kwargs`` alone).
+        The module is constructed with the init arguments the checkpoint recorded (``kwargs``
+        override them), its weights are loaded (safely: ``torch.load(weights_only=True)``), it is
+        moved to ``map_location`` and put in eval mode. Also reads plain state dicts (then the
+        module is built from ``kwargs`` alone).
         """
         return load_module(cls, checkpoint_path, map_location=map_location, **kwargs)
 
@@ -146,9 +166,12 @@ class TaskModule(nn.Module):
         :meth:`save_hyperparameters` kept. Checkpoints and loggers get them as primitives."""
         return self.__dict__.setdefault("_hparams", AttributeDict())
 
-    def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True) -> None:
-        """Lightning's call. taskfit records every ``__init__`` argument already; this keeps only ``args`` (names),
-        or all but ``ignore`` (``ignore=["net"]``); ``logger=False`` keeps them out of the loggers' hyperparameters."""
+    def save_hyperparameters(
+        self, *args: Any, ignore: Any = None, frame: Any = None, logger: bool = True
+    ) -> None:
+        """Lightning's call. taskfit records every ``__init__`` argument already; this keeps only
+        ``args`` (names), or all but ``ignore`` (``ignore=["net"]``); ``logger=False`` keeps them
+        out of the loggers' hyperparameters."""
         select_hparams(self, args, ignore)
         object.__setattr__(self, "_log_hparams", bool(logger))
 
@@ -159,46 +182,92 @@ class TaskModule(nn.Module):
         return {"sanity": "val", "idle": None}.get(stage, stage)  # type: ignore[arg-type]
 
     @_EAGER  # under compile=True: run eagerly (a graph break), not traced into guards per key
-    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool | None = None,
-            on_step: bool | None = None, on_epoch: bool | None = None, reduce_fx: str | Callable[..., Any] = "mean",
-            enable_graph: bool = False, sync_dist: bool = False, sync_dist_group: Any = None,
-            add_dataloader_idx: bool = True, batch_size: int | None = None, metric_attribute: str | None = None,
-            rank_zero_only: bool = False) -> None:
-        """Record ``value`` (a scalar tensor, a number or a torchmetrics Metric) under ``name``, as Lightning's
-        ``self.log``: in training hooks every ``log_every_n_steps`` (``on_step``), in validation/test and epoch-end
-        hooks as the epoch's ``reduce_fx`` ("mean" weighted by ``batch_size``, "sum", "max", "min") over all ranks
-        (``on_epoch``); both on: ``<name>_step`` and ``<name>_epoch``. ``prog_bar`` shows it on the progress bar,
-        ``logger=False`` keeps it out of the loggers (callbacks still read it).
+    def log(
+        self,
+        name: str,
+        value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """Record ``value`` (a scalar tensor, a number or a torchmetrics Metric) under ``name``, as
+        Lightning's ``self.log``: in training hooks every ``log_every_n_steps`` (``on_step``), in
+        validation/test and epoch-end hooks as the epoch's ``reduce_fx`` ("mean" weighted by
+        ``batch_size``, "sum", "max", "min") over all ranks (``on_epoch``); both on: ``<name>_step``
+        and ``<name>_epoch``. ``prog_bar`` shows it on the progress bar, ``logger=False`` keeps it
+        out of the loggers (callbacks still read it).
 
-        ``name`` is published as given, as in Lightning (``"val_loss"`` is ``val_loss``; ``"val/acc"`` groups it
-        with taskfit's ``val/loss`` in TensorBoard).
-        Tensors stay on the device: logging costs no host-device sync (step values are converted at the log
-        interval, epoch values once per epoch). ``sync_dist``: epoch values are always reduced over ranks, step
-        values never (docs/taskmodule.md).
+        ``name`` is published as given, as in Lightning (``"val_loss"`` is ``val_loss``;
+        ``"val/acc"`` groups it with taskfit's ``val/loss`` in TensorBoard). Tensors stay on the
+        device: logging costs no host-device sync (step values are converted at the log interval,
+        epoch values once per epoch). ``sync_dist``: epoch values are always reduced over ranks,
+        step values never (docs/taskmodule.md).
         """
         trainer = self.trainer
         if trainer is None:
             raise MisconfigurationError(
                 f"self.log({name!r}, ...) was called outside a Trainer run.",
-                "call self.log only from methods the Trainer calls (forward, loss, split_batch, the steps, hooks).")
-        trainer.logs.current.log(name, value, add_dataloader_idx, prog_bar=prog_bar, logger=logger, on_step=on_step,
-                                 on_epoch=on_epoch, reduce_fx=reduce_fx, batch_size=batch_size,
-                                 rank_zero_only=rank_zero_only, enable_graph=enable_graph,
-                                 sync_dist_group=sync_dist_group)
+                "call self.log only from methods the Trainer calls (forward, loss, split_batch, "
+                "the steps, hooks).")
+        trainer.logs.current.log(
+            name,
+            value,
+            add_dataloader_idx,
+            prog_bar=prog_bar,
+            logger=logger,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            reduce_fx=reduce_fx,
+            batch_size=batch_size,
+            rank_zero_only=rank_zero_only,
+            enable_graph=enable_graph,
+            sync_dist_group=sync_dist_group,
+        )
 
-    def log_dict(self, dictionary: Mapping[str, Any], prog_bar: bool = False, logger: bool | None = None,
-                 on_step: bool | None = None, on_epoch: bool | None = None,
-                 reduce_fx: str | Callable[..., Any] = "mean", enable_graph: bool = False, sync_dist: bool = False,
-                 sync_dist_group: Any = None, add_dataloader_idx: bool = True, batch_size: int | None = None,
-                 rank_zero_only: bool = False) -> None:
-        """:meth:`log` each ``name: value`` of ``dictionary`` with the same options (Lightning's ``log_dict``)."""
+    def log_dict(
+        self,
+        dictionary: Mapping[str, Any],
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """:meth:`log` each ``name: value`` of ``dictionary`` with the same options (Lightning's
+        ``log_dict``)."""
         for name, value in dictionary.items():
-            self.log(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
-                     reduce_fx=reduce_fx, enable_graph=enable_graph, sync_dist=sync_dist,
-                     sync_dist_group=sync_dist_group, add_dataloader_idx=add_dataloader_idx, batch_size=batch_size,
-                     rank_zero_only=rank_zero_only)
+            self.log(
+                name,
+                value,
+                prog_bar=prog_bar,
+                logger=logger,
+                on_step=on_step,
+                on_epoch=on_epoch,
+                reduce_fx=reduce_fx,
+                enable_graph=enable_graph,
+                sync_dist=sync_dist,
+                sync_dist_group=sync_dist_group,
+                add_dataloader_idx=add_dataloader_idx,
+                batch_size=batch_size,
+                rank_zero_only=rank_zero_only,
+            )
 
-    # ---- Lightning's attributes, read from the running Trainer ----------------------------------------------
+    # ---- Lightning's attributes, read from the running Trainer -----------------------------------
     @property
     def current_epoch(self) -> int:
         """The epoch being trained, from 0 (``trainer.state.epoch``; 0 outside a run)."""
@@ -221,7 +290,8 @@ class TaskModule(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        """The device of the module's parameters (the Trainer's device during a run; batches arrive on it)."""
+        """The device of the module's parameters (the Trainer's device during a run; batches arrive
+        on it)."""
         if "_device" in self.__dict__:
             return self.__dict__["_device"]
         tensor = next(itertools.chain(self.parameters(), self.buffers()), None)
@@ -233,13 +303,15 @@ class TaskModule(nn.Module):
 
     @property
     def logger(self) -> Any:
-        """The first logger (``self.logger.experiment.add_image(...)`` with TensorBoard), None without one."""
+        """The first logger (``self.logger.experiment.add_image(...)`` with TensorBoard), None
+        without one."""
         if "_logger" in self.__dict__:
             return self.__dict__["_logger"]
         return None if self.trainer is None else self.trainer.logger
 
     @logger.setter
-    def logger(self, value: Any) -> None:  # e.g. self.logger = logging.getLogger(...) in an older subclass
+    # e.g. self.logger = logging.getLogger(...) in an older subclass
+    def logger(self, value: Any) -> None:
         self.__dict__["_logger"] = value
 
     @property
@@ -253,8 +325,9 @@ class TaskModule(nn.Module):
             print(*args, **kwargs)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
-        """Only ``optimizer``'s parameters require grad until :meth:`untoggle_optimizer` (Lightning's call, for
-        manual optimization of several optimizers; not needed when the other losses ``.detach()``)."""
+        """Only ``optimizer``'s parameters require grad until :meth:`untoggle_optimizer`
+        (Lightning's call, for manual optimization of several optimizers; not needed when the other
+        losses ``.detach()``)."""
         optimizer = getattr(optimizer, "optimizer", optimizer)
         saved: dict[Any, bool] = {}
         for opt in self._running_trainer("self.toggle_optimizer(...)").optimizers:
@@ -269,7 +342,8 @@ class TaskModule(nn.Module):
         object.__setattr__(self, "_requires_grad_saved", saved)
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
-        """Give the other optimizers' parameters back the ``requires_grad`` they had before :meth:`toggle_optimizer`."""
+        """Give the other optimizers' parameters back the ``requires_grad`` they had before
+        :meth:`toggle_optimizer`."""
         optimizer = getattr(optimizer, "optimizer", optimizer)
         saved = self.__dict__.get("_requires_grad_saved", {})
         for opt in self._running_trainer("self.untoggle_optimizer(...)").optimizers:
@@ -289,39 +363,47 @@ class TaskModule(nn.Module):
         finally:
             self.untoggle_optimizer(optimizer)
 
-    # ---- manual optimization and custom steps (docs/steps.md) ----------------------------------------------
+    # ---- manual optimization and custom steps (docs/steps.md) ------------------------------------
     def optimizers(self) -> Any:
-        """The optimizer (or list of them) of ``configure_optimizers``; with manual optimization each one's
-        ``step()`` goes through the precision (GradScaler), the hooks, the ddp gradient average and global_step."""
+        """The optimizer (or list of them) of ``configure_optimizers``; with manual optimization
+        each one's ``step()`` goes through the precision (GradScaler), the hooks, the ddp gradient
+        average and global_step."""
         trainer = self._running_trainer("self.optimizers()")
         found = trainer.manual_optimizers if trainer.manual else trainer.optimizers
         if not found:
-            raise MisconfigurationError("self.optimizers() was called outside fit: there are no optimizers.",
+            raise MisconfigurationError("self.optimizers() was called outside fit: there are no "
+                                        "optimizers.",
                                         "call it from training_step.")
         return found[0] if len(found) == 1 else list(found)
 
     def lr_schedulers(self) -> Any:
-        """The scheduler (or list of them) of ``configure_optimizers``, None without; with manual optimization
-        call their ``step()`` yourself."""
-        found = [c.scheduler for c in self._running_trainer("self.lr_schedulers()").schedulers.configs]
+        """The scheduler (or list of them) of ``configure_optimizers``, None without; with manual
+        optimization call their ``step()`` yourself."""
+        found = [
+            c.scheduler for c in self._running_trainer("self.lr_schedulers()").schedulers.configs
+        ]
         return None if not found else found[0] if len(found) == 1 else found
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """``loss.backward(*args, **kwargs)`` with the precision's loss scaling (16-mixed) and the backward hooks;
-        use it instead of ``loss.backward()`` (``retain_graph=True`` passes through, as in Lightning)."""
+        """``loss.backward(*args, **kwargs)`` with the precision's loss scaling (16-mixed) and the
+        backward hooks; use it instead of ``loss.backward()`` (``retain_graph=True`` passes through,
+        as in Lightning)."""
         trainer = self._running_trainer("self.manual_backward(loss)")
-        trainer.run.backward(loss, *args, **kwargs)  # with on_before_backward/on_after_backward when defined
-        for optimizer in trainer.manual_optimizers:  # ddp: their gradients are averaged before clipping/stepping
+        # with on_before_backward/on_after_backward when defined
+        trainer.run.backward(loss, *args, **kwargs)
+        # ddp: their gradients are averaged before clipping/stepping
+        for optimizer in trainer.manual_optimizers:
             optimizer.synced = False
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = "norm") -> None:
-        """Clip the gradients of ``optimizer``'s parameters (unscaled first under 16-mixed), before its step; with no
-        ``gradient_clip_val``, nothing (Lightning's meaning)."""
+        """Clip the gradients of ``optimizer``'s parameters (unscaled first under 16-mixed), before
+        its step; with no ``gradient_clip_val``, nothing (Lightning's meaning)."""
         if gradient_clip_val is None:
             return
         gradient_clip_algorithm = gradient_clip_algorithm or "norm"
-        if hasattr(optimizer, "sync_gradients"):  # a ManualOptimizer: clip the gradients averaged over ranks
+        # a ManualOptimizer: clip the gradients averaged over ranks
+        if hasattr(optimizer, "sync_gradients"):
             optimizer.sync_gradients()
         optimizer = getattr(optimizer, "optimizer", optimizer)
         self._running_trainer("self.clip_gradients(...)").run.precision.unscale(optimizer)
@@ -334,13 +416,17 @@ class TaskModule(nn.Module):
 
     @property
     def stage_metrics(self) -> dict[str, Any]:
-        """This stage's copies of ``configure_metrics()`` (``{name: Metric}``): in your own validation_step/test_step
-        call ``self.stage_metrics["acc"].update(preds, targets)``; the Trainer computes, logs and resets them."""
+        """This stage's copies of ``configure_metrics()`` (``{name: Metric}``): in your own
+        validation_step/test_step call ``self.stage_metrics["acc"].update(preds, targets)``; the
+        Trainer computes, logs and resets them."""
         trainer = self._running_trainer("self.stage_metrics")
-        return trainer.metrics.get({"sanity": "val"}.get(trainer.state.stage, trainer.state.stage), {})
+        return trainer.metrics.get(
+            {"sanity": "val"}.get(trainer.state.stage, trainer.state.stage), {}
+        )
 
-    # ---- Lightning's LightningModule hooks: no-ops, so that ``super().on_train_start()`` works ------------------
-    # @default_hook: a subclass that keeps one does not "define" it, so the hook table (loop/hooks.py) leaves it out
+    # ---- Lightning's LightningModule hooks: no-ops, so that ``super().on_train_start()`` works ---
+    # @default_hook: a subclass that keeps one does not "define" it, so the hook table
+    # (loop/hooks.py) leaves it out
     # and it costs nothing per step. docs/taskmodule.md says when each is called.
     @default_hook
     def prepare_data(self) -> None:
@@ -348,7 +434,8 @@ class TaskModule(nn.Module):
 
     @default_hook
     def setup(self, stage: str) -> None:
-        """At the start of fit/validate/test/predict (``stage``), before the module moves to its device."""
+        """At the start of fit/validate/test/predict (``stage``), before the module moves to its
+        device."""
 
     @default_hook
     def teardown(self, stage: str) -> None:
@@ -388,7 +475,8 @@ class TaskModule(nn.Module):
 
     @default_hook
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """After each training batch: ``outputs`` is ``{"loss": loss}`` or the step's dict, detached."""
+        """After each training batch: ``outputs`` is ``{"loss": loss}`` or the step's dict,
+        detached."""
 
     @default_hook
     def on_validation_start(self) -> None:
@@ -407,11 +495,15 @@ class TaskModule(nn.Module):
         """After the validation batches (their values are in ``trainer.callback_metrics``)."""
 
     @default_hook
-    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """Before each validation batch."""
 
     @default_hook
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """After each validation batch: ``outputs`` is what the step returned."""
 
     @default_hook
@@ -435,7 +527,9 @@ class TaskModule(nn.Module):
         """Before each test batch."""
 
     @default_hook
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_end(
+        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """After each test batch."""
 
     @default_hook
@@ -459,7 +553,9 @@ class TaskModule(nn.Module):
         """Before each predict batch."""
 
     @default_hook
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_predict_batch_end(
+        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """After each predict batch: ``outputs`` is the prediction."""
 
     @default_hook
@@ -486,16 +582,19 @@ class TaskModule(nn.Module):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The checkpoint read, before its state is restored."""
 
-    # ---- Lightning's overrides of the automatic step: called when a subclass defines them (loop/overrides.py) -----
+    # ---- Lightning's overrides of the automatic step: called when a subclass defines them (loop/ov
     @default_hook
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
                        optimizer_closure: Callable[[], Any] | None = None) -> None:
-        """Step ``optimizer``; the closure returns the step's loss (taskfit has run forward and backward already).
-        Override to warm up the learning rate or skip steps, calling ``optimizer.step(closure=optimizer_closure)``."""
+        """Step ``optimizer``; the closure returns the step's loss (taskfit has run forward and
+        backward already). Override to warm up the learning rate or skip steps, calling
+        ``optimizer.step(closure=optimizer_closure)``."""
         optimizer.step(closure=optimizer_closure)
 
     @default_hook
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+    def optimizer_zero_grad(
+        self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer
+    ) -> None:
         """Zero the gradients at an accumulation group's first batch."""
         optimizer.zero_grad()
 
@@ -505,9 +604,14 @@ class TaskModule(nn.Module):
         loss.backward(*args, **kwargs)
 
     @default_hook
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
-                                    gradient_clip_algorithm: str | None = None) -> None:
-        """Clip before each optimizer step, with the Trainer's ``gradient_clip_val``/``gradient_clip_algorithm``."""
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip before each optimizer step, with the Trainer's
+        ``gradient_clip_val``/``gradient_clip_algorithm``."""
         self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
                             gradient_clip_algorithm=gradient_clip_algorithm)
 
@@ -519,13 +623,15 @@ class TaskModule(nn.Module):
     def _running_trainer(self, what: str) -> Any:
         if self.trainer is None:
             raise MisconfigurationError(f"{what} was called outside a Trainer run.",
-                                        "call it from training_step (or another method the Trainer calls during fit).")
+                                        "call it from training_step (or another method the Trainer "
+                                        "calls during fit).")
         return self.trainer
 
 
 def predict_inputs(task: TaskModule, batch: Any) -> Any:
-    """The inputs of a predict batch: ``split_batch``'s first item if the task overrides it, else the batch's
-    ``inputs`` key, its first item (of ``(inputs,)`` or ``(inputs, targets)``), or the batch itself."""
+    """The inputs of a predict batch: ``split_batch``'s first item if the task overrides it, else
+    the batch's ``inputs`` key, its first item (of ``(inputs,)`` or ``(inputs, targets)``), or the
+    batch itself."""
     if type(task).split_batch is not TaskModule.split_batch:
         return task.split_batch(batch)[0]
     if isinstance(batch, Mapping) and "inputs" in batch:
@@ -536,8 +642,8 @@ def predict_inputs(task: TaskModule, batch: Any) -> Any:
 
 
 def rank_zero_only(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``fn`` on rank 0 only; elsewhere the call returns None (Lightning's decorator; the Trainer sets
-    ``rank_zero_only.rank`` when a run starts)."""
+    """Run ``fn`` on rank 0 only; elsewhere the call returns None (Lightning's decorator; the
+    Trainer sets ``rank_zero_only.rank`` when a run starts)."""
     @functools.wraps(fn)
     def on_rank_zero(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs) if rank_zero_only.rank == 0 else None

@@ -1,4 +1,5 @@
-"""Seeding: one call makes python, numpy, torch (CPU and CUDA) and DataLoader workers reproducible."""
+"""Seeding: one call makes python, numpy, torch (CPU and CUDA) and DataLoader workers
+reproducible."""
 from __future__ import annotations
 
 import contextlib
@@ -9,20 +10,22 @@ from collections.abc import Iterator
 import torch
 
 _SEED_ENV = "TASKFIT_SEED"
-_LIGHTNING_SEED_ENV = "PL_GLOBAL_SEED"  # Lightning's name for the same: code ported from it may read it
-# seed_everything(workers=True): Lightning's worker_init_fn (Lightning's name)
+# Lightning's name for the same: code ported from it may read it seed_everything(workers=True):
+# Lightning's worker_init_fn (Lightning's name)
+_LIGHTNING_SEED_ENV = "PL_GLOBAL_SEED"
 _WORKERS_ENV = "PL_SEED_WORKERS"
 
 
 def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = False) -> int:
-    """Seed python, numpy, torch and CUDA; the Trainer also derives its data order and worker seeds from it.
+    """Seed python, numpy, torch and CUDA; the Trainer also derives its data order and worker seeds
+    from it.
 
-    The seed is exported as ``TASKFIT_SEED`` (and Lightning's ``PL_GLOBAL_SEED``) so that spawned ddp workers and
-    DataLoader workers see it. Without ``seed``, the one exported before is used again (0 when there is none), as
-    Lightning does. DataLoader workers are seeded by torch from a base seed each iterator draws
-    from the global RNG (distinct and reproducible); ``workers=True`` (exported as
-    ``PL_SEED_WORKERS``) seeds them as Lightning's does, from that base seed, the worker and the
-    rank (:func:`seed_worker`). ``verbose`` prints the seed.
+    The seed is exported as ``TASKFIT_SEED`` (and Lightning's ``PL_GLOBAL_SEED``) so that spawned
+    ddp workers and DataLoader workers see it. Without ``seed``, the one exported before is used
+    again (0 when there is none), as Lightning does. DataLoader workers are seeded by torch from a
+    base seed each iterator draws from the global RNG (distinct and reproducible); ``workers=True``
+    (exported as ``PL_SEED_WORKERS``) seeds them as Lightning's does, from that base seed, the
+    worker and the rank (:func:`seed_worker`). ``verbose`` prints the seed.
     """
     if seed is None:
         exported = os.environ.get(_SEED_ENV, os.environ.get(_LIGHTNING_SEED_ENV))
@@ -86,14 +89,16 @@ def _seed_sequence(base_seed: int, worker_id: int, rank: int, count: int) -> lis
 
 
 def run_seed() -> int:
-    """The seed a run derives its data order from: :func:`seed_everything`'s, else torch's initial seed."""
+    """The seed a run derives its data order from: :func:`seed_everything`'s, else torch's initial
+    seed."""
     seed = current_seed()
     return seed if seed is not None else torch.initial_seed() % 2**31
 
 
 @contextlib.contextmanager
 def deterministic_algorithms(enabled: bool) -> Iterator[None]:
-    """``torch.use_deterministic_algorithms(True)`` inside when ``enabled``; the process's setting, as it was, after."""
+    """``torch.use_deterministic_algorithms(True)`` inside when ``enabled``; the process's setting,
+    as it was, after."""
     was = torch.are_deterministic_algorithms_enabled()
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -37,25 +37,29 @@ class TrainerStatus(_StrEnum):
 
 @dataclass
 class TrainerState:
-    """Where the run is. ``global_step`` counts optimizer steps; ``batch_idx`` is the batch within the epoch.
+    """Where the run is. ``global_step`` counts optimizer steps; ``batch_idx`` is the batch within
+    the epoch.
 
-    ``Trainer.state_dict()`` holds everything else a resume needs (weights, optimizer, the logging buffer's
-    partial-epoch values, RNG and data positions, callback states); this object holds the counters.
+    ``Trainer.state_dict()`` holds everything else a resume needs (weights, optimizer, the logging
+    buffer's partial-epoch values, RNG and data positions, callback states); this object holds the
+    counters.
     """
 
     # the entry point running: TrainerFn, equal to "fit", "validate", "test" or "predict" ("" before
     # the first)
     fn: TrainerFn | str = ""
-    status: str = "initializing"  # Lightning's: "running", then "finished" or "interrupted" (an error, Ctrl-C)
+    # Lightning's: "running", then "finished" or "interrupted" (an error, Ctrl-C)
+    status: str = "initializing"
     stage: str = "idle"  # "sanity", "train", "val", "test", "predict" or "idle"
     epoch: int = 0
     global_step: int = 0
-    # batches that ended with an optimizer step (under manual optimization: every batch), the current one included
-    # once it stepped: Lightning's `_batches_that_stepped`, which log_step (the loggers' x-axis) is read from
+    # batches that ended with an optimizer step (under manual optimization: every batch), the
+    # current one included once it stepped: Lightning's `_batches_that_stepped`, which log_step (the
+    # loggers' x-axis) is read from
     stepped_batches: int = 0
-    # from a batch's step to its end, and from an epoch's end to the next epoch (or the fit's end): what is
-    # published is at the count before the last stepped batch (Lightning's x-axis: log_step). Saved: a resumed
-    # logger continues after the step the checkpoint's values were at
+    # from a batch's step to its end, and from an epoch's end to the next epoch (or the fit's end):
+    # what is published is at the count before the last stepped batch (Lightning's x-axis:
+    # log_step). Saved: a resumed logger continues after the step the checkpoint's values were at
     log_at_previous: bool = False
     batch_idx: int = 0  # index of the batch being (or last) trained in this epoch
     batches_done: int = 0  # batches of this epoch already trained (where a resume continues)
@@ -74,29 +78,40 @@ class TrainerState:
 
     @property
     def log_step(self) -> int:
-        """The step loggers record a value at, as Lightning's: the batches that stepped before the one being
-        trained (a value logged after optimizer step k is at k - 1; an epoch's values at its last batch's step),
-        all of them between batches; under manual optimization batches are counted, not optimizer steps."""
+        """The step loggers record a value at, as Lightning's: the batches that stepped before the
+        one being trained (a value logged after optimizer step k is at k - 1; an epoch's values at
+        its last batch's step), all of them between batches; under manual optimization batches are
+        counted, not optimizer steps."""
         return self.stepped_batches - self.log_at_previous
 
     @property
     def checkpoint_epoch(self) -> int:
-        """The epoch a checkpoint of this state belongs to (its file name's ``{epoch}``, Lightning's ``"epoch"``
-        key): between two epochs, the one just completed."""
-        return self.epoch - 1 if self.epoch and not self.batches_done and not self.epoch_done else self.epoch
+        """The epoch a checkpoint of this state belongs to (its file name's ``{epoch}``, Lightning's
+        ``"epoch"`` key): between two epochs, the one just completed."""
+        return (
+            self.epoch - 1
+            if self.epoch and not self.batches_done and not self.epoch_done
+            else self.epoch
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        """The counters for a checkpoint: every field but ``fn``, ``resumed`` and ``data_wait_s`` (a timing)."""
+        """The counters for a checkpoint: every field but ``fn``, ``resumed`` and ``data_wait_s`` (a
+        timing)."""
         # Numbers, strings and (metrics) a dict of floats: no deep copy (asdict) needed.
-        return {f.name: dict(self.metrics) if f.name == "metrics" else getattr(self, f.name) for f in fields(self)
-                if f.name not in _NOT_SAVED}
+        return {
+            f.name: dict(self.metrics) if f.name == "metrics" else getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in _NOT_SAVED
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: idle, and after an epoch saved complete, at the start of the next one."""
+        """Continue from ``state``: idle, and after an epoch saved complete, at the start of the
+        next one."""
         for key, value in state.items():
             if hasattr(self, key) and key not in _NOT_SAVED:
                 setattr(self, key, dict(value) if key == "metrics" else value)
-        if "stepped_batches" not in state:  # a checkpoint from before the count: its steps, the nearest value
+        # a checkpoint from before the count: its steps, the nearest value
+        if "stepped_batches" not in state:
             self.stepped_batches = self.global_step
         self.stage = "idle"
         if self.epoch_done:

@@ -1,14 +1,16 @@
-"""Trainer: the loop, top to bottom, in this one file; its configuration, and the current run (loop/run.py).
+"""Trainer: the loop, top to bottom, in this one file; its configuration, and the current run
+(loop/run.py).
 
 One batch: ``fit`` -> ``strategy.launch`` -> ``_fit`` -> ``_train_step`` -> ``optimizer.step``
 (16-mixed: through ``precision.step``, the GradScaler's). Manual optimization: ``_manual_step``,
-whose task's training_step steps its optimizers itself.
-The step is the one written by hand: batch to the device (not on the CPU), zero_grad at a group's start, forward
-and loss under autocast, backward, every ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step. No
-device value is read per step: the loss is converted once per ``log_every_n_steps`` (the one CPU-GPU sync).
-The step's callables (``run.zero_grad``, ``run.training_step``, ``run.backward``, ``run.clip_gradients``,
-``run.optimizer_step``) are fields of loop/run.py's Run, chosen once per fit in loop/lifecycle.py's ``setup_fit``.
-docs/concepts.md maps the folders; Lightning's names and argument checks come from compat/lightning/trainer.py.
+whose task's training_step steps its optimizers itself. The step is the one written by hand: batch
+to the device (not on the CPU), zero_grad at a group's start, forward and loss under autocast,
+backward, every ``accumulate_grad_batches`` batches unscale -> hooks -> clip -> step. No device
+value is read per step: the loss is converted once per ``log_every_n_steps`` (the one CPU-GPU sync).
+The step's callables (``run.zero_grad``, ``run.training_step``, ``run.backward``,
+``run.clip_gradients``, ``run.optimizer_step``) are fields of loop/run.py's Run, chosen once per fit
+in loop/lifecycle.py's ``setup_fit``. docs/concepts.md maps the folders; Lightning's names and
+argument checks come from compat/lightning/trainer.py.
 """
 from __future__ import annotations
 
@@ -59,14 +61,18 @@ from .trainer_config import Limits, TrainerConfig
 
 
 def fitted_counters(state: TrainerState) -> tuple[int, int, int]:
-    """Where a finished fit left off, for the next fit: (epoch, global_step, stepped_batches). A fit stopped mid-epoch
-    (``max_steps``) continues at the next epoch, as Lightning's, whose ``current_epoch`` has moved on."""
+    """Where a finished fit left off, for the next fit: (epoch, global_step, stepped_batches). A fit
+    stopped mid-epoch (``max_steps``) continues at the next epoch, as Lightning's, whose
+    ``current_epoch`` has moved on."""
     return state.epoch + (1 if state.batches_done else 0), state.global_step, state.stepped_batches
 
 
 def _run_part(name: str, doc: str, empty: Any = None) -> property:
-    """A read-only Trainer property: ``name`` of the current (or last) run, ``empty`` before any run."""
-    return property(lambda self: getattr(self.run, name) if self.run is not None else empty, doc=doc)
+    """A read-only Trainer property: ``name`` of the current (or last) run, ``empty`` before any
+    run."""
+    return property(
+        lambda self: getattr(self.run, name) if self.run is not None else empty, doc=doc
+    )
 
 
 def _configured(name: str, doc: str) -> property:
@@ -78,8 +84,9 @@ def _configured(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.trainer_config, name), replace, doc=doc)
 
 
-class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning/trainer.py: Lightning's names,
-    # Trainer(num_nodes=2) and Trainer(max_epoch=3) as one catalogued error, precision=None and max_steps=-1
+# compat/lightning/trainer.py: Lightning's names, Trainer(num_nodes=2) and Trainer(max_epoch=3) as
+# one catalogued error, precision=None and max_steps=-1
+class Trainer(LightningNames, metaclass=LightningArguments):
     """Fits, validates, tests and predicts with a `TaskModule`. Every argument: docs/trainer.md."""
     def __init__(
         self,
@@ -143,16 +150,29 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             enable_checkpointing = logger = False
         if overfit_batches:
             self.trainer_config = self.trainer_config.for_overfit_batches()
-        self.callbacks, self.profiler = profiler_for(profiler, with_defaults(callbacks, progress=enable_progress_bar,
-            summary=enable_model_summary, checkpointing=enable_checkpointing, logger=logger))  # None: adds nothing
+        self.callbacks, self.profiler = profiler_for(
+            profiler,
+            with_defaults(
+                callbacks,
+                progress=enable_progress_bar,
+                # None: adds nothing
+                summary=enable_model_summary,
+                checkpointing=enable_checkpointing,
+                logger=logger,
+            ),
+        )
         self.state = TrainerState()  # the counters of the current or last run (a new one per fit)
-        self.run: Run | None = None  # the current or last run: task, model, optimizers, loaders... (loop/run.py)
-        self._log_dir: str | None = None  # a self-launched fit's run directory and task, as its rank 0 reported them
+        # the current or last run: task, model, optimizers, loaders... (loop/run.py)
+        self.run: Run | None = None
+        # a self-launched fit's run directory and task, as its rank 0 reported them
+        self._log_dir: str | None = None
         self._spawned_task: TaskModule | None = None
-        # (epoch, global_step) where the last fit that ran to its end left off: the next fit without ckpt_path
-        # continues from there, as Lightning's fit loop does (nothing left: it returns at once)
+        # (epoch, global_step) where the last fit that ran to its end left off: the next fit without
+        # ckpt_path continues from there, as Lightning's fit loop does (nothing left: it returns at
+        # once)
         self._fitted: tuple[int, int, int] | None = None  # (and state.stepped_batches)
-        self.checkpoint_writer = CheckpointWriter()  # writes checkpoint files off the training thread
+        # writes checkpoint files off the training thread
+        self.checkpoint_writer = CheckpointWriter()
 
     def init_module(self, empty_init: bool | None = None) -> Any:
         """``with trainer.init_module(empty_init=True): task = MyTask()``: layers on the meta device
@@ -160,15 +180,25 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         built in its dtype (precision.py)."""
         return building(self.precision_name, model_memory.init_module(self.strategy, empty_init))
 
-    # ---- entry points (Lightning's arguments, in Lightning's positions) ------------------------------------------
-    def fit(self, task: TaskModule | None = None, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: DataModule | None = None, ckpt_path: str | None = None, **lightning: Any) -> dict[str, float]:
-        """Train ``task`` (its loaders, those passed or ``datamodule``'s), resuming ``ckpt_path``; the final metrics.
-        ``lightning``: Lightning's keywords (``model=``, ``weights_only=``; compat/lightning/trainer.py)."""
+    # ---- entry points (Lightning's arguments, in Lightning's positions) --------------------------
+    def fit(
+        self,
+        task: TaskModule | None = None,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | None = None,
+        **lightning: Any,
+    ) -> dict[str, float]:
+        """Train ``task`` (its loaders, those passed or ``datamodule``'s), resuming ``ckpt_path``;
+        the final metrics. ``lightning``: Lightning's keywords (``model=``, ``weights_only=``;
+        compat/lightning/trainer.py)."""
         task = entry_keywords(self.fit, task, lightning, required=True)
         data = DataSource(task, "fit", datamodule, train_dataloaders, val_dataloaders)
         check_task(task, "fit", data=data)
-        check_manual(task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss)
+        check_manual(
+            task, self.accumulate_grad_batches, self.gradient_clip_val, self.nonfinite_loss
+        )
         check_strategy(self.precision_name, self.strategy)
         if ckpt_path is None and self._nothing_left_to_fit():  # Lightning's early return
             return {}
@@ -177,28 +207,58 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
             raise user_errors.explain(exc, self.run)
 
-    def validate(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: DataModule | None = None,
-                 **lightning: Any) -> list[dict[str, float]]:
-        """One validation pass; returns ``[metrics]``. Without ``task``: the fitted one, from ``ckpt_path``."""
+    def validate(
+        self,
+        task: TaskModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+        **lightning: Any,
+    ) -> list[dict[str, float]]:
+        """One validation pass; returns ``[metrics]``. Without ``task``: the fitted one, from
+        ``ckpt_path``."""
         task = entry_keywords(self.validate, task, lightning) if lightning else task
         return self._entry("validate", task, dataloaders, datamodule, ckpt_path, True, verbose)
 
-    def test(self, task: TaskModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: DataModule | None = None, **lightning: Any) -> list[dict[str, float]]:
-        """One pass over the test loader; returns ``[metrics]``. Without ``task``: the fitted one."""
+    def test(
+        self,
+        task: TaskModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+        **lightning: Any,
+    ) -> list[dict[str, float]]:
+        """One pass over the test loader; returns ``[metrics]``. Without ``task``: the fitted
+        one."""
         task = entry_keywords(self.test, task, lightning) if lightning else task
         return self._entry("test", task, dataloaders, datamodule, ckpt_path, True, verbose)
 
-    def predict(self, task: TaskModule | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
-                return_predictions: bool | None = None, ckpt_path: str | None = None,
-                **lightning: Any) -> list[Any] | None:
+    def predict(
+        self,
+        task: TaskModule | None = None,
+        dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        return_predictions: bool | None = None,
+        ckpt_path: str | None = None,
+        **lightning: Any,
+    ) -> list[Any] | None:
         """``predict_step`` (default ``task(inputs)``) per batch; ddp: all ranks', in order."""
         task = entry_keywords(self.predict, task, lightning) if lightning else task
-        return self._entry("predict", task, dataloaders, datamodule, ckpt_path, return_predictions is not False)
+        return self._entry(
+            "predict", task, dataloaders, datamodule, ckpt_path, return_predictions is not False
+        )
 
-    def _entry(self, fn: str, task: TaskModule | None, loaders: Any, datamodule: Any, ckpt_path: str | None,
-               *more: Any) -> Any:
+    def _entry(
+        self,
+        fn: str,
+        task: TaskModule | None,
+        loaders: Any,
+        datamodule: Any,
+        ckpt_path: str | None,
+        *more: Any,
+    ) -> Any:
         task, ckpt_path = lifecycle.fitted_task(self.task, fn, task, ckpt_path)
         data = DataSource(task, fn, datamodule, loaders=loaders)
         check_task(task, fn, data=data)
@@ -208,20 +268,22 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
             raise user_errors.explain(exc, self.run)
 
-    # ---- fit: epochs and batches ----------------------------------------------------------------------
+    # ---- fit: epochs and batches -----------------------------------------------------------------
     def _fit(self, task: TaskModule, data: DataSource, ckpt_path: str | None) -> dict[str, float]:
         self._default_max_epochs()
         # Lightning's fit loop continues its counters from the last finished fit
         epoch, step, stepped = self._fitted if ckpt_path is None and self._fitted else (0, 0, 0)
         self.state = TrainerState(epoch=epoch, global_step=step, stepped_batches=stepped)
-        self.callbacks = merge_task_callbacks(self.callbacks, task)  # the task's configure_callbacks()
+        # the task's configure_callbacks()
+        self.callbacks = merge_task_callbacks(self.callbacks, task)
         self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state,
                                            log_dir=None, policies=self._checkpoint_policies())
         with lifecycle.running(run):
             lifecycle.setup_fit(run, ckpt_path)
             st = self.state
             run.call_hooks("on_fit_start")
-            on_start, on_end = drop_idle_batch_hooks(run.hooks, self)  # a per-batch call only where it does work
+            # a per-batch call only where it does work
+            on_start, on_end = drop_idle_batch_hooks(run.hooks, self)
             config = run.config
             max_steps = math.inf if config.max_steps is None else config.max_steps
             log_every = config.log_every_n_steps
@@ -241,11 +303,13 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                 if batches is None:  # epochs after the first: after on_train_epoch_start
                     batches = self._epoch_batches()
                 for batch_idx, batch in enumerate(batches, st.batches_done):
-                    st.data_wait_s += clock() - waited  # host time spent in the DataLoader (ThroughputMonitor)
+                    # host time spent in the DataLoader (ThroughputMonitor)
+                    st.data_wait_s += clock() - waited
                     if batch_idx >= n:  # an iterable yielding more than its length (not resumable)
                         break
                     st.batch_idx = batch_idx
-                    if run.moves_batches:  # on the CPU a batch stays where it is, without even a call
+                    # on the CPU a batch stays where it is, without even a call
+                    if run.moves_batches:
                         batch = run.batch_to_device(batch)
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
@@ -258,15 +322,23 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
                         # at state.log_step: the count before this batch, as Lightning
                         self._log_interval()
                     st.batches_done = batch_idx + 1
-                    for fn in on_end:  # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
+                    # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
+                    for fn in on_end:
                         fn(self, task, outputs, batch, batch_idx)
                     if validating and run.val_schedule.due(st.epoch, batch_idx):
                         self._validate()  # after the batch's hooks, as Lightning
-                    st.log_at_previous = False  # what is published from here on is at the count with this batch
-                    if st.global_step != step:  # the batch stepped: step-interval ReduceLROnPlateau (it may read
-                        if run.schedulers.plateau_per_step:  # a value logged in this step), then leave the epoch?
-                            run.schedulers.after_step(st.global_step, run.logs.monitored(st.metrics), plateau=True)
-                        if (run.preemption.should_break(st) and self._can_stop) or st.global_step >= max_steps:
+                    # what is published from here on is at the count with this batch
+                    st.log_at_previous = False
+                    # the batch stepped: step-interval ReduceLROnPlateau (it may read
+                    if st.global_step != step:
+                        # a value logged in this step), then leave the epoch?
+                        if run.schedulers.plateau_per_step:
+                            run.schedulers.after_step(
+                                st.global_step, run.logs.monitored(st.metrics), plateau=True
+                            )
+                        if (
+                            run.preemption.should_break(st) and self._can_stop
+                        ) or st.global_step >= max_steps:
                             completed = st.batches_done >= n
                             break
                     waited = clock()
@@ -280,21 +352,26 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             st.stage = "idle"
             run.call_hooks("on_train_end")
             run.call_hooks("on_fit_end")
-            st.log_at_previous = False  # a validate/test after fit: at the fit's count (Lightning's)
+            # a validate/test after fit: at the fit's count (Lightning's)
+            st.log_at_previous = False
             self.checkpoint_writer.close()  # every checkpoint file is in place before fit returns
             self._fitted = fitted_counters(st)
             return dict(st.metrics)
 
     def _nothing_left_to_fit(self) -> bool:
-        """Lightning's fit loop keeps its progress: after a fit that reached ``max_steps``/``max_epochs``, another
-        fit trains nothing. Lightning's message, and its emptied ``callback_metrics``."""
+        """Lightning's fit loop keeps its progress: after a fit that reached
+        ``max_steps``/``max_epochs``, another fit trains nothing. Lightning's message, and its
+        emptied ``callback_metrics``."""
         epoch, step, _ = self._fitted or (0, 0, 0)
-        if self._fitted is None or not (self._max_steps_reached_at(step) or self._max_epochs_reached_at(epoch)):
+        if self._fitted is None or not (
+            self._max_steps_reached_at(step) or self._max_epochs_reached_at(epoch)
+        ):
             return False
         name = "max_steps" if self._max_steps_reached_at(step) else "max_epochs"
-        console.echo(f"`Trainer.fit` stopped: `{name}={getattr(self, name)!r}` reached. (This Trainer's last fit "
-                     f"reached it: this one trains nothing, as in Lightning. HINT: raise trainer.{name} to train "
-                     "on from there, or fit with a new Trainer to start over.)")
+        console.echo(f"`Trainer.fit` stopped: `{name}={getattr(self, name)!r}` reached. (This "
+                     "Trainer's last fit reached it: this one trains nothing, as in Lightning. "
+                     f"HINT: raise trainer.{name} to train on from there, or fit with a new "
+                     "Trainer to start over.)")
         self.state.metrics.clear()
         return True
 
@@ -309,8 +386,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         if self.max_epochs is None and self.max_steps is None:
             self.trainer_config = dataclasses.replace(self.trainer_config, max_epochs=1000)
             if self.strategy.rank == 0:
-                warnings.warn("Trainer: max_epochs was not set, so fit stops after 1000 epochs (Lightning's "
-                              "default). HINT: pass Trainer(max_epochs=N) or max_steps=N.", stacklevel=5)
+                warnings.warn("Trainer: max_epochs was not set, so fit stops after 1000 epochs "
+                              "(Lightning's default). HINT: pass Trainer(max_epochs=N) or "
+                              "max_steps=N.", stacklevel=5)
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
         """Automatic optimization, one batch, in a hand-written loop's order: zero_grad at a
@@ -388,13 +466,15 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         return outputs
 
     def _log_interval(self) -> None:
-        """This step's training values as floats (one tolist(): the sync point), ranks agree on stops, hooks."""
+        """This step's training values as floats (one tolist(): the sync point), ranks agree on
+        stops, hooks."""
         self.run.publish(self.run.logs.interval(self.state))
         self.run.preemption.agree(self.state)
         self.run.call_hooks("on_log_interval")
 
     def _finished(self) -> bool:
-        """max_epochs, max_steps or should_stop (ddp: agreed). After a preemption signal: save and exit, here."""
+        """max_epochs, max_steps or should_stop (ddp: agreed). After a preemption signal: save and
+        exit, here."""
         st, preemption = self.state, self.run.preemption
         preemption.agree(st)
         if preemption.requested:
@@ -404,13 +484,21 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def _can_stop(self) -> bool:
-        """should_stop ends training once min_epochs and min_steps are reached (Lightning's rule: min_steps alone
-        implies min_epochs=1); a preemption signal at once."""
-        st, min_epochs = self.state, self.min_epochs if self.min_epochs is not None else int(self.min_steps is not None)
-        if self.run.preemption.requested or min_epochs <= st.epoch and (self.min_steps or 0) <= st.global_step:
+        """should_stop ends training once min_epochs and min_steps are reached (Lightning's rule:
+        min_steps alone implies min_epochs=1); a preemption signal at once."""
+        st, min_epochs = (
+            self.state,
+            self.min_epochs if self.min_epochs is not None else int(self.min_steps is not None),
+        )
+        if (
+            self.run.preemption.requested
+            or min_epochs <= st.epoch
+            and (self.min_steps or 0) <= st.global_step
+        ):
             return True
-        warnings.warn(f"should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are not "
-                      "reached: training continues until they are (as Lightning).", UserWarning, stacklevel=2)
+        warnings.warn(f"should_stop was set, but min_epochs={self.min_epochs} / "
+                      f"min_steps={self.min_steps} are not reached: training continues until they "
+                      "are (as Lightning).", UserWarning, stacklevel=2)
         return False
 
     @property
@@ -426,7 +514,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         run.batches = epoch_batches(run.train_dataloader, run.num_train_batches, st.batches_done)
         return run.batches
 
-    def _start_epoch(self) -> tuple[Any, float, bool]:  # the loader set to this epoch, its batches, validating?
+    # the loader set to this epoch, its batches, validating?
+    def _start_epoch(self) -> tuple[Any, float, bool]:
         st, run = self.state, self.run
         st.stage, st.log_at_previous = "train", False
         self._epoch_hooks("on_train_epoch_start")  # (each submodule keeps its mode: loop/modes.py)
@@ -434,36 +523,42 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     def _end_epoch(self, completed: bool) -> None:
         st, run, logs = self.state, self.run, self.run.logs
-        # the epoch's values, and the fit's closing ones after the last epoch: at the last batch's step (Lightning)
+        # the epoch's values, and the fit's closing ones after the last epoch: at the last batch's
+        # step (Lightning)
         st.epoch_done, st.log_at_previous = completed, True
-        if not logs.logged_this_epoch and logs.step_logged:  # an epoch shorter than log_every_n_steps
+        # an epoch shorter than log_every_n_steps
+        if not logs.logged_this_epoch and logs.step_logged:
             self._log_interval()  # logs its last step here: a short run still has its curves
         logs.check_pending(st.epoch)  # the losses since the last log (a sync, once per epoch)
         run.publish(logs.epoch_values(logs.train))  # torchmetrics computed, reset after the hooks
         if completed:
             run.schedulers.after_epoch(st.epoch, st.metrics)
-        self._epoch_hooks("on_train_epoch_end")  # hook_table publishes what the task logged there, before monitors
+        # hook_table publishes what the task logged there, before monitors
+        self._epoch_hooks("on_train_epoch_end")
         logs.train.reset_metrics()
         if completed:
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
             logs.new_epoch(st.global_step)
 
     def _epoch_hooks(self, hook: str) -> None:
-        """An epoch-level hook: self.log there defaults to the epoch's value (on_epoch=True), as in Lightning."""
+        """An epoch-level hook: self.log there defaults to the epoch's value (on_epoch=True), as in
+        Lightning."""
         self.run.logs.train.epoch_level = True
         try:
             self.run.call_hooks(hook)
         finally:
             self.run.logs.train.epoch_level = False
 
-    # ---- validation, test, predict (evaluation.py) --------------------------------------------------------------
+    # ---- validation, test, predict (evaluation.py) -----------------------------------------------
     def _sanity_check(self) -> None:
         """A few validation batches before training, to fail fast; nothing is logged. The callbacks'
-        on_validation_start/end do not fire for it (Lightning's epoch and batch hooks do: evaluation.sanity_pass)."""
+        on_validation_start/end do not fire for it (Lightning's epoch and batch hooks do:
+        evaluation.sanity_pass)."""
         run = self.run
         self.state.stage = "sanity"
         run.call_hooks("on_sanity_check_start")
-        with isolated_rng():  # what the sanity check draws does not shift training's random numbers (Lightning's)
+        # what the sanity check draws does not shift training's random numbers (Lightning's)
+        with isolated_rng():
             sanity_pass(run, self.num_sanity_val_steps)  # batches of each validation loader
         run.call_hooks("on_sanity_check_end")
         self.state.stage = "idle"
@@ -472,32 +567,44 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         run = self.run
         self.state.stage = "val"
         run.call_hooks("on_validation_start")
-        run.publish(evaluation_pass(run, "val", run.val_loader, math.inf))  # limit_val_batches of each loader
+        # limit_val_batches of each loader
+        run.publish(evaluation_pass(run, "val", run.val_loader, math.inf))
         run.preemption.agree(self.state)
         run.call_hooks("on_validation_end")
         self.state.stage = "train"
 
     def _run_eval(self, fn: str, task: TaskModule, data: DataSource, ckpt_path: str | None,
                   keep: bool = True, verbose: bool = True) -> list[Any] | None:
-        """One pass of ``validate``/``test`` (returns ``[metrics]``; ``verbose``: the results table printed) or
-        ``predict`` (returns the predictions if ``keep``)."""
+        """One pass of ``validate``/``test`` (returns ``[metrics]``; ``verbose``: the results table
+        printed) or ``predict`` (returns the predictions if ``keep``)."""
         self.callbacks = merge_task_callbacks(self.callbacks, task)
-        if fn != "predict":  # callback_metrics hold this pass's values only, as Lightning's after validate/test
+        # callback_metrics hold this pass's values only, as Lightning's after validate/test
+        if fn != "predict":
             self.state.metrics.clear()
-        self.run = run = lifecycle.new_run(self, task, fn, data, self.callbacks, self.state, log_dir=self.log_dir,
-                                           verbose=verbose, policies=self._checkpoint_policies())
+        self.run = run = lifecycle.new_run(
+            self,
+            task,
+            fn,
+            data,
+            self.callbacks,
+            self.state,
+            log_dir=self.log_dir,
+            verbose=verbose,
+            policies=self._checkpoint_policies(),
+        )
         with lifecycle.running(run, weights=ckpt_path):
             return run_entry(run, fn, keep)
 
-    # ---- hooks and published values -------------------------------------------------------------------------
+    # ---- hooks and published values --------------------------------------------------------------
     def call_hooks(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every callback (and task, data module) of the current run that defines it."""
+        """Call ``hook`` on every callback (and task, data module) of the current run that defines
+        it."""
         self.run.call_hooks(hook, *args)
 
-    # ---- what callbacks read and call -------------------------------------------------------------------
+    # ---- what callbacks read and call ------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
-        """Publish values from a callback at the current step (``state.log_step``): into ``state.metrics`` and every
-        ``on_log``."""
+        """Publish values from a callback at the current step (``state.log_step``): into
+        ``state.metrics`` and every ``on_log``."""
         self.run.publish(LogBuffer.to_floats(metrics))
 
     @property
@@ -514,7 +621,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def hparams(self) -> dict[str, Any]:
-        """The run's hyperparameters: the flattened resolved config (CLI) or the TaskModule's init arguments."""
+        """The run's hyperparameters: the flattened resolved config (CLI) or the TaskModule's init
+        arguments."""
         return run_hparams(self.config, self.task)
 
     @property
@@ -528,17 +636,19 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def loggers(self) -> list[Logger]:
-        """The loggers among the callbacks; under ``fast_dev_run`` without one, Lightning's ``[DummyLogger()]``
-        (``self.logger.experiment.add_image(...)`` runs and writes nothing)."""
+        """The loggers among the callbacks; under ``fast_dev_run`` without one, Lightning's
+        ``[DummyLogger()]`` (``self.logger.experiment.add_image(...)`` runs and writes nothing)."""
         loggers = [cb for cb in self.callbacks if isinstance(cb, Logger)]
         return [DUMMY_LOGGER] if self.fast_dev_run and not loggers else loggers
 
     @property
-    def logger(self) -> Logger | None:  # the first logger: ``trainer.logger.experiment`` is TensorBoard's writer
+    # the first logger: ``trainer.logger.experiment`` is TensorBoard's writer
+    def logger(self) -> Logger | None:
         return next(iter(self.loggers), None)
 
     @property
-    def checkpoint_callback(self) -> ModelCheckpoint | None:  # the first ModelCheckpoint of the callbacks, or None
+    # the first ModelCheckpoint of the callbacks, or None
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
     def _checkpoint_policies(self) -> list[ModelCheckpoint]:
@@ -586,10 +696,11 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
     config = _configured("command_config",
                          "The taskfit command's resolved config (``Trainer(config=...)``) or None.")
 
-    # ---- the current (or last) run's parts, read-only: loop/run.py declares each ----------------------------------
+    # ---- the current (or last) run's parts, read-only: loop/run.py declares each -----------------
     @property
     def task(self) -> TaskModule | None:
-        """The TaskModule of the current or last run (after a self-launched ddp fit: the fitted one, in the parent)."""
+        """The TaskModule of the current or last run (after a self-launched ddp fit: the fitted one,
+        in the parent)."""
         return self.run.task if self.run is not None else self._spawned_task
 
     @property
@@ -598,27 +709,34 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
         return self.run.log_dir if self.run is not None else self._log_dir
 
     data = _run_part("data", "Where the run's loaders come from (loop/run.py's DataSource).")
-    model = _run_part("model", "The module the loop calls: the task wrapped by the strategy (and torch.compile).")
+    model = _run_part("model", "The module the loop calls: the task wrapped by the strategy (and "
+                               "torch.compile).")
     optimizer = _run_part("optimizer", "The first optimizer of the fit.")
     optimizers = _run_part("optimizers", "Every optimizer of the fit.", empty=[])
-    manual = _run_part("manual", "The task steps its own optimizers (automatic_optimization = False).", empty=False)
-    manual_optimizers = _run_part("manual_optimizers", "What self.optimizers() returns under manual optimization.",
+    manual = _run_part("manual", "The task steps its own optimizers (automatic_optimization = "
+                                 "False).", empty=False)
+    manual_optimizers = _run_part("manual_optimizers", "What self.optimizers() returns under "
+                                                       "manual optimization.",
                                   empty=[])
-    schedulers = _run_part("schedulers", "The fit's learning-rate schedulers (optim.py's Schedulers).")
+    schedulers = _run_part("schedulers", "The fit's learning-rate schedulers (optim.py's "
+                                         "Schedulers).")
     precision_plugin = _run_part("precision",
                                  "The run's Precision: autocast, GradScaler... (precision.py).")
     logs = _run_part("logs", "The run's logging buffer (logs/buffer.py).")
-    hooks = _run_part("hooks", "Hook name -> what the run calls for it, in Lightning's order (loop/hooks.py).")
+    hooks = _run_part("hooks", "Hook name -> what the run calls for it, in Lightning's order "
+                               "(loop/hooks.py).")
     metrics = _run_part("metrics", "configure_metrics()' torchmetrics by stage.")
     preemption = _run_part("preemption", "The run's preemption signals (loop/preemption.py).")
     checkpointer = _run_part("checkpointer", "The run's checkpoint manager (loop/checkpointer.py).")
     data_seed = _run_part("data_seed", "The seed of the run's data order.")
     train_dataloader = _run_part("train_dataloader", "The fit's training loader.")
     val_loader = _run_part("val_loader", "The fit's validation loader, or None.")
-    predict_dataloader = _run_part("predict_dataloader", "The loader of the current or last predict.")
+    predict_dataloader = _run_part("predict_dataloader", "The loader of the current or last "
+                                                         "predict.")
     num_train_batches = _run_part("num_train_batches", "Training batches per epoch.", empty=0)
-    num_val_batches = _run_part("num_val_batches", "Validation batches of each loader per pass (Lightning's list; "
-                                "[] without validation).", empty=[])
+    num_val_batches = _run_part("num_val_batches", "Validation batches of each loader per pass "
+                                "(Lightning's list; [] without "
+                                "validation).", empty=[])
     val_schedule = _run_part("val_schedule", "When the fit validates (loop/cadence.py).")
 
     @property
@@ -632,14 +750,15 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
             return run.batches.done
         return self.state.batch_idx + 1 >= run.num_train_batches
 
-    # ---- a self-launched ddp fit (strategies/spawn.py): what the parent process sees of rank 0's run -----------
+    # ---- a self-launched ddp fit (strategies/spawn.py): what the parent process sees of rank 0's r
     def worker_snapshot(self) -> dict[str, Any]:
         """Rank 0's counters, run directory and callback states, to send to the parent process."""
         return {"state": dataclasses.asdict(self.state), "log_dir": self.log_dir,
                 "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks}}
 
     def load_worker_snapshot(self, snapshot: Mapping[str, Any], task: TaskModule | None) -> None:
-        """In the parent process: continue from :meth:`worker_snapshot` of rank 0, with the fitted ``task``."""
+        """In the parent process: continue from :meth:`worker_snapshot` of rank 0, with the fitted
+        ``task``."""
         self.state = TrainerState(**snapshot["state"])
         if self.state.fn == "fit" and self.state.finished:
             self._fitted = fitted_counters(self.state)
@@ -650,25 +769,33 @@ class Trainer(LightningNames, metaclass=LightningArguments):  # compat/lightning
 
     @property
     def estimated_stepping_batches(self) -> float:
-        """Optimizer steps this fit will take (``max_steps``, or ``max_epochs`` of the training loader)."""
-        loader = self.data.train_dataloader() if self.train_dataloader is None else self.train_dataloader
+        """Optimizer steps this fit will take (``max_steps``, or ``max_epochs`` of the training
+        loader)."""
+        loader = (
+            self.data.train_dataloader() if self.train_dataloader is None else self.train_dataloader
+        )
         batches = limit_batches(length(loader), self.limits["train"])
         per_epoch = steps_per_epoch(batches, self.accumulate_grad_batches)
         epochs = float("inf") if self.max_epochs is None else self.max_epochs * per_epoch
         return epochs if self.max_steps is None else min(epochs, self.max_steps)
 
-    # ---- the run's state, as checkpoints hold it ---------------------------------------------------------------
+    # ---- the run's state, as checkpoints hold it -------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this fit exactly, each part asked for its own state (checkpoint.py's
-        ``run_state``; docs/checkpointing.md). During fit only; every rank calls it (RNG states are gathered)."""
+        """Everything needed to continue this fit exactly, each part asked for its own state
+        (checkpoint.py's ``run_state``; docs/checkpointing.md). During fit only; every rank calls it
+        (RNG states are gathered)."""
         return run_state(self.run)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the file is checked)."""
+        """Continue where :meth:`state_dict` left off (``fit(ckpt_path=...)`` calls it, once the
+        file is checked)."""
         load_run_state(self.run, state)
 
-    def save_checkpoint(self, path: str | None = None, *, background: bool = False, **lightning: Any) -> None:
-        """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously with ``background``."""
+    def save_checkpoint(
+        self, path: str | None = None, *, background: bool = False, **lightning: Any
+    ) -> None:
+        """Write :meth:`state_dict` atomically to ``path`` (every rank calls it); asynchronously
+        with ``background``."""
         path = entry_keywords(self.save_checkpoint, path, lightning, required=True)
         if self.run is None:
             raise no_training_state(path)

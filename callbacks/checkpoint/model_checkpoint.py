@@ -1,11 +1,13 @@
-"""ModelCheckpoint: when to save (every N epochs/steps/seconds), the top-k files and a ``last.ckpt``.
+"""ModelCheckpoint: when to save (every N epochs/steps/seconds), the top-k files and a
+``last.ckpt``.
 
-The configuration and ranking of the run's checkpoint manager (loop/checkpointer.py), which decides and
-writes every save; its hooks hand each event to it.
+The configuration and ranking of the run's checkpoint manager (loop/checkpointer.py), which decides
+and writes every save; its hooks hand each event to it.
 
-On by default (``Trainer(enable_checkpointing=False)`` turns it off). The files are complete training states
-(docs/checkpointing.md): ``trainer.fit(task, ckpt_path="last")`` continues exactly where the run stopped. Lightning's
-arguments mean what they mean there; where taskfit differs, docs/migrating-lightning.md says so.
+On by default (``Trainer(enable_checkpointing=False)`` turns it off). The files are complete
+training states (docs/checkpointing.md): ``trainer.fit(task, ckpt_path="last")`` continues exactly
+where the run stopped. Lightning's arguments mean what they mean there; where taskfit differs,
+docs/migrating-lightning.md says so.
 """
 from __future__ import annotations
 
@@ -28,34 +30,32 @@ __all__ = ["ModelCheckpoint", "format_filename"]
 class ModelCheckpoint(Callback):
     """Save checkpoints during fit; keep the ``save_top_k`` best by ``monitor`` and a ``last.ckpt``.
 
-    Lightning's arguments in Lightning's order, with its meanings (docs/checkpointing.md has the table and says where
-    taskfit differs):
+    Lightning's arguments in Lightning's order, with its meanings (docs/checkpointing.md has the
+    table and says where taskfit differs):
 
-    Args:
-        dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``).
-        filename: name template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` gives
-            ``epoch=003-val_acc=0.91``.
-        monitor: logged key that ranks the files (e.g. ``"val/loss"``; ``"epoch"`` and ``"step"`` are always
-            available); None keeps the newest.
-        verbose: print each monitored save, as Lightning logs it.
-        save_last: keep ``last.ckpt``, the newest state (``"link"``: the same; None/False: none).
-        save_top_k: how many ranked files to keep (-1: all, 0: none).
-        save_on_exception: when fit raises, save the state it stopped in to a file named by ``filename``, and
-            ``last.ckpt`` (single-process runs; a preemption signal saves ``last.ckpt`` at a step boundary anyway).
-        save_weights_only: files hold the weights only (inference; a resume needs a full checkpoint).
-        mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
-        auto_insert_metric_name: write ``name=`` before each field of ``filename``.
-        every_n_train_steps: save every N optimizer steps.
-        train_time_interval: save when this long (seconds or a ``timedelta``) has passed since the last save.
-        every_n_epochs: save every N-th epoch; None: every epoch unless a step or time trigger is given.
+    Args: dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``). filename: name
+        template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` gives
+        ``epoch=003-val_acc=0.91``. monitor: logged key that ranks the files (e.g. ``"val/loss"``;
+        ``"epoch"`` and ``"step"`` are always available); None keeps the newest. verbose: print each
+        monitored save, as Lightning logs it. save_last: keep ``last.ckpt``, the newest state
+        (``"link"``: the same; None/False: none). save_top_k: how many ranked files to keep (-1:
+        all, 0: none). save_on_exception: when fit raises, save the state it stopped in to a file
+        named by ``filename``, and ``last.ckpt`` (single-process runs; a preemption signal saves
+        ``last.ckpt`` at a step boundary anyway). save_weights_only: files hold the weights only
+        (inference; a resume needs a full checkpoint). mode: ``"min"`` or ``"max"``: which values of
+        ``monitor`` are better. auto_insert_metric_name: write ``name=`` before each field of
+        ``filename``. every_n_train_steps: save every N optimizer steps. train_time_interval: save
+        when this long (seconds or a ``timedelta``) has passed since the last save. every_n_epochs:
+        save every N-th epoch; None: every epoch unless a step or time trigger is given.
         save_on_train_epoch_end: where epoch saves happen (None: as Lightning decides).
-        enable_version_counter: a name taken by another file gets ``-v1``, ``-v2``... (False: overwrite).
-        min_epoch_interval: (taskfit) seconds since the last save below which an unmonitored top-1 epoch save
-            is skipped (0: every epoch).
+        enable_version_counter: a name taken by another file gets ``-v1``, ``-v2``... (False:
+        overwrite). min_epoch_interval: (taskfit) seconds since the last save below which an
+        unmonitored top-1 epoch save is skipped (0: every epoch).
 
-    After fit: ``best_model_path``, ``best_model_score``, ``best_k_models`` (monitored runs only, as Lightning),
-    ``last_model_path``; :meth:`to_yaml` writes ``best_k_models``. Every rank runs this callback (a save gathers RNG
-    states); only rank 0 touches files. A subclass may change Lightning's name parts below.
+    After fit: ``best_model_path``, ``best_model_score``, ``best_k_models`` (monitored runs only, as
+    Lightning), ``last_model_path``; :meth:`to_yaml` writes ``best_k_models``. Every rank runs this
+    callback (a save gathers RNG states); only rank 0 touches files. A subclass may change
+    Lightning's name parts below.
     """
 
     CHECKPOINT_JOIN_CHAR = "-"  # before a version: epoch=0-v1.ckpt
@@ -65,38 +65,73 @@ class ModelCheckpoint(Callback):
     STARTING_VERSION = 1
 
     monitors_epoch_values = True  # ranks by what the epoch logged (hooks.hook_table)
-    order = 1000  # last of the defaults: a checkpoint must hold every other callback's state after this hook
+    # last of the defaults: a checkpoint must hold every other callback's state after this hook
+    order = 1000
 
     @arguments_checked(docs="docs/checkpointing.md")
-    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = "{epoch}-{step}",
-                 monitor: str | None = None, verbose: bool = False, save_last: bool | Literal["link"] | None = True,
-                 save_top_k: int = 1, save_on_exception: bool = False, save_weights_only: bool = False,
-                 mode: str = "min", auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
-                 train_time_interval: float | datetime.timedelta | None = None, every_n_epochs: int | None = None,
-                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True, *,
-                 min_epoch_interval: float | datetime.timedelta = 1.0) -> None:
-        stem = check_arguments(mode, save_top_k, {"every_n_train_steps": every_n_train_steps, "every_n_epochs":
-                               every_n_epochs}, save_last, filename)
-        self.train_time_interval = seconds("train_time_interval", train_time_interval, "save at every step",
-                                            allow_none=True)
+    def __init__(
+        self,
+        dirpath: str | os.PathLike | None = None,
+        filename: str | None = "{epoch}-{step}",
+        monitor: str | None = None,
+        verbose: bool = False,
+        save_last: bool | Literal["link"] | None = True,
+        save_top_k: int = 1,
+        save_on_exception: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        train_time_interval: float | datetime.timedelta | None = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
+        *,
+        min_epoch_interval: float | datetime.timedelta = 1.0,
+    ) -> None:
+        stem = check_arguments(
+            mode,
+            save_top_k,
+            {"every_n_train_steps": every_n_train_steps, "every_n_epochs": every_n_epochs},
+            save_last,
+            filename,
+        )
+        self.train_time_interval = seconds(
+            "train_time_interval", train_time_interval, "save at every step", allow_none=True
+        )
         self.min_epoch_interval = seconds("min_epoch_interval", min_epoch_interval,
                                            "save every epoch, as Lightning does")
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
-            every_n_epochs = 1  # Lightning: no trigger given means every epoch; a step or time trigger replaces it
-        self.dirpath_arg = os.path.abspath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
+            # Lightning: no trigger given means every epoch; a step or time trigger replaces it
+            every_n_epochs = 1
+        self.dirpath_arg = (
+            os.path.abspath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
+        )
         self.dirpath: str | None = self.dirpath_arg
         self.filename, self.monitor, self.mode, self.save_top_k = stem, monitor, mode, save_top_k
-        self.verbose, self.save_last, self.save_weights_only = bool(verbose), bool(save_last), bool(save_weights_only)
+        self.verbose, self.save_last, self.save_weights_only = (
+            bool(verbose),
+            bool(save_last),
+            bool(save_weights_only),
+        )
         self.save_on_exception = bool(save_on_exception)
-        self.auto_insert_metric_name, self.enable_version_counter = auto_insert_metric_name, enable_version_counter
-        self.every_n_train_steps, self._every_n_epochs = every_n_train_steps or None, every_n_epochs or 0
+        self.auto_insert_metric_name, self.enable_version_counter = (
+            auto_insert_metric_name,
+            enable_version_counter,
+        )
+        self.every_n_train_steps, self._every_n_epochs = (
+            every_n_train_steps or None,
+            every_n_epochs or 0,
+        )
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self._ranking = Ranking(mode, by_recency=monitor is None, k=save_top_k)
         self.best_model_path, self.last_model_path = "", ""
-        self.current_score: torch.Tensor | None = None  # the score of the latest ranked save (monitored runs)
-        self._score_set, self._set_score = False, None  # best_model_score as assigned, until the next ranked save
+        # the score of the latest ranked save (monitored runs)
+        self.current_score: torch.Tensor | None = None
+        # best_model_score as assigned, until the next ranked save
+        self._score_set, self._set_score = False, None
 
-    # ---- what Lightning's ModelCheckpoint exposes ---------------------------------------------------------
+    # ---- what Lightning's ModelCheckpoint exposes ------------------------------------------------
     @property
     def every_n_epochs(self) -> int:
         """The resolved epoch trigger (0: never by epoch)."""
@@ -104,13 +139,18 @@ class ModelCheckpoint(Callback):
 
     @property
     def best_k_models(self) -> dict[str, torch.Tensor]:
-        """``{path: score}`` of the ranked files; empty without a monitor (the files are then the newest)."""
-        return {p: torch.tensor(s) for p, s in self._ranking.kept.items()} if self.monitor is not None else {}
+        """``{path: score}`` of the ranked files; empty without a monitor (the files are then the
+        newest)."""
+        return (
+            {p: torch.tensor(s) for p, s in self._ranking.kept.items()}
+            if self.monitor is not None
+            else {}
+        )
 
     @property
     def best_model_score(self) -> torch.Tensor | None:
-        """The score of ``best_model_path`` (None without a monitor), or what was assigned since the last ranked save
-        (Lightning code sets it, e.g. when it restores a callback by hand)."""
+        """The score of ``best_model_path`` (None without a monitor), or what was assigned since the
+        last ranked save (Lightning code sets it, e.g. when it restores a callback by hand)."""
         if self._score_set:
             return self._set_score
         if self.monitor is None or self.best_model_path not in self._ranking.kept:
@@ -129,7 +169,9 @@ class ModelCheckpoint(Callback):
     @property
     def kth_value(self) -> torch.Tensor:
         worst = self.kth_best_model_path
-        return torch.tensor(self._ranking.kept[worst] if worst else float("inf" if self.mode == "min" else "-inf"))
+        return torch.tensor(
+            self._ranking.kept[worst] if worst else float("inf" if self.mode == "min" else "-inf")
+        )
 
     # ---- hooks: each hands its event to the run's checkpoint manager (loop/checkpointer.py) ------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
@@ -138,7 +180,9 @@ class ModelCheckpoint(Callback):
     def needs_batch_hooks(self, trainer: Any) -> bool:
         return self.every_n_train_steps is not None or self.train_time_interval is not None
 
-    def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         trainer.checkpointer.step_end(self, batch_idx)
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
@@ -209,12 +253,17 @@ class ModelCheckpoint(Callback):
             name = self._format(self.filename, values)
         except KeyError as exc:
             raise MisconfigurationError(
-                f"ModelCheckpoint(filename={self.filename!r}) uses {exc.args[0]!r}, which is not logged; "
-                f"available: {sorted(values)}.",
-                "use {epoch}, {step} or a logged key (e.g. {val/loss:.4f}) in the filename.") from None
-        # A name may be reused for the file this save replaces (Lightning: the k-th best it evicts; without a
-        # monitor the previous newest); any other file keeps its name and the new one gets -v1, -v2...
-        replaceable = {self._ranking.would_evict(), self.best_model_path if self.monitor is None else ""} - {""}
+                f"ModelCheckpoint(filename={self.filename!r}) uses {exc.args[0]!r}, which is not "
+                f"logged; available: {sorted(values)}.",
+                "use {epoch}, {step} or a logged key (e.g. {val/loss:.4f}) in the filename.",
+            ) from None
+        # A name may be reused for the file this save replaces (Lightning: the k-th best it evicts;
+        # without a monitor the previous newest); any other file keeps its name and the new one gets
+        # -v1, -v2...
+        replaceable = {
+            self._ranking.would_evict(),
+            self.best_model_path if self.monitor is None else "",
+        } - {""}
         return self._versioned(self.dirpath, name, lambda p: p in replaceable or not (
             os.path.exists(p) or p in self._ranking.kept))
 
@@ -234,11 +283,15 @@ class ModelCheckpoint(Callback):
         return os.path.join(self.dirpath, self._format(self.filename, values) + self.FILE_EXTENSION)
 
     def _format(self, template: str, values: Any) -> str:
-        """A file name (without the extension) from ``template``, with this callback's name parts."""
-        return format_filename(template, values, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+        """A file name (without the extension) from ``template``, with this callback's name
+        parts."""
+        return format_filename(
+            template, values, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR
+        )
 
     def _versioned(self, folder: str, name: str, free: Any) -> str:
-        """``folder/name`` + extension, or its first free ``-v1``, ``-v2``... (``enable_version_counter``)."""
+        """``folder/name`` + extension, or its first free ``-v1``, ``-v2``...
+        (``enable_version_counter``)."""
         return versioned(folder, name, free, self.enable_version_counter, self.FILE_EXTENSION,
                          self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION)
 
@@ -250,25 +303,34 @@ class ModelCheckpoint(Callback):
         if filepath is None:
             if self.dirpath is None:
                 raise MisconfigurationError(
-                    "ModelCheckpoint.to_yaml() has no file to write to: no filepath was given and dirpath is not "
-                    "known before fit.", "pass the file, to_yaml(\"best_k_models.yaml\"), or call it after "
+                    "ModelCheckpoint.to_yaml() has no file to write to: no filepath was given and "
+                    "dirpath is not known before "
+                    "fit.", "pass the file, to_yaml(\"best_k_models.yaml\"), or call it after "
                     "trainer.fit (or give ModelCheckpoint(dirpath=...)).")
             filepath = os.path.join(self.dirpath, "best_k_models.yaml")
         with open(filepath, "w", encoding="utf-8") as fp:
             yaml.dump({path: score.item() for path, score in self.best_k_models.items()}, fp)
 
-    # ---- state in the checkpoint -----------------------------------------------------------------------
+    # ---- state in the checkpoint -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         score = self.best_model_score
-        return {"monitor": self.monitor, "mode": self.mode, "best_k_models": dict(self._ranking.kept),
-                "best_model_path": self.best_model_path, "best_model_score": None if score is None else float(score),
-                "last_model_path": self.last_model_path, "dirpath": self.dirpath}
+        return {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "best_k_models": dict(self._ranking.kept),
+            "best_model_path": self.best_model_path,
+            "best_model_score": None if score is None else float(score),
+            "last_model_path": self.last_model_path,
+            "dirpath": self.dirpath,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
-            warnings.warn(f"The checkpoint's ModelCheckpoint ranked files by {state.get('monitor')!r} "
-                          f"({state.get('mode')}); this one by {self.monitor!r} ({self.mode}): its top-k list starts "
-                          "empty. HINT: keep monitor/mode when resuming to continue the same ranking.", stacklevel=2)
+            warnings.warn("The checkpoint's ModelCheckpoint ranked files by "
+                          f"{state.get('monitor')!r} ({state.get('mode')}); this one by "
+                          f"{self.monitor!r} ({self.mode}): its top-k list starts empty. HINT: "
+                          "keep monitor/mode when resuming to continue the same "
+                          "ranking.", stacklevel=2)
             self.last_model_path = state.get("last_model_path", "")
             return
         self._ranking.kept = {str(k): float(v) for k, v in state.get("best_k_models", {}).items()}

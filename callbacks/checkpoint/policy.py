@@ -1,7 +1,8 @@
-"""ModelCheckpoint's rules that need no Trainer: its arguments checked, the top-k ranking, the file names.
+"""ModelCheckpoint's rules that need no Trainer: its arguments checked, the top-k ranking, the file
+names.
 
-Kept apart from callbacks/checkpoint.py (when to save, what happens on a fault): pure bookkeeping on arguments,
-paths and numbers.
+Kept apart from callbacks/checkpoint.py (when to save, what happens on a fault): pure bookkeeping on
+arguments, paths and numbers.
 """
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ _FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
 
 def format_filename(template: str, values: Mapping[str, Any], auto_insert_metric_name: bool = True,
                     equals: str = "=") -> str:
-    """A file name (without ``.ckpt``) from a Lightning template, as Lightning's ``format_checkpoint_name`` writes it.
+    """A file name (without ``.ckpt``) from a Lightning template, as Lightning's
+    ``format_checkpoint_name`` writes it.
 
-    Each ``{name}`` or ``{name:spec}`` is ``format(values[name], spec)``; with ``auto_insert_metric_name`` it is
-    preceded by ``name=`` (``"{epoch:03d}"`` -> ``"epoch=009"``; ``equals``: Lightning's ``CHECKPOINT_EQUALS_CHAR``
-    in place of ``=``). One difference: a ``/`` in an inserted name is
-    written ``_`` (``"{val/acc:.2f}"`` -> ``"val_acc=0.91"``), where Lightning would start a sub-folder. A name
-    missing from ``values`` raises ``KeyError`` (Lightning would write 0).
+    Each ``{name}`` or ``{name:spec}`` is ``format(values[name], spec)``; with
+    ``auto_insert_metric_name`` it is preceded by ``name=`` (``"{epoch:03d}"`` -> ``"epoch=009"``;
+    ``equals``: Lightning's ``CHECKPOINT_EQUALS_CHAR`` in place of ``=``). One difference: a ``/``
+    in an inserted name is written ``_`` (``"{val/acc:.2f}"`` -> ``"val_acc=0.91"``), where
+    Lightning would start a sub-folder. A name missing from ``values`` raises ``KeyError``
+    (Lightning would write 0).
     """
     def field(match: re.Match) -> str:
         name, spec = match.group(1).strip(), match.group(2) or ""
@@ -37,37 +40,52 @@ def format_filename(template: str, values: Mapping[str, Any], auto_insert_metric
 
 def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_last: Any,
                     filename: str | None) -> str:
-    """One error for an argument ModelCheckpoint cannot take; returns the filename template without ``.ckpt``."""
+    """One error for an argument ModelCheckpoint cannot take; returns the filename template without
+    ``.ckpt``."""
     if mode not in ("min", "max"):
         raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
-                                    'use mode="min" (lower is better, e.g. a loss) or mode="max" (e.g. accuracy).')
+                                    'use mode="min" (lower is better, e.g. a loss) or mode="max" '
+                                    '(e.g. accuracy).')
     if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
         raise MisconfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) is not valid.",
-                                    "use -1 (keep all), 0 (only last.ckpt) or a positive number of files.")
+                                    "use -1 (keep all), 0 (only last.ckpt) or a positive number of "
+                                    "files.")
     for name, value in triggers.items():
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
             raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid.",
-                                        "use a positive integer, or None/0 to turn this trigger off.")
+                                        "use a positive integer, or None/0 to turn this trigger "
+                                        "off.")
     if save_last not in (True, False, None, "link"):
         raise MisconfigurationError(f"ModelCheckpoint(save_last={save_last!r}) is not valid.",
                                     'use True (keep last.ckpt), False or None (none), or "link".')
-    stem = "{epoch}-{step}" if filename is None else filename[:-5] if filename.endswith(".ckpt") else filename
+    stem = (
+        "{epoch}-{step}"
+        if filename is None
+        else filename[:-5]
+        if filename.endswith(".ckpt")
+        else filename
+    )
     if not stem or stem == "last" or os.sep in _FIELD.sub("", stem):
         raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not valid.",
-                                    'give a file name template without folders and other than "last", e.g. '
-                                    '"{epoch}-{step}" or "{epoch}-{val/acc:.3f}" (put folders in dirpath).')
+                                    'give a file name template without folders and other than '
+                                    '"last", e.g. "{epoch}-{step}" or "{epoch}-{val/acc:.3f}" (put '
+                                    'folders in dirpath).')
     problem = _template_problem(stem)
-    if problem is not None:  # refused here, before training: it would write a file named like `{epoch.ckpt`
-        raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not a valid file name template: "
-                                    f"{problem}.",
-                                    'write each value as {name} or {name:format}, e.g. "{epoch}-{step}" or '
-                                    '"{epoch}-{val/acc:.3f}"; a file name template has no other braces.')
+    # refused here, before training: it would write a file named like `{epoch.ckpt`
+    if problem is not None:
+        raise MisconfigurationError(f"ModelCheckpoint(filename={filename!r}) is not a valid file "
+                                    f"name template: {problem}.",
+                                    'write each value as {name} or {name:format}, e.g. '
+                                    '"{epoch}-{step}" or "{epoch}-{val/acc:.3f}"; a file name '
+                                    'template has no other braces.')
     return stem
 
 
 def _template_problem(stem: str) -> str | None:
-    """What is wrong with the ``{...}`` fields of a file name template (an unclosed or stray brace, an empty name,
-    a format spec ``format`` refuses), or None."""
+    """What is wrong with the ``{...}`` fields of a file name template (an unclosed or stray brace,
+    an empty name, a format spec ``format`` refuses), or None."""
     rest = _FIELD.sub("", stem)
     if "{" in rest or "}" in rest:
         brace = "{" if "{" in rest else "}"
@@ -84,22 +102,32 @@ def _template_problem(stem: str) -> str | None:
 
 
 def seconds(name: str, value: Any, zero: str, allow_none: bool = False) -> float | None:
-    """A duration argument as seconds: a number >= 0 or a ``datetime.timedelta`` (``zero``: what 0 means)."""
+    """A duration argument as seconds: a number >= 0 or a ``datetime.timedelta`` (``zero``: what 0
+    means)."""
     if value is None and allow_none:
         return None
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid.",
-                                    f"pass a number of seconds >= 0 (0: {zero}) or a datetime.timedelta.")
+                                    f"pass a number of seconds >= 0 (0: {zero}) or a "
+                                    "datetime.timedelta.")
     return float(value)
 
 
-def versioned(dirpath: str, name: str, free: Callable[[str], bool], counter: bool, extension: str = ".ckpt",
-              join: str = "-", start: int = 1) -> str:
-    """``dirpath/name.ckpt``, or with ``enable_version_counter`` the first of ``name-v1.ckpt``, ``name-v2.ckpt``...
-    that is ``free`` (Lightning's version counter: a file from another save is never overwritten). ``extension``,
-    ``join`` and ``start``: Lightning's ``FILE_EXTENSION``, ``CHECKPOINT_JOIN_CHAR`` and ``STARTING_VERSION``."""
+def versioned(
+    dirpath: str,
+    name: str,
+    free: Callable[[str], bool],
+    counter: bool,
+    extension: str = ".ckpt",
+    join: str = "-",
+    start: int = 1,
+) -> str:
+    """``dirpath/name.ckpt``, or with ``enable_version_counter`` the first of ``name-v1.ckpt``,
+    ``name-v2.ckpt``... that is ``free`` (Lightning's version counter: a file from another save is
+    never overwritten). ``extension``, ``join`` and ``start``: Lightning's ``FILE_EXTENSION``,
+    ``CHECKPOINT_JOIN_CHAR`` and ``STARTING_VERSION``."""
     path, version = os.path.join(dirpath, name + extension), start
     while counter and not free(path):
         path = os.path.join(dirpath, f"{name}{join}v{version}{extension}")
@@ -108,9 +136,9 @@ def versioned(dirpath: str, name: str, free: Callable[[str], bool], counter: boo
 
 
 class Ranking:
-    """The kept files and their scores: the ``k`` best by a monitored value (``mode``), or without a monitor the
-    ``k`` newest (the score is then the global step). ``k == -1`` keeps every file. A NaN score is never better
-    than anything, so a diverged state never pushes a good file out."""
+    """The kept files and their scores: the ``k`` best by a monitored value (``mode``), or without a
+    monitor the ``k`` newest (the score is then the global step). ``k == -1`` keeps every file. A
+    NaN score is never better than anything, so a diverged state never pushes a good file out."""
 
     def __init__(self, mode: str, by_recency: bool, k: int) -> None:
         self.lower, self.k = mode == "min" and not by_recency, k
@@ -136,7 +164,8 @@ class Ranking:
         return best
 
     def qualifies(self, score: float) -> bool:
-        """``score`` enters the top k (Lightning's ``check_monitor_top_k``: strictly better than the k-th)."""
+        """``score`` enters the top k (Lightning's ``check_monitor_top_k``: strictly better than the
+        k-th)."""
         if self.k == -1 or len(self.kept) < self.k:
             return True
         return self.k > 0 and self.better(score, self.kept[self.worst()])
@@ -146,7 +175,8 @@ class Ranking:
         return self.worst() if self.k != -1 and len(self.kept) >= self.k else ""
 
     def admit(self, path: str, score: float) -> list[str]:
-        """Rank ``path`` (an existing entry of that name is replaced); return the files that fell out."""
+        """Rank ``path`` (an existing entry of that name is replaced); return the files that fell
+        out."""
         self.kept.pop(path, None)
         self.kept[path] = score
         evicted = []

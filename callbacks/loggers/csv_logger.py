@@ -1,16 +1,17 @@
-"""CSVLogger: ``metrics.csv`` (a column per key, a row per step that logged) and ``hparams.yaml`` in the run's
-directory, for pandas, a spreadsheet or ``csv.DictReader``; no dependency beyond the standard library and PyYAML
-(which hydra-core already needs).
+"""CSVLogger: ``metrics.csv`` (a column per key, a row per step that logged) and ``hparams.yaml`` in
+the run's directory, for pandas, a spreadsheet or ``csv.DictReader``; no dependency beyond the
+standard library and PyYAML (which hydra-core already needs).
 
-The values of one step arrive in several ``on_log`` calls (the loss, the learning rate, the throughput, at an
-epoch's last step also the epoch means and the fit's summary); they are merged into one row, written when the
-step moves on, at every epoch end, before a checkpoint records the run, and when the run ends (values of a step
-that arrive after its row was written are merged into it). A row is appended with one ``write`` and flushed, so a
-killed process leaves a valid file, at worst without its last step. When a key appears that the header lacks (the
-first validation, a test after fit), the file is rewritten with the wider header into a temporary file that
-replaces it atomically; so is it when a resumed fit drops the rows of the steps it redoes. A resumed fit's values
-at the checkpoint's own step (an epoch's last step: the epoch means again) merge into that step's row, so every step
-keeps one row.
+The values of one step arrive in several ``on_log`` calls (the loss, the learning rate, the
+throughput, at an epoch's last step also the epoch means and the fit's summary); they are merged
+into one row, written when the step moves on, at every epoch end, before a checkpoint records the
+run, and when the run ends (values of a step that arrive after its row was written are merged into
+it). A row is appended with one ``write`` and flushed, so a killed process leaves a valid file, at
+worst without its last step. When a key appears that the header lacks (the first validation, a test
+after fit), the file is rewritten with the wider header into a temporary file that replaces it
+atomically; so is it when a resumed fit drops the rows of the steps it redoes. A resumed fit's
+values at the checkpoint's own step (an epoch's last step: the epoch means again) merge into that
+step's row, so every step keeps one row.
 
 A ``metrics.csv`` found damaged when a run (or a resume) opens it (not UTF-8, NUL bytes, its
 header lost, a row cut short or garbled) never stops training: the file is kept aside as
@@ -29,85 +30,108 @@ from ...arguments import arguments_checked
 from ...logs.outputs import check_writable, hparams_dict, replace_file, write_hparams_yaml
 from .logger import Logger
 
-STEP, EPOCH = "step", "epoch"  # the first columns: the global step of the row, and the epoch it belongs to
-_LIGHTNING_ONLY = {"flush_logs_every_n_steps": "remove it: taskfit's CSVLogger writes each step's row as soon as the "
-                                               "step is complete (one whole row per write), so nothing waits."}
+# the first columns: the global step of the row, and the epoch it belongs to
+STEP, EPOCH = "step", "epoch"
+_LIGHTNING_ONLY = {"flush_logs_every_n_steps": "remove it: taskfit's CSVLogger writes each step's "
+                                               "row as soon as the step is complete (one whole row "
+                                               "per write), so nothing waits."}
 
 
 class CSVLogger(Logger):
     """Writes ``metrics.csv`` and ``hparams.yaml`` into its run directory (rank 0; one per fit:
     ``<save_dir>/<name>/version_N``, as Lightning's CSVLogger).
 
-    ``metrics.csv`` starts with a ``step`` column (the global step) and an ``epoch`` column, then one column per
-    logged key in the order keys first appeared; a row leaves the keys not logged at its step empty. Read it with
-    ``pandas.read_csv(path)`` or ``csv.DictReader``.
+    ``metrics.csv`` starts with a ``step`` column (the global step) and an ``epoch`` column, then
+    one column per logged key in the order keys first appeared; a row leaves the keys not logged at
+    its step empty. Read it with ``pandas.read_csv(path)`` or ``csv.DictReader``.
 
-    Args:
-        save_dir: the folder of the runs (None: ``Trainer(default_root_dir=...)``).
-        name: a folder below ``save_dir`` (None: none; Lightning's default is ``"lightning_logs"``).
-        version: ``3`` writes ``version_3``; a string names the folder; None: the next free ``version_N``.
-        prefix: put ``<prefix>-`` before every column name.
+    Args: save_dir: the folder of the runs (None: ``Trainer(default_root_dir=...)``). name: a folder
+        below ``save_dir`` (None: none; Lightning's default is ``"lightning_logs"``). version: ``3``
+        writes ``version_3``; a string names the folder; None: the next free ``version_N``. prefix:
+        put ``<prefix>-`` before every column name.
     """
 
     @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")
-    def __init__(self, save_dir: str | None = None, name: str | None = None, version: int | str | None = None,
-                 prefix: str = "") -> None:
+    def __init__(
+        self,
+        save_dir: str | None = None,
+        name: str | None = None,
+        version: int | str | None = None,
+        prefix: str = "",
+    ) -> None:
         self._where(save_dir, name, version, prefix)
         self._path: str | None = None
         self._header: list[str] = []
         self._row: dict[str, Any] = {}  # the current step's values, not written yet
         self._row_step = 0
         self._epoch = 0  # trainer.state.epoch when the current row's values were logged
-        self._written: dict[str, Any] | None = None  # the last row, written before its step was over (merge into it)
-        self._redo_step: int | None = None  # a resumed fit: the checkpoint's step, whose row takes its values again
+        # the last row, written before its step was over (merge into it)
+        self._written: dict[str, Any] | None = None
+        # a resumed fit: the checkpoint's step, whose row takes its values again
+        self._redo_step: int | None = None
 
     @property
     def metrics_path(self) -> str | None:
-        """``<log_dir>/metrics.csv`` of the current run (None before one, and on ranks other than 0)."""
+        """``<log_dir>/metrics.csv`` of the current run (None before one, and on ranks other than
+        0)."""
         return self._path
 
-    # ---- the Logger interface ---------------------------------------------------------------------------
+    # ---- the Logger interface --------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
         check_writable(self.log_dir, "CSVLogger")
         path = os.path.join(self.log_dir, "metrics.csv")
         if path != self._path:
-            self._path, self._header, self._row, self._written, self._redo_step = path, [], {}, None, None
-            if os.path.isfile(path):  # a run directory written before (validate/test into a finished fit's)
+            self._path, self._header, self._row, self._written, self._redo_step = (
+                path,
+                [],
+                {},
+                None,
+                None,
+            )
+            # a run directory written before (validate/test into a finished fit's)
+            if os.path.isfile(path):
                 header, rows = _read_checked(path)
                 self._header = header
-                if self.resuming:  # the steps after the checkpoint's were written by the killed run: redone now
+                # the steps after the checkpoint's were written by the killed run: redone now
+                if self.resuming:
                     step = trainer.state.log_step
                     kept = [r for r in rows if not r or not r[0].isdigit() or int(r[0]) <= step]
                     if len(kept) != len(rows):
                         replace_file(path, _table(header, kept))
                     last = kept[-1] if kept else []
                     if last and last[0].isdigit() and int(last[0]) == step:
-                        # The checkpoint's step has its row already; what the resumed fit logs at that step again
-                        # (an epoch's last step: the epoch means, validation) merges into it, a value replacing the
-                        # killed run's: the step keeps one row.
+                        # The checkpoint's step has its row already; what the resumed fit logs at
+                        # that step again (an epoch's last step: the epoch means, validation) merges
+                        # into it, a value replacing the killed run's: the step keeps one row.
                         self._written = {k: v for k, v in zip(header, last) if v != ""}
                         self._written[STEP], self._redo_step = step, step
 
     def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
-        """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything else as text);
-        a dict or an ``argparse.Namespace``, as Lightning takes them (outside a run too)."""
+        """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything
+        else as text); a dict or an ``argparse.Namespace``, as Lightning takes them (outside a run
+        too)."""
         if self._run_dir is None and not self.open_standalone():
             return
         write_hparams_yaml(self._run_dir, hparams_dict(params))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Values of ``step`` into the row being built (outside a run too: Lightning's ``step=None`` is the
-        row after the last)."""
-        if self._path is None:  # no run: Lightning's use without a Trainer (CSVLogger("logs").log_metrics(...))
+        """Values of ``step`` into the row being built (outside a run too: Lightning's ``step=None``
+        is the row after the last)."""
+        # no run: Lightning's use without a Trainer (CSVLogger("logs").log_metrics(...))
+        if self._path is None:
             if not self.open_standalone():
                 return
             self._path = os.path.join(self._run_dir, "metrics.csv")
         if step is None:
             step = self._row_step + 1 if self._row or self._written is not None else 0
         if self._row and (step != self._row_step or not self._row.keys().isdisjoint(metrics)):
-            self._write_row()  # a new step, or a key again at the same step (a validate after fit): a new row
-        if not self._row and self._written is not None:  # its row is on disk: more values of that step merge in
-            if self._written[STEP] == step and (step == self._redo_step or self._written.keys().isdisjoint(metrics)):
+            # a new step, or a key again at the same step (a validate after fit): a new row
+            self._write_row()
+        # its row is on disk: more values of that step merge in
+        if not self._row and self._written is not None:
+            if self._written[STEP] == step and (
+                step == self._redo_step or self._written.keys().isdisjoint(metrics)
+            ):
                 self._row, self._written, self._row_step = dict(self._written), None, step
                 del self._row[STEP]
                 self._row.update(metrics)
@@ -122,31 +146,41 @@ class CSVLogger(Logger):
         super().on_log(trainer, task, metrics)
 
     def save(self) -> None:
-        """Write the pending row (every epoch end, and before a checkpoint records the run): what a checkpoint
-        covers is on disk; a later value of the same step merges into the row."""
+        """Write the pending row (every epoch end, and before a checkpoint records the run): what a
+        checkpoint covers is on disk; a later value of the same step merges into the row."""
         self._write_row(keep=True)
 
     def finalize(self, status: str = "success") -> None:
         self._write_row()
         self._written = self._redo_step = None  # a test after fit starts a row of its own
 
-    # ---- the file ---------------------------------------------------------------------------------------------
+    # ---- the file --------------------------------------------------------------------------------
     def _write_row(self, replace_last: bool = False, keep: bool = False) -> None:
         if not self._row or self._path is None:
             return
-        row: dict[str, Any] = {STEP: self._row_step, EPOCH: self._row.pop(EPOCH, self._epoch), **self._row}
+        row: dict[str, Any] = {
+            STEP: self._row_step,
+            EPOCH: self._row.pop(EPOCH, self._epoch),
+            **self._row,
+        }
         self._row = {}
         self._written = row if keep else None
         new = [key for key in row if key not in self._header]
         if not new and not replace_last:
             with open(self._path, "a", newline="", encoding="utf-8") as fh:
-                fh.write(_line([row.get(key, "") for key in self._header]))  # one write: a whole row or none
+                # one write: a whole row or none
+                fh.write(_line([row.get(key, "") for key in self._header]))
             return
         rows = _read_checked(self._path)[1] if os.path.isfile(self._path) else []
         if replace_last and rows:
             rows.pop()
-        self._header = (self._header or [STEP, EPOCH]) + [key for key in new if key not in (STEP, EPOCH)]
-        replace_file(self._path, _table(self._header, rows + [[str(row.get(key, "")) for key in self._header]]))
+        self._header = (self._header or [STEP, EPOCH]) + [
+            key for key in new if key not in (STEP, EPOCH)
+        ]
+        replace_file(
+            self._path,
+            _table(self._header, rows + [[str(row.get(key, "")) for key in self._header]]),
+        )
 
 
 def _read_checked(path: str) -> tuple[list[str], list[list[str]]]:

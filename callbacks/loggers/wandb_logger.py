@@ -1,18 +1,19 @@
-"""WandbLogger: each fit is a Weights & Biases run with the hyperparameters as its config, every published value in
-its history at its global step, the run's tags and name, and (when asked) the best and last checkpoints as a model
-artifact.
+"""WandbLogger: each fit is a Weights & Biases run with the hyperparameters as its config, every
+published value in its history at its global step, the run's tags and name, and (when asked) the
+best and last checkpoints as a model artifact.
 
-Needs W&B: ``pip install "taskfit[wandb]"`` (the ``wandb`` package). ``offline=True`` (or ``WANDB_MODE=offline``)
-writes the run to local files only (``<save_dir>/wandb/offline-run-<time>-<id>/``), which ``wandb sync`` uploads
-later. Rank 0 only.
+Needs W&B: ``pip install "taskfit[wandb]"`` (the ``wandb`` package). ``offline=True`` (or
+``WANDB_MODE=offline``) writes the run to local files only
+(``<save_dir>/wandb/offline-run-<time>-<id>/``), which ``wandb sync`` uploads later. Rank 0 only.
 
-As Lightning's WandbLogger does, the values of one global step are one history row that holds them with
-``trainer/global_step``, and W&B's charts use that key as their x-axis (``define_metric``); W&B's own ``_step``
-counts the rows. So a ``trainer.test`` after fit and a resumed fit log at the Trainer's steps, never refused as
-"not monotonically increasing". The run is named as TensorBoard names the run directory (``lr=0.1/version_0`` in a
-sweep), its config is the hyperparameters TensorBoard's HParams tab shows, and a fit resumed from a checkpoint
-continues the run the checkpoint recorded (``wandb.init(id=..., resume="allow")``); a run left open by a killed
-process says so in its summary (``taskfit.killed``).
+As Lightning's WandbLogger does, the values of one global step are one history row that holds them
+with ``trainer/global_step``, and W&B's charts use that key as their x-axis (``define_metric``);
+W&B's own ``_step`` counts the rows. So a ``trainer.test`` after fit and a resumed fit log at the
+Trainer's steps, never refused as "not monotonically increasing". The run is named as TensorBoard
+names the run directory (``lr=0.1/version_0`` in a sweep), its config is the hyperparameters
+TensorBoard's HParams tab shows, and a fit resumed from a checkpoint continues the run the
+checkpoint recorded (``wandb.init(id=..., resume="allow")``); a run left open by a killed process
+says so in its summary (``taskfit.killed``).
 
 One process, one W&B run per run directory: a fit that ends well leaves its run open (as Lightning's
 does), so a ``validate``/``test``/``predict`` after it, or a fit resumed in the same process, writes
@@ -33,14 +34,18 @@ from ...arguments import arguments_checked
 from ...errors import MisconfigurationError
 from .logger import Logger, display_name
 
-STEP_KEY = "trainer/global_step"  # the x-axis of every chart (Lightning's WandbLogger uses the same key)
-_EXIT_CODES = {"success": 0, "failed": 1, "interrupted": 255}  # 255: what wandb itself records for Ctrl-C
-_STATUS_FILE = "taskfit-status.json"  # in W&B's folder of the run: "running" until the run is closed
+# the x-axis of every chart (Lightning's WandbLogger uses the same key)
+STEP_KEY = "trainer/global_step"
+# 255: what wandb itself records for Ctrl-C
+_EXIT_CODES = {"success": 0, "failed": 1, "interrupted": 255}
+# in W&B's folder of the run: "running" until the run is closed
+_STATUS_FILE = "taskfit-status.json"
 _LIGHTNING_ONLY = {
     "anonymous": "remove it: log in with `wandb login` (or $WANDB_API_KEY), or use offline=True.",
-    "experiment": "remove it: taskfit starts (or, on a resume, continues) the run itself; pass id=... to write into "
-                  "an existing run.",
-    "checkpoint_name": "remove it: the checkpoints are logged as the artifact model-<run id> (log_model=True).",
+    "experiment": "remove it: taskfit starts (or, on a resume, continues) the run itself; pass "
+                  "id=... to write into an existing run.",
+    "checkpoint_name": "remove it: the checkpoints are logged as the artifact model-<run id> "
+                       "(log_model=True).",
     "add_file_policy": "remove it: the checkpoints are logged once, at fit end (log_model=True).",
 }
 # The W&B runs that WandbLoggers of this process left open after a fit or test that ended well:
@@ -53,65 +58,83 @@ def _wandb() -> Any:
     try:
         import wandb
     except ImportError as exc:
-        raise MisconfigurationError("WandbLogger needs Weights & Biases (wandb), which is not installed.",
-                                    "`pip install \"taskfit[wandb]\"` (or `pip install wandb`), or use another "
-                                    "logger.") from exc
+        raise MisconfigurationError("WandbLogger needs Weights & Biases (wandb), which is not "
+                                    "installed.",
+                                    "`pip install \"taskfit[wandb]\"` (or `pip install wandb`), or "
+                                    "use another logger.") from exc
     return wandb
 
 
 class WandbLogger(Logger):
     """Logs each fit as a Weights & Biases run (rank 0).
 
-    Args:
-        name: the run's display name (None: the run directory as TensorBoard names it, e.g. ``lr=0.1/version_0``).
-        save_dir: the folder W&B writes its ``wandb/`` folder into (None: the run directory, ``trainer.log_dir``).
-        version: the run id (Lightning's name for ``id``): continue that run, or start one with that id.
-        offline: write the run to local files only (``wandb sync <folder>`` uploads it later). False: W&B's mode
-            (``$WANDB_MODE``, else online).
-        dir: the same as ``save_dir`` (Lightning's alias; ``save_dir`` wins).
-        id: the same as ``version``.
-        project: the W&B project (None: ``$WANDB_PROJECT``, else ``"taskfit"``).
-        log_model: at fit end, log ModelCheckpoint's best and last files as the artifact ``model-<run id>``
-            (type ``model``, aliases ``best`` and ``latest``).
-        prefix: put ``<prefix>-`` before every metric name.
-        tags: tags of the run.
-        config: more entries of the run's config, beside the hyperparameters.
-        entity: the W&B user or team (None: your default entity).
-        group: W&B's run group (e.g. a sweep's name), passed to ``wandb.init``.
-        notes: a description of the run, passed to ``wandb.init``.
-        job_type: W&B's job type (e.g. ``"train"``), passed to ``wandb.init``.
+    Args: name: the run's display name (None: the run directory as TensorBoard names it, e.g.
+        ``lr=0.1/version_0``). save_dir: the folder W&B writes its ``wandb/`` folder into (None: the
+        run directory, ``trainer.log_dir``). version: the run id (Lightning's name for ``id``):
+        continue that run, or start one with that id. offline: write the run to local files only
+        (``wandb sync <folder>`` uploads it later). False: W&B's mode (``$WANDB_MODE``, else
+        online). dir: the same as ``save_dir`` (Lightning's alias; ``save_dir`` wins). id: the same
+        as ``version``. project: the W&B project (None: ``$WANDB_PROJECT``, else ``"taskfit"``).
+        log_model: at fit end, log ModelCheckpoint's best and last files as the artifact
+        ``model-<run id>`` (type ``model``, aliases ``best`` and ``latest``). prefix: put
+        ``<prefix>-`` before every metric name. tags: tags of the run. config: more entries of the
+        run's config, beside the hyperparameters. entity: the W&B user or team (None: your default
+        entity). group: W&B's run group (e.g. a sweep's name), passed to ``wandb.init``. notes: a
+        description of the run, passed to ``wandb.init``. job_type: W&B's job type (e.g.
+        ``"train"``), passed to ``wandb.init``.
     """
 
-    order = 1100  # after ModelCheckpoint (1000): at fit end its last file is saved before the upload
+    # after ModelCheckpoint (1000): at fit end its last file is saved before the upload
+    order = 1100
 
     @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")
-    def __init__(self, name: str | None = None, save_dir: str | None = None, version: str | None = None,
-                 offline: bool = False, dir: str | None = None, id: str | None = None, *,
-                 project: str | None = None, log_model: bool = False, prefix: str = "",
-                 tags: list[str] | None = None, config: dict[str, Any] | None = None, entity: str | None = None,
-                 group: str | None = None, notes: str | None = None, job_type: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str | None = None,
+        save_dir: str | None = None,
+        version: str | None = None,
+        offline: bool = False,
+        dir: str | None = None,
+        id: str | None = None,
+        *,
+        project: str | None = None,
+        log_model: bool = False,
+        prefix: str = "",
+        tags: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+        entity: str | None = None,
+        group: str | None = None,
+        notes: str | None = None,
+        job_type: str | None = None,
+    ) -> None:
         _wandb()  # a missing package is an error here, not at fit start
         if log_model not in (True, False):
             raise MisconfigurationError(f"WandbLogger(log_model={log_model!r}) is not supported.",
-                                        "pass True (the best and last checkpoints, logged as an artifact at fit end) "
-                                        'or False; Lightning\'s "all" (every checkpoint as it is saved) is not '
+                                        "pass True (the best and last checkpoints, logged as an "
+                                        "artifact at fit end) "
+                                        'or False; Lightning\'s "all" (every checkpoint as it is '
+                                        'saved) is not '
                                         "supported.")
         self._where(save_dir if save_dir is not None else dir, None, None, prefix)
         self.run_name, self.offline, self.log_model = name, bool(offline), log_model
         self.project = project or os.environ.get("WANDB_PROJECT") or "taskfit"
         self.tags, self.config = list(tags or []), dict(config or {})
         self.init_args = {"entity": entity, "group": group, "notes": notes, "job_type": job_type}
-        self.hparams: dict[str, Any] | None = None  # the config (None: trainer.hparams; the taskfit command: HParams')
+        # the config (None: trainer.hparams; the taskfit command: HParams')
+        self.hparams: dict[str, Any] | None = None
         self._id: str | None = version or id
         self._run: Any = None
-        self._folder: str | None = None  # W&B's local folder of the run (…/wandb/offline-run-<time>-<id>)
+        # W&B's local folder of the run (…/wandb/offline-run-<time>-<id>)
+        self._folder: str | None = None
         self._row: dict[str, float] = {}  # the current step's values, not logged yet
         self._row_step = 0
-        self._sent_until = -1  # a resumed online run: the last global step it holds (not sent again)
+        # a resumed online run: the last global step it holds (not sent again)
+        self._sent_until = -1
 
     @property
     def experiment(self) -> Any:
-        """The ``wandb`` Run (rank 0, once a run started): ``logger.experiment.log({...})`` for anything else."""
+        """The ``wandb`` Run (rank 0, once a run started): ``logger.experiment.log({...})`` for
+        anything else."""
         return self._run
 
     @property
@@ -131,16 +154,19 @@ class WandbLogger(Logger):
 
     @property
     def log_dir(self) -> str | None:
-        """W&B's local folder of the run (``<save_dir>/wandb/offline-run-<time>-<id>`` offline); None before one."""
+        """W&B's local folder of the run (``<save_dir>/wandb/offline-run-<time>-<id>`` offline);
+        None before one."""
         return self._folder
 
     @property
     def has_directory(self) -> bool:
-        return False  # its runs live in W&B's folder (or server): the run directory is another logger's
+        # its runs live in W&B's folder (or server): the run directory is another logger's
+        return False
 
     @property
     def save_dir(self) -> str | None:
-        """The folder holding W&B's ``wandb/`` folder: ``save_dir`` as given, else the run directory."""
+        """The folder holding W&B's ``wandb/`` folder: ``save_dir`` as given, else the run
+        directory."""
         if self._save_dir is not None:
             return os.path.abspath(self._save_dir)
         return self._run_dir
@@ -148,7 +174,7 @@ class WandbLogger(Logger):
     def run_state(self) -> dict[str, Any]:
         return {"run_id": self._id, "project": self.project, "wandb_folder": self._folder}
 
-    # ---- the Logger interface ---------------------------------------------------------------------------
+    # ---- the Logger interface --------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
         recorded = self._recorded if self.resuming else None
         run_id = (recorded or {}).get("run_id") or self._id
@@ -175,17 +201,24 @@ class WandbLogger(Logger):
         folder = self.save_dir or os.path.abspath(os.path.join(os.getcwd(), "taskfit_logs"))
         try:
             os.makedirs(folder, exist_ok=True)
-            run = wandb.init(project=(recorded or {}).get("project") or self.project,
-                             name=self.run_name or display_name(trainer, self._run_dir), dir=folder, id=run_id,
-                             resume="allow" if run_id else None, tags=self.tags or None, config=self.config or None,
-                             mode="offline" if self.offline else None,
-                             **{k: v for k, v in self.init_args.items() if v is not None})
+            run = wandb.init(
+                project=(recorded or {}).get("project") or self.project,
+                name=self.run_name or display_name(trainer, self._run_dir),
+                dir=folder,
+                id=run_id,
+                resume="allow" if run_id else None,
+                tags=self.tags or None,
+                config=self.config or None,
+                mode="offline" if self.offline else None,
+                **{k: v for k, v in self.init_args.items() if v is not None},
+            )
         except Exception as exc:  # noqa: BLE001 - any failure of W&B: one explained error
             reason = " ".join(str(exc).split())[:500]
             raise MisconfigurationError(
                 f"WandbLogger cannot start a run in {folder}: {type(exc).__name__}: {reason}",
-                "log in (`wandb login` or $WANDB_API_KEY), or run offline: WandbLogger(offline=True) or "
-                "WANDB_MODE=offline (`wandb sync` uploads the run later); check that save_dir is writable.") from exc
+                "log in (`wandb login` or $WANDB_API_KEY), or run offline: "
+                "WandbLogger(offline=True) or WANDB_MODE=offline (`wandb sync` uploads the run "
+                "later); check that save_dir is writable.") from exc
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         # registered after W&B's own exit hook, so it runs before it: the exit code is ours
@@ -194,21 +227,23 @@ class WandbLogger(Logger):
         return run
 
     def _resumed(self, step: int, killed: bool) -> None:
-        """A resumed fit: note where, and whether the previous process died with the run open (SIGKILL, out of
-        memory). An online run W&B resumed knows its last global step: those steps are not sent again."""
+        """A resumed fit: note where, and whether the previous process died with the run open
+        (SIGKILL, out of memory). An online run W&B resumed knows its last global step: those steps
+        are not sent again."""
         summary = self._run.summary
         last = summary.get(STEP_KEY)
         if isinstance(last, (int, float)):
             self._sent_until = int(last)
         if killed:
-            summary["taskfit.killed"] = (f"the process died without closing the run; found "
-                                         f"{time.strftime('%Y-%m-%d %H:%M:%S')} by a resume at step {step}")
+            summary["taskfit.killed"] = ("the process died without closing the run; found "
+                                         f"{time.strftime('%Y-%m-%d %H:%M:%S')} by a resume at "
+                                         f"step {step}")
         resumes = summary.get("taskfit.resumed_at") or ""
         summary["taskfit.resumed_at"] = f"{resumes},{step}".strip(",")
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
-        """The run's config: the ``hparams`` the taskfit command chose, else ``params`` (numbers, strings, bools,
-        null; anything else as text), beside ``config``."""
+        """The run's config: the ``hparams`` the taskfit command chose, else ``params`` (numbers,
+        strings, bools, null; anything else as text), beside ``config``."""
         chosen = self.hparams if self.hparams is not None else params
         plain = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
                  for k, v in chosen.items()}
@@ -216,9 +251,11 @@ class WandbLogger(Logger):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if step <= self._sent_until:
-            return  # a resumed online run holds this step already (the same values: an exact resume)
+            # a resumed online run holds this step already (the same values: an exact resume)
+            return
         if self._row and (step != self._row_step or not self._row.keys().isdisjoint(metrics)):
-            self._send()  # a new step, or a key again at the same step (a validate after fit): a new row
+            # a new step, or a key again at the same step (a validate after fit): a new row
+            self._send()
         self._row_step = step
         self._row.update(metrics)
 
@@ -272,17 +309,24 @@ class WandbLogger(Logger):
         trainer.checkpoint_writer.wait()  # the files written on the background thread are in place
         wandb = _wandb()
         best, last = callback.best_model_path, callback.last_model_path
-        files: dict[str, list[str]] = {}  # a file: its aliases (last.ckpt may be a link to the best file: one)
+        # a file: its aliases (last.ckpt may be a link to the best file: one)
+        files: dict[str, list[str]] = {}
         for alias, path in (("best", best), ("latest", last)):
             if path and os.path.isfile(path):
                 same = next((f for f in files if os.path.samefile(f, path)), path)
                 files.setdefault(same, []).append(alias)
         for path, aliases in files.items():
-            artifact = wandb.Artifact(f"model-{self._id}", type="model",
-                                      metadata={"global_step": trainer.state.global_step,
-                                                "monitor": getattr(callback, "monitor", None),
-                                                "score": _number(getattr(callback, "best_model_score", None))
-                                                if "best" in aliases else None})
+            artifact = wandb.Artifact(
+                f"model-{self._id}",
+                type="model",
+                metadata={
+                    "global_step": trainer.state.global_step,
+                    "monitor": getattr(callback, "monitor", None),
+                    "score": _number(getattr(callback, "best_model_score", None))
+                    if "best" in aliases
+                    else None,
+                },
+            )
             artifact.add_file(path, name=os.path.basename(path))
             self._run.log_artifact(artifact, aliases=aliases)
 
@@ -312,8 +356,8 @@ def _status(folder: str | None) -> str | None:
 
 
 def _write_status(folder: str | None, status: str) -> None:
-    """``running`` while the run is open, then how it ended: a resume that finds ``running`` knows the process
-    that wrote it died without closing the run."""
+    """``running`` while the run is open, then how it ended: a resume that finds ``running`` knows
+    the process that wrote it died without closing the run."""
     if folder and os.path.isdir(folder):
         try:
             with open(os.path.join(folder, _STATUS_FILE), "w", encoding="utf-8") as fh:

@@ -1,9 +1,11 @@
-"""``python -m taskfit.consolidate SRC [DST]``: a sharded (fsdp) checkpoint directory as one single-file checkpoint.
+"""``python -m taskfit.consolidate SRC [DST]``: a sharded (fsdp) checkpoint directory as one
+single-file checkpoint.
 
-The file is today's format (``torch.load(DST, weights_only=True)``, ``TaskModule.load_from_checkpoint``, and
-``fit(ckpt_path=DST)`` under any strategy). It holds every tensor whole, so it needs the memory of the full model
-and optimizer state on this machine; nothing needs a GPU or a process group. Default DST: SRC's name with
-``-consolidated.ckpt`` beside it (``last.ckpt`` -> ``last-consolidated.ckpt``).
+The file is today's format (``torch.load(DST, weights_only=True)``,
+``TaskModule.load_from_checkpoint``, and ``fit(ckpt_path=DST)`` under any strategy). It holds every
+tensor whole, so it needs the memory of the full model and optimizer state on this machine; nothing
+needs a GPU or a process group. Default DST: SRC's name with ``-consolidated.ckpt`` beside it
+(``last.ckpt`` -> ``last-consolidated.ckpt``).
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ __all__ = ["consolidate_checkpoint", "main"]
 
 
 def consolidate_checkpoint(src: str | os.PathLike, dst: str | os.PathLike | None = None) -> str:
-    """Write the sharded checkpoint ``src`` as a single file (``dst``, by default beside it); returns its path."""
+    """Write the sharded checkpoint ``src`` as a single file (``dst``, by default beside it);
+    returns its path."""
     src = os.path.abspath(os.fspath(src)).rstrip(os.sep)
     if dst is None:
         stem = src[:-5] if src.endswith(".ckpt") else src
@@ -28,10 +31,12 @@ def consolidate_checkpoint(src: str | os.PathLike, dst: str | os.PathLike | None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taskfit.consolidate",
-                                     description="Write a sharded (fsdp) checkpoint directory as one checkpoint file.")
+                                     description="Write a sharded (fsdp) checkpoint directory as "
+                                                 "one checkpoint file.")
     parser.add_argument("src", help="the sharded checkpoint directory, e.g. "
                         "taskfit_logs/version_0/checkpoints/last.ckpt")
-    parser.add_argument("dst", nargs="?", help="the file to write (default: <src>-consolidated.ckpt beside it)")
+    parser.add_argument("dst", nargs="?", help="the file to write (default: "
+                                               "<src>-consolidated.ckpt beside it)")
     args = parser.parse_args(argv)
     try:
         path = consolidate_checkpoint(args.src, args.dst)

@@ -1,16 +1,16 @@
 """One live run per checkpoint folder: a lock file beside it (``.<folder>.taskfit-lock``) that names
 its holder.
 
-The holder keeps an exclusive POSIX record lock (``lockf``) on the file for as long as it trains, and
-the file says who it is (pid, host, start time, command). The kernel drops the lock when the process
-ends, however it ends (SIGKILL too), so liveness needs no heartbeat and no guess: a file whose lock
-can be taken is stale and is taken over. A record lock, not ``flock``: it belongs to the process, so
-DataLoader workers forked from it do not keep it alive after it died, and network file systems
-(NFS, Lustre) carry it between machines. The file is removed when its holder lets go. It lies beside
-the folder, not in it, so that the folder holds checkpoints only (in a parent that cannot be
-written: inside it). Within one process the folder is held once, whatever the number of fits (a
-tuner's fits inside a fit); the process never opens the file a second time (closing any descriptor
-of it would drop a record lock).
+The holder keeps an exclusive POSIX record lock (``lockf``) on the file for as long as it trains,
+and the file says who it is (pid, host, start time, command). The kernel drops the lock when the
+process ends, however it ends (SIGKILL too), so liveness needs no heartbeat and no guess: a file
+whose lock can be taken is stale and is taken over. A record lock, not ``flock``: it belongs to the
+process, so DataLoader workers forked from it do not keep it alive after it died, and network file
+systems (NFS, Lustre) carry it between machines. The file is removed when its holder lets go. It
+lies beside the folder, not in it, so that the folder holds checkpoints only (in a parent that
+cannot be written: inside it). Within one process the folder is held once, whatever the number of
+fits (a tuner's fits inside a fit); the process never opens the file a second time (closing any
+descriptor of it would drop a record lock).
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
-"""Checksums of single-file checkpoints: a bit flipped on disk (or in a copy) is refused by name, not resumed.
+"""Checksums of single-file checkpoints: a bit flipped on disk (or in a copy) is refused by name,
+not resumed.
 
-When a taskfit checkpoint is written, :func:`checksums` computes a CRC-32 (``zlib.crc32``) of every tensor's
-storage and one of everything else in it (the counters, settings, tensor shapes and dtypes: the pickled part),
-and the file stores them under ``checkpoint["checksums"]``. A background save computes them on the writer's
-thread, over the staged copy, so the training loop does not wait for them. :func:`verify` recomputes them when
-a file is loaded and names the first tensor whose bytes differ.
+When a taskfit checkpoint is written, :func:`checksums` computes a CRC-32 (``zlib.crc32``) of every
+tensor's storage and one of everything else in it (the counters, settings, tensor shapes and dtypes:
+the pickled part), and the file stores them under ``checkpoint["checksums"]``. A background save
+computes them on the writer's thread, over the staged copy, so the training loop does not wait for
+them. :func:`verify` recomputes them when a file is loaded and names the first tensor whose bytes
+differ.
 
-Why CRC-32 in the file: it is the fastest checksum of the standard library here (about 1.5 GB/s; it releases the
-GIL), it detects every burst error of up to 32 bits and any other damage with probability 1 - 2^-32, and the
-threat it guards against is accidental damage (a disk, a copy, a tool writing into the file), not a forger. Stored
-in the checkpoint itself, it travels with every copy of the file; a sidecar could be lost or paired with the wrong
-file. An older taskfit ignores the entry: the format version stays the same.
+Why CRC-32 in the file: it is the fastest checksum of the standard library here (about 1.5 GB/s; it
+releases the GIL), it detects every burst error of up to 32 bits and any other damage with
+probability 1 - 2^-32, and the threat it guards against is accidental damage (a disk, a copy, a tool
+writing into the file), not a forger. Stored in the checkpoint itself, it travels with every copy of
+the file; a sidecar could be lost or paired with the wrong file. An older taskfit ignores the entry:
+the format version stays the same.
 
 A file without the entry (written by Lightning, ``torch.save``, an older taskfit) is
 checked with the CRC-32 that torch's zip writer records for each member of the archive
@@ -28,7 +31,8 @@ import torch
 from ..errors import CheckpointError
 
 KEY, ALGORITHM = "checksums", "crc32"
-ALIAS = "state_dict"  # Lightning's name for "module" (checkpointing.py): the same tensors, checked once there
+# Lightning's name for "module" (checkpointing.py): the same tensors, checked once there
+ALIAS = "state_dict"
 
 
 def checksums(tree: Mapping[str, Any]) -> dict[str, Any]:
@@ -49,23 +53,31 @@ def verify(ckpt: Any, path: str) -> None:
         return
     expected = recorded.get("tensors") if isinstance(recorded.get("tensors"), Mapping) else {}
     actual: dict[str, int] = {}
-    values = _walk({k: v for k, v in ckpt.items() if k not in (KEY, ALIAS)}, "checkpoint", actual, {})
+    values = _walk(
+        {k: v for k, v in ckpt.items() if k not in (KEY, ALIAS)}, "checkpoint", actual, {}
+    )
     bad = [name for name, crc in expected.items() if actual.get(name) != crc]
     if bad:
         name, more = bad[0], f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
         found = f"{actual[name]:08x}" if name in actual else "no such tensor"
-        what = f"the bytes of tensor {name}{more} do not match the checksum recorded when it was written " \
-               f"(crc32 {found}, recorded {expected[name]:08x})"
+        what = (
+            f"the bytes of tensor {name}{more} do not match the checksum recorded when it was "
+            "written "
+            f"(crc32 {found}, recorded {expected[name]:08x})"
+        )
     elif values != recorded.get("values"):
-        what = "its counters, settings or tensor shapes (the pickled part) do not match the checksum recorded when " \
-               "it was written"
+        what = (
+            "its counters, settings or tensor shapes (the pickled part) do not match the checksum "
+            "recorded when "
+            "it was written"
+        )
     else:
         return
     raise CheckpointError(
         f"Checkpoint {path} is damaged: {what}.",
-        "the file changed after taskfit wrote it (a disk or memory error, an interrupted copy, a tool that wrote "
-        "into it): use another checkpoint of its folder (fit(ckpt_path=\"last\") falls back to the newest intact "
-        "one by itself) or a good copy of this one.")
+        "the file changed after taskfit wrote it (a disk or memory error, an interrupted copy, a "
+        "tool that wrote into it): use another checkpoint of its folder (fit(ckpt_path=\"last\") "
+        "falls back to the newest intact one by itself) or a good copy of this one.")
 
 
 def verify_zip(path: str) -> None:
@@ -107,7 +119,8 @@ def _damaged_member(path: str, member: str) -> Exception:
 
 
 def _walk(obj: Any, where: str, tensors: dict[str, int], seen: dict[tuple[Any, ...], int]) -> int:
-    """CRC-32 of ``obj``'s plain values and tensor layouts; each tensor's storage CRC goes into ``tensors``."""
+    """CRC-32 of ``obj``'s plain values and tensor layouts; each tensor's storage CRC goes into
+    ``tensors``."""
     kind = type(obj)
     if isinstance(obj, torch.Tensor):
         layout = f"T{obj.dtype}{tuple(obj.shape)}"
@@ -119,14 +132,19 @@ def _walk(obj: Any, where: str, tensors: dict[str, int], seen: dict[tuple[Any, .
         crc = zlib.crc32(f"{kind.__name__}{{".encode())
         for key, value in obj.items():
             crc = zlib.crc32(repr(key).encode(), crc)
-            crc = zlib.crc32(_walk(value, f"{where}[{key!r}]", tensors, seen).to_bytes(4, "little"), crc)
+            crc = zlib.crc32(
+                _walk(value, f"{where}[{key!r}]", tensors, seen).to_bytes(4, "little"), crc
+            )
         return crc
     if kind is list or kind is tuple:
         crc = zlib.crc32(f"{kind.__name__}[".encode())
         for i, value in enumerate(obj):
-            crc = zlib.crc32(_walk(value, f"{where}[{i}]", tensors, seen).to_bytes(4, "little"), crc)
+            crc = zlib.crc32(
+                _walk(value, f"{where}[{i}]", tensors, seen).to_bytes(4, "little"), crc
+            )
         return crc
-    if kind is set or kind is frozenset:  # a set's order is not kept by pickling: its sorted elements
+    # a set's order is not kept by pickling: its sorted elements
+    if kind is set or kind is frozenset:
         return zlib.crc32(f"{kind.__name__}{sorted(repr(v) for v in obj)}".encode())
     return zlib.crc32(f"{kind.__name__}:{obj!r}".encode())
 
@@ -139,7 +157,8 @@ def _storage_crc(storage: torch.UntypedStorage, seen: dict[tuple[Any, ...], int]
         return 0
     key = (storage.data_ptr(), nbytes, str(storage.device))
     if key not in seen:
-        if storage.device.type != "cpu":  # a synchronous save of device tensors: a host copy, one at a time
+        # a synchronous save of device tensors: a host copy, one at a time
+        if storage.device.type != "cpu":
             storage = storage.cpu()
         view = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
         seen[key] = zlib.crc32(memoryview(view.numpy()))

@@ -1,23 +1,26 @@
 """Sharded checkpoints: one directory per checkpoint, each rank writing its own shards with
-``torch.distributed.checkpoint`` (DCP); read back on any number of processes (resharded), never running code.
+``torch.distributed.checkpoint`` (DCP); read back on any number of processes (resharded), never
+running code.
 
 ``<name>.ckpt/`` holds:
 
-* ``checkpoint.pt``: everything a single-file checkpoint holds, each module and optimizer tensor replaced by a
-  *meta* tensor of its full shape and dtype (``torch.load(weights_only=True)`` reads it; it is what is checked
-  against the model before anything is loaded);
-* ``.metadata`` and ``__<rank>_0.distcp``: DCP's index and each rank's shards (entries ``module/<name>`` and
-  ``optimizer[/<i>]/state/<index>/<state>``); the index is read by an unpickler that builds DCP's metadata classes
-  and nothing else, and checked before DCP reads a byte (every file it names is inside the directory, present and
-  long enough: :func:`read_index`); the shards are read with ``torch.load(weights_only=True)``;
-* ``COMPLETE``: written last, with each shard file's size and fingerprint (a swapped or replaced shard file is
-  refused by name) and the CRC-32 of its every byte, computed by the rank that wrote it (on the
-  checkpoint writer's thread for a background save) and checked before a byte is loaded; a directory
-  without it is refused.
+* ``checkpoint.pt``: everything a single-file checkpoint holds, each module and optimizer tensor
+  replaced by a *meta* tensor of its full shape and dtype (``torch.load(weights_only=True)`` reads
+  it; it is what is checked against the model before anything is loaded);
+* ``.metadata`` and ``__<rank>_0.distcp``: DCP's index and each rank's shards (entries
+  ``module/<name>`` and ``optimizer[/<i>]/state/<index>/<state>``); the index is read by an
+  unpickler that builds DCP's metadata classes and nothing else, and checked before DCP reads a byte
+  (every file it names is inside the directory, present and long enough: :func:`read_index`); the
+  shards are read with ``torch.load(weights_only=True)``;
+* ``COMPLETE``: written last, with each shard file's size and fingerprint (a swapped or replaced
+  shard file is refused by name) and the CRC-32 of its every byte, computed by the rank that wrote
+  it (on the checkpoint writer's thread for a background save) and checked before a byte is loaded;
+  a directory without it is refused.
 
-The directory is written under a hidden temporary name beside its target, then renamed into place (an existing
-checkpoint of that name is swapped out atomically), so a process killed at any instant leaves the previous
-checkpoint whole. ``consolidate`` turns one into today's single-file format. Format: docs/checkpointing.md.
+The directory is written under a hidden temporary name beside its target, then renamed into place
+(an existing checkpoint of that name is swapped out atomically), so a process killed at any instant
+leaves the previous checkpoint whole. ``consolidate`` turns one into today's single-file format.
+Format: docs/checkpointing.md.
 """
 from __future__ import annotations
 
@@ -51,10 +54,10 @@ if TYPE_CHECKING:
 _SHARDED_PARTS = ("module", "optimizer")  # what is written as shards; the rest goes into STATE_FILE
 
 
-# ---- writing --------------------------------------------------------------------------------------------
+# ---- writing -------------------------------------------------------------------------------------
 def split(contents: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """``contents`` with every tensor of its module and optimizer parts replaced by a meta tensor of the same
-    (full) shape and dtype, and those tensors by entry name."""
+    """``contents`` with every tensor of its module and optimizer parts replaced by a meta tensor of
+    the same (full) shape and dtype, and those tensors by entry name."""
     tensors: dict[str, torch.Tensor] = {}
 
     def walk(obj: Any, key: str) -> Any:
@@ -73,13 +76,14 @@ def split(contents: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.
 
 def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
                  writer: CheckpointWriter | None = None) -> None:
-    """Write ``contents`` as a sharded checkpoint directory at ``path`` (every rank calls it; each writes its shards).
+    """Write ``contents`` as a sharded checkpoint directory at ``path`` (every rank calls it; each
+    writes its shards).
 
-    Rank 0 writes the rest and, after every shard is on disk, the completion marker, then renames the directory
-    into place. With ``writer``, through DCP's ``async_save``: each rank's shards are copied now into staging
-    buffers that the writer keeps from one save to the next (DCP's ``DefaultStager``), and written, fsynced,
-    completed and renamed on the writer's thread (DCP's collectives there use a gloo group of their own, so they
-    never interleave with the training's).
+    Rank 0 writes the rest and, after every shard is on disk, the completion marker, then renames
+    the directory into place. With ``writer``, through DCP's ``async_save``: each rank's shards are
+    copied now into staging buffers that the writer keeps from one save to the next (DCP's
+    ``DefaultStager``), and written, fsynced, completed and renamed on the writer's thread (DCP's
+    collectives there use a gloo group of their own, so they never interleave with the training's).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -88,13 +92,16 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
     if strategy.is_main:
         check_plain(skeleton, "checkpoint")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+        tmp = tempfile.mkdtemp(
+            prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path)
+        )
     tmp = strategy.broadcast(tmp)
     storage = dcp.FileSystemWriter(tmp, sync_files=True)
     no_dist = strategy.world_size == 1 and not _distributed()
     try:
         if writer is None:
-            with warnings.catch_warnings():  # one process without a group: "assuming ... a single process", yes
+            # one process without a group: "assuming ... a single process", yes
+            with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 _dcp_call(lambda: dcp.save(tensors, storage_writer=storage, no_dist=no_dist), path)
             # every rank's shards are on disk, each checksummed by the rank that wrote it
@@ -104,8 +111,16 @@ def save_sharded(strategy: Strategy, contents: Mapping[str, Any], path: str,
             return
         stager = writer.kept("dcp stager", _stager, lambda stager: stager.close())
         group = None if no_dist else writer.kept("dcp group", _checkpoint_group, _destroy_group)
-        future = _dcp_call(lambda: dcp.async_save(tensors, storage_writer=storage, process_group=group,
-                                                  async_stager=stager, no_dist=no_dist), path)
+        future = _dcp_call(
+            lambda: dcp.async_save(
+                tensors,
+                storage_writer=storage,
+                process_group=group,
+                async_stager=stager,
+                no_dist=no_dist,
+            ),
+            path,
+        )
         skeleton_if_main = skeleton if strategy.is_main else None
         writer.submit(_finish_async, future, tmp, path, skeleton_if_main, strategy.world_size,
                       group)
@@ -173,9 +188,9 @@ def _gather(crcs: list[str], group: Any) -> list[list[str]]:
 
 
 def _dcp_call(fn: Any, path: str) -> Any:
-    """``fn()``; DCP wraps each rank's error in a CheckpointException: one clear error naming the first. A full
-    disk is an OSError, or (DCP writes through torch's zip writer) a RuntimeError about a file position: the free
-    space is then part of the message."""
+    """``fn()``; DCP wraps each rank's error in a CheckpointException: one clear error naming the
+    first. A full disk is an OSError, or (DCP writes through torch's zip writer) a RuntimeError
+    about a file position: the free space is then part of the message."""
     try:
         return fn()
     except BaseException as exc:
@@ -185,27 +200,36 @@ def _dcp_call(fn: Any, path: str) -> Any:
         if isinstance(cause, Exception) and not isinstance(cause, CheckpointError):
             reason = " ".join(str(cause).split())[:200]
             free = shutil.disk_usage(os.path.dirname(path)).free
-            raise _write_error(path, RuntimeError(f"{type(cause).__name__}: {reason}; {free} bytes free on its "
-                                                  "file system")) from None
+            raise _write_error(path, RuntimeError(f"{type(cause).__name__}: {reason}; {free} bytes "
+                                                  "free on its file system")) from None
         raise
 
 
 def _stager() -> Any:
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    cuda = torch.cuda.is_available()  # pinned buffers (page-locked exactly, not rounded up) where a GPU copies
-    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-                                        use_non_blocking_copy=False))
+    # pinned buffers (page-locked exactly, not rounded up) where a GPU copies
+    cuda = torch.cuda.is_available()
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=False,
+        )
+    )
 
 
 def _checkpoint_group() -> Any:
     import torch.distributed as dist
 
-    return dist.new_group(backend="gloo")  # every rank creates it at its first asynchronous save, together
+    # every rank creates it at its first asynchronous save, together
+    return dist.new_group(backend="gloo")
 
 
 def _destroy_group(group: Any) -> None:
-    """At the end of fit (a process may run several, under torchrun): the group's sockets go with it."""
+    """At the end of fit (a process may run several, under torchrun): the group's sockets go with
+    it."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -213,7 +237,8 @@ def _destroy_group(group: Any) -> None:
 
 
 def _cause(exc: BaseException) -> BaseException:
-    """The first rank's error inside DCP's ``CheckpointException`` (a ``BaseException``), else ``exc``."""
+    """The first rank's error inside DCP's ``CheckpointException`` (a ``BaseException``), else
+    ``exc``."""
     failures = getattr(exc, "failures", None)
     if type(exc).__name__ == "CheckpointException" and failures:
         return next(iter(failures.values()))[0]
@@ -242,14 +267,17 @@ def _write_marker(directory: str, world_size: int, crcs: list[list[str]]) -> Non
         os.fsync(fh.fileno())
 
 
-# ---- reading --------------------------------------------------------------------------------------------
+# ---- reading -------------------------------------------------------------------------------------
 def load_skeleton(path: str) -> dict[str, Any]:
-    """``checkpoint.pt`` of a complete sharded checkpoint: the run's state, meta tensors in place of the shards."""
+    """``checkpoint.pt`` of a complete sharded checkpoint: the run's state, meta tensors in place of
+    the shards."""
     require_complete(path)
     return load_file(os.path.join(path, STATE_FILE))
 
 
-def meta_entries(skeleton: Mapping[str, Any], parts: tuple[str, ...] = _SHARDED_PARTS) -> dict[str, torch.Tensor]:
+def meta_entries(
+    skeleton: Mapping[str, Any], parts: tuple[str, ...] = _SHARDED_PARTS
+) -> dict[str, torch.Tensor]:
     """Every entry still to be read in ``parts`` of ``skeleton``: its name and meta tensor."""
     found = {}
 
@@ -269,35 +297,45 @@ def meta_entries(skeleton: Mapping[str, Any], parts: tuple[str, ...] = _SHARDED_
     return found
 
 
-def read_shards(path: str, skeleton: Mapping[str, Any], templates: Mapping[str, torch.Tensor] | None = None,
-                parts: tuple[str, ...] = _SHARDED_PARTS) -> dict[str, Any]:
+def read_shards(
+    path: str,
+    skeleton: Mapping[str, Any],
+    templates: Mapping[str, torch.Tensor] | None = None,
+    parts: tuple[str, ...] = _SHARDED_PARTS,
+) -> dict[str, Any]:
     """``skeleton`` with the meta tensors of ``parts`` replaced by the checkpoint's tensors.
 
-    ``templates`` (by entry name) may give a DTensor to read only this rank's part into; every other entry is read
-    whole, on the CPU. Each process reads on its own (no collective), so any number of processes can read a
-    checkpoint written by any other number.
+    ``templates`` (by entry name) may give a DTensor to read only this rank's part into; every other
+    entry is read whole, on the CPU. Each process reads on its own (no collective), so any number of
+    processes can read a checkpoint written by any other number.
     """
     import torch.distributed.checkpoint as dcp
 
     entries = meta_entries(skeleton, parts)
     templates = dict(templates or {})
-    request = {k: templates[k] if k in templates else torch.empty(m.shape, dtype=m.dtype) for k, m in entries.items()}
+    request = {
+        k: templates[k] if k in templates else torch.empty(m.shape, dtype=m.dtype)
+        for k, m in entries.items()
+    }
     if request:
-        reader = SafeReader(path, read_index(path))  # checked before DCP runs: its failures print tracebacks
+        # checked before DCP runs: its failures print tracebacks
+        reader = SafeReader(path, read_index(path))
         try:
-            with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process"
+            # "torch.distributed is ... uninitialized, assuming ... a single process"
+            with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 dcp.load(request, storage_reader=reader, no_dist=True)
-        except BaseException as exc:  # DCP wraps a missing or damaged shard file in a CheckpointException
+        # DCP wraps a missing or damaged shard file in a CheckpointException
+        except BaseException as exc:
             cause = _cause(exc)
             if isinstance(cause, CheckpointError) or not isinstance(cause, Exception):
                 raise cause from None
             reason = " ".join(str(cause).split())[:300]
             raise CheckpointError(
-                f"Cannot read the shards of {path}: a shard file does not hold what .metadata says it holds "
-                f"({type(cause).__name__}: {reason}).",
-                "the shard files (__<rank>_0.distcp) were swapped, renamed or damaged: copy the whole directory "
-                "again, or use another checkpoint of the same folder.") from None
+                f"Cannot read the shards of {path}: a shard file does not hold what .metadata says "
+                f"it holds ({type(cause).__name__}: {reason}).",
+                "the shard files (__<rank>_0.distcp) were swapped, renamed or damaged: copy the "
+                "whole directory again, or use another checkpoint of the same folder.") from None
 
     def fill(obj: Any, key: str) -> Any:
         if isinstance(obj, torch.Tensor) and obj.is_meta:
@@ -311,27 +349,48 @@ def read_shards(path: str, skeleton: Mapping[str, Any], templates: Mapping[str, 
     return {k: fill(v, k) if k in parts else v for k, v in skeleton.items()}
 
 
-# ---- consolidation ------------------------------------------------------------------------------------------
+# ---- consolidation -------------------------------------------------------------------------------
 def consolidate(src: str, dst: str) -> str:
-    """Write the sharded checkpoint ``src`` as one single-file checkpoint ``dst`` (full tensors, on the CPU).
+    """Write the sharded checkpoint ``src`` as one single-file checkpoint ``dst`` (full tensors, on
+    the CPU).
 
-    The file is today's format: ``torch.load(dst, weights_only=True)`` reads it, ``TaskModule.load_from_checkpoint``
-    builds the task from it, and ``fit(ckpt_path=dst)`` resumes from it under any strategy. Returns ``dst``.
+    The file is today's format: ``torch.load(dst, weights_only=True)`` reads it,
+    ``TaskModule.load_from_checkpoint`` builds the task from it, and ``fit(ckpt_path=dst)`` resumes
+    from it under any strategy. Returns ``dst``.
     """
     src, dst = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(dst))
     if not is_sharded(src):
-        raise CheckpointError(f"{src} is not a sharded checkpoint directory (no {STATE_FILE}, {MARKER} or "
-                              ".metadata in it).", "pass the directory an fsdp run wrote (e.g. "
-                              ".../checkpoints/last.ckpt); a single-file checkpoint needs no consolidation.")
+        raise CheckpointError(
+            f"{src} is not a sharded checkpoint directory (no {STATE_FILE}, "
+            f"{MARKER} or .metadata in "
+            "it).",
+            "pass the directory an fsdp run wrote (e.g. "
+            ".../checkpoints/last.ckpt); a single-file checkpoint needs no consolidation.",
+        )
     if os.path.abspath(dst) == src or os.path.isdir(dst):
         raise CheckpointError(f"Cannot consolidate {src} into {dst}: the output is a directory.",
-                              "give the path of the file to write, e.g. model.ckpt beside the directory.")
+                              "give the path of the file to write, e.g. model.ckpt beside the "
+                              "directory.")
     full = read_shards(src, load_skeleton(src))
     check_plain(full, "checkpoint")
     atomic_save(full, dst)
     return dst
 
 
-__all__ = ["STATE_FILE", "MARKER", "is_sharded", "checkpoint_exists", "split", "save_sharded", "publish",
-           "copy_checkpoint", "remove_checkpoint", "load_skeleton", "meta_entries", "read_shards", "read_index",
-           "SafeReader", "consolidate"]
+__all__ = [
+    "STATE_FILE",
+    "MARKER",
+    "is_sharded",
+    "checkpoint_exists",
+    "split",
+    "save_sharded",
+    "publish",
+    "copy_checkpoint",
+    "remove_checkpoint",
+    "load_skeleton",
+    "meta_entries",
+    "read_shards",
+    "read_index",
+    "SafeReader",
+    "consolidate",
+]

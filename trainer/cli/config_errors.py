@@ -1,15 +1,15 @@
-"""The ``taskfit`` command's errors that Hydra and the checks of ``config.py`` do not catch, each turned into one
-:class:`~trainer.errors.MisconfigurationError` that names the key and what it accepts (the command then exits 1
-and leaves no run directory behind):
+"""The ``taskfit`` command's errors that Hydra and the checks of ``config.py`` do not catch, each
+turned into one :class:`~trainer.errors.MisconfigurationError` that names the key and what it
+accepts (the command then exits 1 and leaves no run directory behind):
 
-* a root key nobody reads (``+ckpt_pth=last``: Hydra's ``+`` adds any key, and a key that nothing uses does
-  nothing, silently);
+* a root key nobody reads (``+ckpt_pth=last``: Hydra's ``+`` adds any key, and a key that nothing
+  uses does nothing, silently);
 * a value the run rejects once it is used (``task.batch_size=-4``: the DataLoader's ValueError names
   ``batch_size`` and ``-4``, so the config key that holds them is the one to fix);
-* ``task=null`` (a config group takes an option name) and a YAML syntax error in a config file (Hydra raises
-  them as a ValueError and yaml's own error, with 40 lines of traceback);
-* a config group's file that is not a mapping of keys (a task written as a YAML list: the run
-  would fail later, naming no file): :func:`check_groups`.
+* ``task=null`` (a config group takes an option name) and a YAML syntax error in a config file
+  (Hydra raises them as a ValueError and yaml's own error, with 40 lines of traceback);
+* a config group's file that is not a mapping of keys (a task written as a YAML list: the run would
+  fail later, naming no file): :func:`check_groups`.
 """
 from __future__ import annotations
 
@@ -24,8 +24,19 @@ from typing import Any
 from ..errors import MisconfigurationError, find_in_chain
 
 # The root of conf/config.yaml (tests/test_config.py keeps this in step with the composed config).
-ROOT_KEYS = ("name", "mode", "ckpt_path", "test", "predict", "lr_find", "task", "trainer", "callbacks", "logger",
-             "paths")
+ROOT_KEYS = (
+    "name",
+    "mode",
+    "ckpt_path",
+    "test",
+    "predict",
+    "lr_find",
+    "task",
+    "trainer",
+    "callbacks",
+    "logger",
+    "paths",
+)
 _INTERPOLATION = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")
 
 
@@ -41,19 +52,26 @@ def _strings(node: Any) -> Iterator[str]:
 
 
 def check_root(config: Mapping[str, Any], *unresolved: Any) -> None:
-    """Refuse a root key of ``config`` that taskfit does not know and no interpolation (``${key}``) in the
-    ``unresolved`` configs (the job's and Hydra's, as plain containers) reads: a typo, ``+`` or not."""
-    used = {m.group(1) for tree in unresolved for text in _strings(tree) for m in _INTERPOLATION.finditer(text)}
+    """Refuse a root key of ``config`` that taskfit does not know and no interpolation (``${key}``)
+    in the ``unresolved`` configs (the job's and Hydra's, as plain containers) reads: a typo, ``+``
+    or not."""
+    used = {
+        m.group(1)
+        for tree in unresolved
+        for text in _strings(tree)
+        for m in _INTERPOLATION.finditer(text)
+    }
     for key in config:
         if key in ROOT_KEYS or key in used:
             continue
         close = difflib.get_close_matches(str(key), ROOT_KEYS, n=3, cutoff=0.6)
         did_you_mean = f"did you mean {' or '.join(close)}? " if close else ""
         raise MisconfigurationError(
-            f"Unknown config key '{key}' at the root of the config: taskfit does not read it, and nothing in the "
-            f"config uses it (no ${{{key}}}).",
-            f"{did_you_mean}Root keys: {', '.join(ROOT_KEYS)}; the Trainer's arguments are trainer.*, the task's "
-            f"task.*. A key of your own at the root must be used somewhere as ${{{key}}}.")
+            f"Unknown config key '{key}' at the root of the config: taskfit does not read it, and "
+            f"nothing in the config uses it (no ${{{key}}}).",
+            f"{did_you_mean}Root keys: {', '.join(ROOT_KEYS)}; the Trainer's arguments are "
+            "trainer.*, the task's task.*. A key of your own at the root must be used somewhere "
+            f"as ${{{key}}}.")
 
 
 # The config groups whose option is a mapping of keys (callbacks and logger may be null).
@@ -102,7 +120,8 @@ def _group_file(sources: Any, group: str, option: Any) -> str | None:
     return None
 
 
-# How torch's errors spell a few arguments whose names are too short, or not written, in their messages.
+# How torch's errors spell a few arguments whose names are too short, or not written, in their
+# messages.
 _SPELLED = {"lr": ["learning rate"], "eps": ["epsilon"], "betas": ["beta parameter"]}
 
 
@@ -118,9 +137,10 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def blame(exc: BaseException, config: Mapping[str, Any]) -> MisconfigurationError | None:
-    """A ValueError/TypeError of the run's set-up whose message names a config key's name and its value (torch's
-    ``batch_size should be a positive integer value, but got batch_size=-4``): the error, naming that key. None
-    when no key (or more than one) fits: then it is not the config's, and the traceback is what helps."""
+    """A ValueError/TypeError of the run's set-up whose message names a config key's name and its
+    value (torch's ``batch_size should be a positive integer value, but got batch_size=-4``): the
+    error, naming that key. None when no key (or more than one) fits: then it is not the config's,
+    and the traceback is what helps."""
     if not isinstance(exc, (ValueError, TypeError)):
         return None
     message = " ".join(str(exc).split())
@@ -131,32 +151,53 @@ def blame(exc: BaseException, config: Mapping[str, Any]) -> MisconfigurationErro
         if name.startswith("_") or not len(shown):
             continue
         spelled = [name] if len(name) > 2 else []
-        spelled += _SPELLED.get(name, [])  # torch's optimizers: "Invalid learning rate: -1" for lr=-1
-        if not any(re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", message, re.I) for word in spelled):
+        # torch's optimizers: "Invalid learning rate: -1" for lr=-1
+        spelled += _SPELLED.get(name, [])
+        if not any(
+            re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", message, re.I) for word in spelled
+        ):
             continue
         named.append((key, value))
         if re.search(rf"(?<![\w.+-]){re.escape(shown)}(?![\w.])", message):
             hits.append((key, value))
     if not hits and len(named) == 1 and isinstance(named[0][1], (int, float)):
-        hits = named  # the message names the key but not its value (torch: "num_workers option should be
+        # the message names the key but not its value (torch: "num_workers option should be
+        hits = named
         # non-negative"): the one number of that name is the one to fix
     if len(hits) != 1:
         return None
     key, value = hits[0]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.sep + "site-packages" + os.sep not in f.filename
-              and os.sep + "lib" + os.sep + "python" not in f.filename]
-    where = f" (raised from {frames[-1].name}() in {os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})" \
-        if frames else ""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if os.sep + "site-packages" + os.sep not in f.filename
+        and os.sep + "lib" + os.sep + "python" not in f.filename
+    ]
+    where = (
+        f" (raised from {frames[-1].name}() in {os.path.basename(frames[-1].filename)}, "
+        f"line {frames[-1].lineno})"
+        if frames
+        else ""
+    )
     return MisconfigurationError(
         f"Config value {key}={value!r} is not valid: {type(exc).__name__}: {message}{where}.",
-        f"set {key} to a value the message accepts, e.g. `taskfit {key}=...`; `taskfit --cfg job` prints the config.")
+        f"set {key} to a value the message accepts, e.g. `taskfit {key}=...`; `taskfit --cfg job` "
+        "prints the config.")
 
 
 def _config_dirs(argv: Sequence[str]) -> list[str]:
     """taskfit's conf/ and the ``--config-dir``/``-cd`` folder of the command line, if any."""
-    spec = importlib.util.find_spec("taskfit.conf")  # installed (editable or not), else a checkout's conf/
-    dirs = list(spec.submodule_search_locations or []) if spec is not None else \
-        [os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "conf")]
+    # installed (editable or not), else a checkout's conf/
+    spec = importlib.util.find_spec("taskfit.conf")
+    dirs = (
+        list(spec.submodule_search_locations or [])
+        if spec is not None
+        else [
+            os.path.join(
+                os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "conf"
+            )
+        ]
+    )
     for i, arg in enumerate(argv):
         if arg.startswith("--config-dir="):
             dirs.append(arg.split("=", 1)[1])
@@ -172,40 +213,56 @@ def null_group(exc: BaseException, argv: Sequence[str]) -> MisconfigurationError
     dirs = _config_dirs(argv)
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")
-        if value in ("null", "~", "None") and any(os.path.isdir(os.path.join(d, key)) for d in dirs):
+        if value in ("null", "~", "None") and any(
+            os.path.isdir(os.path.join(d, key)) for d in dirs
+        ):
             options = sorted({n[:-5] for d in dirs if os.path.isdir(os.path.join(d, key))
                               for n in os.listdir(os.path.join(d, key)) if n.endswith(".yaml")})
             return MisconfigurationError(
-                f"{arg}: '{key}' is a config group, which takes the name of one of its options, not null.",
-                f"use one of {', '.join(f'{key}={o}' for o in options)}; `~{key}` removes an optional group "
-                "(experiment, debug) from the defaults; `taskfit --help` lists every group.")
+                f"{arg}: '{key}' is a config group, which takes the name of one of its options, "
+                "not null.",
+                f"use one of {', '.join(f'{key}={o}' for o in options)}; `~{key}` removes an "
+                "optional group (experiment, debug) from the defaults; `taskfit --help` lists "
+                "every group.")
     return None
 
 
 def yaml_error(exc: BaseException) -> MisconfigurationError | None:
-    """A YAML syntax error in a config file (anywhere in ``exc``'s causes): the file, the line and the problem."""
+    """A YAML syntax error in a config file (anywhere in ``exc``'s causes): the file, the line and
+    the problem."""
     import yaml
 
     seen = find_in_chain(exc, yaml.YAMLError, contexts=True)
     if seen is None:
         return None
     mark = getattr(seen, "problem_mark", None)
-    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
-    problem = ": ".join(filter(None, (getattr(seen, "context", None), getattr(seen, "problem", None)))) or \
-        str(seen).splitlines()[0]
+    where = (
+        f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}"
+        if mark is not None
+        else "a config file"
+    )
+    problem = (
+        ": ".join(filter(None, (getattr(seen, "context", None), getattr(seen, "problem", None))))
+        or str(seen).splitlines()[0]
+    )
     name = getattr(mark, "name", "")
-    if isinstance(seen, yaml.reader.ReaderError):  # a character YAML refuses (a NUL of a binary file): no mark
+    # a character YAML refuses (a NUL of a binary file): no mark
+    if isinstance(seen, yaml.reader.ReaderError):
         name, where = str(seen.name), f"{seen.name}, character {seen.position + 1}"
-    group, option = os.path.basename(os.path.dirname(name)), os.path.splitext(os.path.basename(name))[0]
+    group, option = (
+        os.path.basename(os.path.dirname(name)),
+        os.path.splitext(os.path.basename(name))[0],
+    )
     return MisconfigurationError(
         f"The config file {name or '?'} is not valid YAML: {problem} ({where}).",
-        f"fix that line of the file (the option '{option}' of the group '{group}'); YAML lists are written [a, b], "
-        "mappings key: value, and a value with ':' or '#' needs quotes.")
+        f"fix that line of the file (the option '{option}' of the group '{group}'); YAML lists are "
+        "written [a, b], mappings key: value, and a value with ':' or '#' needs quotes.")
 
 
 def unreadable_config(exc: BaseException) -> MisconfigurationError | None:
-    """A config file that is not UTF-8 text (a binary file named ``.yaml``): Hydra's UnicodeDecodeError, with the
-    file it was reading (``full_path`` in its ``load_config``), as one error naming the group and option."""
+    """A config file that is not UTF-8 text (a binary file named ``.yaml``): Hydra's
+    UnicodeDecodeError, with the file it was reading (``full_path`` in its ``load_config``), as one
+    error naming the group and option."""
     seen = find_in_chain(exc, UnicodeDecodeError, contexts=True)
     if seen is None:
         return None
@@ -217,57 +274,72 @@ def unreadable_config(exc: BaseException) -> MisconfigurationError | None:
         tb = tb.tb_next
     if path is None:
         return None
-    group, option = os.path.basename(os.path.dirname(path)), os.path.splitext(os.path.basename(path))[0]
+    group, option = (
+        os.path.basename(os.path.dirname(path)),
+        os.path.splitext(os.path.basename(path))[0],
+    )
     return MisconfigurationError(
-        f"{group}={option}: the config file {path} is not text ({seen.encoding} cannot decode byte {seen.start}: "
-        f"{seen.reason}).",
-        f"a config file is YAML text; replace or remove {os.path.basename(path)} in the group '{group}', or choose "
-        "another option (`taskfit --help` lists them).")
+        f"{group}={option}: the config file {path} is not text ({seen.encoding} cannot decode byte "
+        f"{seen.start}: {seen.reason}).",
+        f"a config file is YAML text; replace or remove {os.path.basename(path)} in the group "
+        f"'{group}', or choose another option (`taskfit --help` lists them).")
 
 
 _DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "paths.log_dir")
 
 
 def run_dir_error(exc: BaseException, argv: Sequence[str]) -> MisconfigurationError | None:
-    """Hydra could not create the run (or sweep) directory (``paths.log_dir=/dev/null/x``: NotADirectoryError, a
-    read-only or full disk): one error naming the override that put it there (``paths.log_dir`` by default)."""
+    """Hydra could not create the run (or sweep) directory (``paths.log_dir=/dev/null/x``:
+    NotADirectoryError, a read-only or full disk): one error naming the override that put it there
+    (``paths.log_dir`` by default)."""
     if not isinstance(exc, OSError) or not isinstance(exc.filename, str):
         return None
     frames = traceback.extract_tb(exc.__traceback__)
-    if not any(f.name in ("run_job", "run", "multirun") and f"{os.sep}hydra{os.sep}" in f.filename for f in frames):
+    if not any(
+        f.name in ("run_job", "run", "multirun") and f"{os.sep}hydra{os.sep}" in f.filename
+        for f in frames
+    ):
         return None
     target = os.path.abspath(exc.filename)
     key, value = "paths.log_dir", None
     for arg in argv:
         name, _, given = arg.lstrip("+").partition("=")
-        if name in _DIR_KEYS and given and (target + os.sep).startswith(os.path.abspath(given) + os.sep):
+        if (
+            name in _DIR_KEYS
+            and given
+            and (target + os.sep).startswith(os.path.abspath(given) + os.sep)
+        ):
             key, value = name, given
             break
     shown = f"{key}={value}" if value is not None else f"{key} (the folder of runs)"
     return MisconfigurationError(
-        f"{shown}: the run directory {exc.filename} cannot be created ({exc.strerror or type(exc).__name__}).",
-        f"set {key} to a folder this user can write to (a relative paths.log_dir is relative to where taskfit "
-        "starts; the default is logs).")
+        f"{shown}: the run directory {exc.filename} cannot be created "
+        f"({exc.strerror or type(exc).__name__}).",
+        f"set {key} to a folder this user can write to (a relative paths.log_dir is relative to "
+        "where taskfit starts; the default is logs).")
 
 
 def check_name(name: Any, log_dir: Any, key: str = "name") -> None:
-    """``name`` places runs at ``<paths.log_dir>/<name>/runs/...``: it must stay inside ``paths.log_dir`` (no
-    ``..`` that climbs out, not an absolute path)."""
+    """``name`` places runs at ``<paths.log_dir>/<name>/runs/...``: it must stay inside
+    ``paths.log_dir`` (no ``..`` that climbs out, not an absolute path)."""
     text = str(name)
     inside = os.path.normpath(os.path.join("log_dir", text))
     if text.strip() and not os.path.isabs(text) and not text.startswith("~") and \
             (inside + os.sep).startswith("log_dir" + os.sep) and inside != "log_dir":
         return
     raise MisconfigurationError(
-        f"{key}={text!r} is not a valid run name: runs go to <paths.log_dir>/<name>/runs/, and this name puts them "
-        f"outside paths.log_dir ({log_dir}).",
-        "use a plain name (letters, digits, -, _; a/b makes sub-folders), without '..' or a leading '/' or '~'; "
-        "set paths.log_dir to choose where runs go.")
+        f"{key}={text!r} is not a valid run name: runs go to <paths.log_dir>/<name>/runs/, and "
+        f"this name puts them outside paths.log_dir ({log_dir}).",
+        "use a plain name (letters, digits, -, _; a/b makes sub-folders), without '..' or a "
+        "leading '/' or '~'; set paths.log_dir to choose where runs go.")
 
 
 def check_name_overrides(argv: Sequence[str]) -> None:
-    """The command line's ``name=...`` (each value of a sweep ``name=a,b``), before Hydra creates a directory."""
-    log_dir = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("paths.log_dir=")), "logs")
+    """The command line's ``name=...`` (each value of a sweep ``name=a,b``), before Hydra creates a
+    directory."""
+    log_dir = next(
+        (a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("paths.log_dir=")), "logs"
+    )
     for arg in argv:
         key, eq, value = arg.lstrip("+").partition("=")
         if key != "name" or not eq or "${" in value:

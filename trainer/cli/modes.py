@@ -1,10 +1,11 @@
-"""The ``taskfit`` command's modes besides training: ``mode=validate``, ``mode=test`` and ``mode=predict`` evaluate a
-checkpoint (as lightning-hydra-template's ``eval.py``), with the same configs, overrides and sweeps as ``fit``.
+"""The ``taskfit`` command's modes besides training: ``mode=validate``, ``mode=test`` and
+``mode=predict`` evaluate a checkpoint (as lightning-hydra-template's ``eval.py``), with the same
+configs, overrides and sweeps as ``fit``.
 
-Everything that can be wrong is found before the task is built: an unknown mode, no checkpoint, a checkpoint
-that does not exist, cannot be read or holds no weights. ``mode=predict`` writes the predictions with a
-:class:`~taskfit.callbacks.PredictionWriter` under ``predict.output_dir`` and keeps none in memory
-(``trainer.predict(task, ckpt_path, return_predictions=False)``).
+Everything that can be wrong is found before the task is built: an unknown mode, no checkpoint, a
+checkpoint that does not exist, cannot be read or holds no weights. ``mode=predict`` writes the
+predictions with a :class:`~taskfit.callbacks.PredictionWriter` under ``predict.output_dir`` and
+keeps none in memory (``trainer.predict(task, ckpt_path, return_predictions=False)``).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def check_mode(config: Mapping[str, Any]) -> str:
         if which is not None and which not in LOADERS:
             raise MisconfigurationError(
                 f"predict.dataloader={which!r} is not valid.",
-                "use null (the task's predict_dataloader(), else its test_dataloader()), predict, test or val.")
+                "use null (the task's predict_dataloader(), else its test_dataloader()), predict, "
+                "test or val.")
     return mode
 
 
@@ -44,19 +46,20 @@ def check_checkpoint_arg(mode: str, value: Any, name: str) -> None:
     if value is None:
         raise MisconfigurationError(
             f"mode={mode} needs a checkpoint, but ckpt_path is null.",
-            f"pass ckpt_path=/path/to/file.ckpt, or ckpt_path=last (the newest last.ckpt of the runs named "
-            f"'{name}').")
+            "pass ckpt_path=/path/to/file.ckpt, or ckpt_path=last (the newest last.ckpt of the "
+            f"runs named '{name}').")
     if value == "best":
         raise MisconfigurationError(
-            f"mode={mode} with ckpt_path=best: 'best' is the best checkpoint of a fit in the same run, and this "
-            "run does not fit.",
+            f"mode={mode} with ckpt_path=best: 'best' is the best checkpoint of a fit in the same "
+            "run, and this run does not fit.",
             "pass the file (the report of the training run and sweep_summary.yaml name it): "
             "ckpt_path=/path/to/epoch=3-step=92.ckpt, or ckpt_path=last.")
 
 
 def check_checkpoint(path: str) -> None:
-    """``path`` exists, can be read safely and holds model weights: one clear CheckpointError otherwise. A file is
-    memory-mapped (its tensors are not read); a file that cannot be is loaded as ``fit`` would load it."""
+    """``path`` exists, can be read safely and holds model weights: one clear CheckpointError
+    otherwise. A file is memory-mapped (its tensors are not read); a file that cannot be is loaded
+    as ``fit`` would load it."""
     import torch
 
     from ..checkpoint.files import check_format, load_file, module_state
@@ -67,7 +70,8 @@ def check_checkpoint(path: str) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # noqa: BLE001 - load_file below gives the clear error, or reads an older format
+        # load_file below gives the clear error, or reads an older format
+        except Exception:  # noqa: BLE001
             ckpt = None
     if ckpt is None:
         ckpt = load_file(path)  # missing, a directory, unsafe, corrupt: its CheckpointError
@@ -76,34 +80,39 @@ def check_checkpoint(path: str) -> None:
 
 
 def check_resume_path(path: str) -> None:
-    """``mode=fit`` with ``ckpt_path=<path>``: a checkpoint must be there, before the task is built and before
-    anything is written: a missing path, a folder that is not a sharded checkpoint, a file that is not one (text,
-    garbage, empty) is one CheckpointError naming ``ckpt_path`` (whether it fits the task is checked by fit)."""
+    """``mode=fit`` with ``ckpt_path=<path>``: a checkpoint must be there, before the task is built
+    and before anything is written: a missing path, a folder that is not a sharded checkpoint, a
+    file that is not one (text, garbage, empty) is one CheckpointError naming ``ckpt_path`` (whether
+    it fits the task is checked by fit)."""
     from ..errors import CheckpointError
 
     if not os.path.exists(path):
         raise CheckpointError(
             f"ckpt_path={path}: there is no checkpoint there (no such file or directory).",
-            "ckpt_path takes null (a fresh run), last (the newest last.ckpt of the runs of this name; a fresh run "
-            "when there is none yet), or the path of a .ckpt file or sharded checkpoint directory.")
+            "ckpt_path takes null (a fresh run), last (the newest last.ckpt of the runs of this "
+            "name; a fresh run when there is none yet), or the path of a .ckpt file or sharded "
+            "checkpoint directory.")
     try:
         check_checkpoint(path)
     except CheckpointError as exc:
         raise CheckpointError(f"ckpt_path={path} cannot be resumed from: {exc.what}",
-                              "pass a .ckpt file (or sharded checkpoint directory) a taskfit fit wrote, or "
-                              "ckpt_path=last (the newest last.ckpt of the runs of this name).") from exc
+                              "pass a .ckpt file (or sharded checkpoint directory) a taskfit fit "
+                              "wrote, or ckpt_path=last (the newest last.ckpt of the runs of this "
+                              "name).") from exc
 
 
 def use_loader(task: Any, which: str | None) -> str:
-    """Point ``task.predict_dataloader`` at the loader ``which`` names (None: ``predict`` if the task defines it,
-    else ``test``); returns the method used, for the report."""
+    """Point ``task.predict_dataloader`` at the loader ``which`` names (None: ``predict`` if the
+    task defines it, else ``test``); returns the method used, for the report."""
     from ..module import TaskModule
 
     def defines(method: str) -> bool:
         return getattr(type(task), method, None) is not getattr(TaskModule, method)
 
     if which is None:
-        which = "predict" if defines("predict_dataloader") or not defines("test_dataloader") else "test"
+        which = (
+            "predict" if defines("predict_dataloader") or not defines("test_dataloader") else "test"
+        )
     method = f"{which}_dataloader"
     if which != "predict":  # an instance attribute: the Trainer calls task.predict_dataloader()
         object.__setattr__(task, "predict_dataloader", getattr(task, method))
@@ -111,15 +120,23 @@ def use_loader(task: Any, which: str | None) -> str:
 
 
 def evaluate(trainer: Any, task: Any, mode: str, ckpt_path: str) -> dict[str, Any]:
-    """Run ``mode`` on ``task`` with the weights of ``ckpt_path``; what the report and the sweep summary show."""
+    """Run ``mode`` on ``task`` with the weights of ``ckpt_path``; what the report and the sweep
+    summary show."""
     if mode == "predict":
         trainer.predict(task, ckpt_path=ckpt_path, return_predictions=False)
         return {"metrics": {}}
-    metrics = (trainer.validate if mode == "validate" else trainer.test)(task, ckpt_path=ckpt_path)[0]
+    metrics = (trainer.validate if mode == "validate" else trainer.test)(task, ckpt_path=ckpt_path)[
+        0
+    ]
     stage = "val" if mode == "validate" else "test"
     monitor = f"{stage}/loss" if f"{stage}/loss" in metrics else next(iter(metrics), None)
-    return {"metrics": metrics, "monitor": monitor, "mode": guess_mode(monitor) if monitor else "min",
-            "score": None if monitor is None else float(metrics[monitor]), "kind": "final"}
+    return {
+        "metrics": metrics,
+        "monitor": monitor,
+        "mode": guess_mode(monitor) if monitor else "min",
+        "score": None if monitor is None else float(metrics[monitor]),
+        "kind": "final",
+    }
 
 
 def prediction_files(output_dir: str) -> list[str]:
@@ -140,5 +157,15 @@ def report_lines(mode: str, result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["MODES", "EVALUATING", "check_mode", "check_checkpoint_arg", "check_checkpoint", "check_resume_path",
-           "use_loader", "evaluate", "prediction_files", "report_lines"]
+__all__ = [
+    "MODES",
+    "EVALUATING",
+    "check_mode",
+    "check_checkpoint_arg",
+    "check_checkpoint",
+    "check_resume_path",
+    "use_loader",
+    "evaluate",
+    "prediction_files",
+    "report_lines",
+]

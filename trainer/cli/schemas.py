@@ -1,11 +1,12 @@
-"""The structured configs of the ``taskfit`` command: one dataclass per configurable class (the Trainer and the
-built-in callbacks and loggers), registered in Hydra's ConfigStore as ``taskfit_<name>`` by ``register`` in
-config.py. The yaml files of ``conf/trainer`` and ``conf/callbacks`` start from them (``defaults:
-[/taskfit_trainer@_here_]``), so Hydra rejects ``trainer.max_epoch=3`` or ``trainer.max_epochs=abc`` while composing
-the config.
+"""The structured configs of the ``taskfit`` command: one dataclass per configurable class (the
+Trainer and the built-in callbacks and loggers), registered in Hydra's ConfigStore as
+``taskfit_<name>`` by ``register`` in config.py. The yaml files of ``conf/trainer`` and
+``conf/callbacks`` start from them (``defaults: [/taskfit_trainer@_here_]``), so Hydra rejects
+``trainer.max_epoch=3`` or ``trainer.max_epochs=abc`` while composing the config.
 
-``TrainerConf`` is not written here: :func:`schema_of` builds it from ``Trainer.__init__``'s signature (names,
-defaults, annotations), the one place the Trainer's arguments are written (docs/configuration.md says why)."""
+``TrainerConf`` is not written here: :func:`schema_of` builds it from ``Trainer.__init__``'s
+signature (names, defaults, annotations), the one place the Trainer's arguments are written
+(docs/configuration.md says why)."""
 from __future__ import annotations
 
 import collections.abc
@@ -22,16 +23,18 @@ _SCALARS = (int, float, str, bool)
 
 
 def config_type(annotation: Any) -> Any:
-    """The type OmegaConf can hold for an annotation: ``int``/``float``/``str``/``bool`` as they are, ``X | None`` ->
-    ``Optional[X]``, a sequence of one of them (``Sequence[str]``, ``list[int]``, ``tuple[str, ...]``) -> ``List[X]``;
-    anything else (``int | float``, ``Any``, a class) -> ``Any``, which check_targets (config.py) then checks against
-    the real annotation."""
+    """The type OmegaConf can hold for an annotation: ``int``/``float``/``str``/``bool`` as they
+    are, ``X | None`` -> ``Optional[X]``, a sequence of one of them (``Sequence[str]``,
+    ``list[int]``, ``tuple[str, ...]``) -> ``List[X]``; anything else (``int | float``, ``Any``, a
+    class) -> ``Any``, which check_targets (config.py) then checks against the real annotation."""
     if annotation in _SCALARS:
         return annotation
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
-        return Optional[rest[0]] if len(args) == 2 and len(rest) == 1 and rest[0] in _SCALARS else Any
+        return (
+            Optional[rest[0]] if len(args) == 2 and len(rest) == 1 and rest[0] in _SCALARS else Any
+        )
     if origin in (list, collections.abc.Sequence) and len(args) == 1 and args[0] in _SCALARS:
         return List[args[0]]
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in _SCALARS:
@@ -49,49 +52,78 @@ def _field(default: Any) -> Any:
     return field(default=default)
 
 
-def schema_of(cls: type, target: str, *, exclude: tuple[str, ...] = (), narrowed: dict[str, Any] | None = None,
-              name: str | None = None) -> type:
-    """A dataclass with ``_target_: str = target`` and then one field per named argument of ``cls.__init__`` (in
-    the signature's order, minus ``exclude``): the same default (a list for a tuple or list default) and the
-    :func:`config_type` of its annotation, or the type given in ``narrowed``."""
+def schema_of(
+    cls: type,
+    target: str,
+    *,
+    exclude: tuple[str, ...] = (),
+    narrowed: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> type:
+    """A dataclass with ``_target_: str = target`` and then one field per named argument of
+    ``cls.__init__`` (in the signature's order, minus ``exclude``): the same default (a list for a
+    tuple or list default) and the :func:`config_type` of its annotation, or the type given in
+    ``narrowed``."""
     init = cls.__init__
-    hints = typing.get_type_hints(init)  # the annotations are strings (`from __future__ import annotations`)
+    # the annotations are strings (`from __future__ import annotations`)
+    hints = typing.get_type_hints(init)
     narrowed = dict(narrowed or {})
     fields: list[tuple[str, Any, Any]] = [("_target_", str, field(default=target))]
     for key, param in inspect.signature(init).parameters.items():
-        if key == "self" or key in exclude or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        if (
+            key == "self"
+            or key in exclude
+            or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+        ):
             continue
         kind = narrowed.pop(key) if key in narrowed else config_type(hints.get(key, Any))
         fields.append((key, kind, _field(param.default)))
     if narrowed:
-        raise TypeError(f"schema_of({cls.__name__}): narrowed names no argument: {sorted(narrowed)}")
+        raise TypeError(
+            f"schema_of({cls.__name__}): narrowed names no argument: {sorted(narrowed)}"
+        )
     schema = dataclasses.make_dataclass(name or f"{cls.__name__}Conf", fields)
     schema.__module__ = __name__  # make_dataclass's `module=` is Python 3.12+
-    schema.__doc__ = (f"The keyword arguments of :class:`{target}`, built from its signature by "
-                      f":func:`schema_of`" + (f" (except {', '.join(exclude)})" if exclude else "") + ".")
+    schema.__doc__ = (
+        f"The keyword arguments of :class:`{target}`, built from its signature by "
+        ":func:`schema_of`" + (f" (except {', '.join(exclude)})" if exclude else "") + "."
+    )
     return schema
 
 
-# ---- schemas ------------------------------------------------------------------------------------------
-# ``trainer.*``: built from Trainer.__init__. ``callbacks`` and ``config`` are left out: the command builds them
-# (the callbacks/ and logger/ groups, and the resolved config itself). TRAINER_NARROWED lists the arguments whose
-# schema type is narrower than the signature's, on purpose (each says why); every other type is config_type's.
+# ---- schemas -------------------------------------------------------------------------------------
+# ``trainer.*``: built from Trainer.__init__. ``callbacks`` and ``config`` are left out: the command
+# builds them
+# (the callbacks/ and logger/ groups, and the resolved config itself). TRAINER_NARROWED lists the
+# arguments whose
+# schema type is narrower than the signature's, on purpose (each says why); every other type is
+# config_type's.
 TRAINER_NARROWED: dict[str, Any] = {
-    # str | int: 16 and "16" name one precision; the command keeps it a string, as conf/trainer/default.yaml
+    # str | int: 16 and "16" name one precision; the command keeps it a string, as
+    # conf/trainer/default.yaml
     # writes it ("32"), so `trainer.precision=16` composes to "16".
     "precision": str,
     # bool | Logger | Sequence[Logger]: from the command the loggers come from the logger/ group;
     # trainer.logger only switches them (and the default TensorBoard one) on or off.
     "logger": bool,
-    # Any (a name or a Profiler instance): a Profiler instance has no yaml form; "simple", "torch" or null.
+    # Any (a name or a Profiler instance): a Profiler instance has no yaml form; "simple", "torch"
+    # or null.
     "profiler": Optional[str],
 }
-TrainerConf = schema_of(Trainer, "taskfit.Trainer", exclude=("callbacks", "config"), narrowed=TRAINER_NARROWED,
-                        name="TrainerConf")
+TrainerConf = schema_of(
+    Trainer,
+    "taskfit.Trainer",
+    exclude=("callbacks", "config"),
+    narrowed=TRAINER_NARROWED,
+    name="TrainerConf",
+)
 
-# The callbacks' and loggers' schemas: one field per argument of the class named in _target_, with the same
-# default. Arguments that accept a union OmegaConf cannot express (``int | float``, ``int | str | list``) are
-# ``Any`` here; check_targets checks them against the real annotation. tests/test_config.py keeps these in step
+# The callbacks' and loggers' schemas: one field per argument of the class named in _target_, with
+# the same
+# default. Arguments that accept a union OmegaConf cannot express (``int | float``, ``int | str |
+# list``) are
+# ``Any`` here; check_targets checks them against the real annotation. tests/test_config.py keeps
+# these in step
 # with the signatures.
 @dataclass
 class ModelCheckpointConf:
@@ -224,8 +256,16 @@ class ModelSummaryConf:
     max_depth: int = 1
 
 
-SCHEMAS: dict[str, type] = {"trainer": TrainerConf, "model_checkpoint": ModelCheckpointConf,
-                            "early_stopping": EarlyStoppingConf, "lr_monitor": LearningRateMonitorConf,
-                            "throughput": ThroughputMonitorConf, "tensorboard": TensorBoardLoggerConf,
-                            "csv": CSVLoggerConf, "mlflow": MLFlowLoggerConf, "wandb": WandbLoggerConf,
-                            "progress_bar": ProgressBarConf, "model_summary": ModelSummaryConf}
+SCHEMAS: dict[str, type] = {
+    "trainer": TrainerConf,
+    "model_checkpoint": ModelCheckpointConf,
+    "early_stopping": EarlyStoppingConf,
+    "lr_monitor": LearningRateMonitorConf,
+    "throughput": ThroughputMonitorConf,
+    "tensorboard": TensorBoardLoggerConf,
+    "csv": CSVLoggerConf,
+    "mlflow": MLFlowLoggerConf,
+    "wandb": WandbLoggerConf,
+    "progress_bar": ProgressBarConf,
+    "model_summary": ModelSummaryConf,
+}

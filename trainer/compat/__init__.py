@@ -1,1 +1,2 @@
-"""Compatibility layers: ``lightning/`` holds what exists only so that Lightning code runs unchanged."""
+"""Compatibility layers: ``lightning/`` holds what exists only so that Lightning code runs
+unchanged."""

@@ -1,8 +1,10 @@
-"""taskfit's module paths before the subpackages (round 4), still importable: ``from taskfit.fsdp import
-FSDPStrategy`` gives ``taskfit.strategies.fsdp``'s module itself (the same object, so a monkeypatch reaches it).
+"""taskfit's module paths before the subpackages (round 4), still importable: ``from taskfit.fsdp
+import FSDPStrategy`` gives ``taskfit.strategies.fsdp``'s module itself (the same object, so a
+monkeypatch reaches it).
 
-An import of an old name is answered by :class:`OldPaths`, a finder on ``sys.meta_path`` that ``taskfit/__init__``
-installs; nothing is imported before it is asked for. New code uses the new paths (docs/concepts.md).
+An import of an old name is answered by :class:`OldPaths`, a finder on ``sys.meta_path`` that
+``taskfit/__init__`` installs; nothing is imported before it is asked for. New code uses the new
+paths (docs/concepts.md).
 """
 from __future__ import annotations
 
@@ -63,17 +65,21 @@ MOVED = {  # old name: new name
 class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds an old module name and loads it as the module at its new name."""
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         return importlib.util.spec_from_loader(name, self) if name in MOVED else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         return importlib.import_module(MOVED[spec.name])
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = importlib.util.find_spec(module.__name__)  # the import system set the old name's spec
+        # the import system set the old name's spec
+        module.__spec__ = importlib.util.find_spec(module.__name__)
 
 
 def install() -> None:
-    """Put the finder on ``sys.meta_path`` once (after the standard finders: a real module always wins)."""
+    """Put the finder on ``sys.meta_path`` once (after the standard finders: a real module always
+    wins)."""
     if not any(isinstance(finder, OldPaths) for finder in sys.meta_path):
         sys.meta_path.append(OldPaths())

@@ -1,4 +1,5 @@
-"""Data plumbing: a deterministic, shardable, resumable sampler; DataLoader re-creation; moving batches.
+"""Data plumbing: a deterministic, shardable, resumable sampler; DataLoader re-creation; moving
+batches.
 
 A shuffled loader's order is the one Lightning's sampler gives, drawn from the global RNG at the
 same moment: single-process, ``RandomSampler``'s (a seed drawn from the global torch RNG when the
@@ -18,7 +19,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 
 from ..errors import MisconfigurationError, TaskModuleError
 from ..seed import seed_worker, seeds_workers
@@ -63,7 +71,8 @@ class ResumableSampler(Sampler[int]):
             generator = torch.Generator().manual_seed(seed)
             order: Sequence[int] = torch.randperm(self.size, generator=generator).tolist()
         else:
-            order = range(self.size)  # not a list of n ints per epoch (a slice of a range is a range)
+            # not a list of n ints per epoch (a slice of a range is a range)
+            order = range(self.size)
         if self.world_size > 1:
             order = list(order)
             if self.pad:
@@ -87,34 +96,56 @@ class ResumableSampler(Sampler[int]):
         return len(range(self.rank, self.size, self.world_size))
 
 
-def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_size: int = 1,
-                   pin_memory: bool = False, shuffle: bool | None = None, ignore_signals: tuple[str, ...] = ()) -> Any:
+def prepare_loader(
+    loader: Any,
+    *,
+    train: bool,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+    shuffle: bool | None = None,
+    ignore_signals: tuple[str, ...] = (),
+) -> Any:
     """Re-create a plain DataLoader around a :class:`ResumableSampler`, keeping every user setting.
 
-    Anything else (an iterable, a DataLoader subclass, an IterableDataset, a custom sampler) is returned as
-    is: it still trains, but without sharding or exact mid-epoch resume (a warning says so under ddp).
+    Anything else (an iterable, a DataLoader subclass, an IterableDataset, a custom sampler) is
+    returned as is: it still trains, but without sharding or exact mid-epoch resume (a warning says
+    so under ddp).
     """
     if loader is None or not isinstance(loader, DataLoader):
         return loader
-    shielded = bool(ignore_signals) and loader.num_workers > 0  # fit: workers leave those signals to the trainer
+    # fit: workers leave those signals to the trainer
+    shielded = bool(ignore_signals) and loader.num_workers > 0
     sampler = loader.sampler
-    plain = (type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset)
-             and isinstance(loader.batch_sampler, BatchSampler) and type(loader.batch_sampler) is BatchSampler
-             and (isinstance(sampler, SequentialSampler)
-                  or (isinstance(sampler, RandomSampler) and not sampler.replacement
-                      and sampler.num_samples == len(sampler.data_source)  # num_samples not set
-                      # its own generator: kept as it is, but ddp replaces it (DistributedSampler)
-                      and (sampler.generator is None or world_size > 1))))
+    plain = (
+        type(loader) is DataLoader
+        and not isinstance(loader.dataset, IterableDataset)
+        and isinstance(loader.batch_sampler, BatchSampler)
+        and type(loader.batch_sampler) is BatchSampler
+        and (
+            isinstance(sampler, SequentialSampler)
+            or (
+                isinstance(sampler, RandomSampler)
+                and not sampler.replacement
+                and sampler.num_samples == len(sampler.data_source)  # num_samples not set
+                # its own generator: kept as it is, but ddp replaces it (DistributedSampler)
+                and (sampler.generator is None or world_size > 1)
+            )
+        )
+    )
     # Lightning's worker_init_fn after seed_everything(workers=True)
     seeding = worker_seeding(loader, rank)
     if not plain:
         if world_size > 1:
-            warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom sampler, dataset or "
-                          "class, so taskfit cannot shard it: every rank sees all of its data. HINT: use a plain "
-                          "DataLoader over a map-style dataset, or shard the data yourself.", stacklevel=3)
+            warnings.warn(f"The {'train' if train else 'evaluation'} DataLoader uses a custom "
+                          "sampler, dataset or class, so taskfit cannot shard it: every rank sees "
+                          "all of its data. HINT: use a plain DataLoader over a map-style "
+                          "dataset, or shard the data yourself.", stacklevel=3)
         if seeding is not None:  # as Lightning does to any DataLoader
             loader.worker_init_fn = seeding
-        if shielded:  # the user's own loader, as it is: only how its workers start and take signals changes
+        # the user's own loader, as it is: only how its workers start and take signals changes
+        if shielded:
             shield(loader, ignore_signals)
         return loader
     if shuffle is None:
@@ -123,15 +154,26 @@ def prepare_loader(loader: Any, *, train: bool, seed: int, rank: int = 0, world_
                                    loader.generator)
     kwargs: dict[str, Any] = {}
     if loader.num_workers > 0:
-        kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+        kwargs.update(
+            prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers
+        )
     new = DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=new_sampler, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or pin_memory, drop_last=loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=seeding or loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-        **kwargs)
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=new_sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory or pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=seeding or loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        **kwargs,
+    )
     if shielded:
-        shield(new, ignore_signals)  # loader_workers.py: no moment of a worker's life where the signal kills it
+        # loader_workers.py: no moment of a worker's life where the signal kills it
+        shield(new, ignore_signals)
     return new
 
 
@@ -243,9 +285,12 @@ def batch_to_device(batch: Any, device: torch.device, non_blocking: bool = True)
 
 
 def batch_size_of(batch: Any) -> int:
-    """The number of samples in a batch: the first dimension of its first tensor (1 when there is none)."""
-    first = batch[0] if type(batch) in (tuple, list) and batch else batch  # the usual (inputs, targets): answered
-    if type(first) is torch.Tensor and first.dim() and first.shape[0]:  # here, without recursion, an ABC check or
+    """The number of samples in a batch: the first dimension of its first tensor (1 when there is
+    none)."""
+    # the usual (inputs, targets): answered
+    first = batch[0] if type(batch) in (tuple, list) and batch else batch
+    # here, without recursion, an ABC check or
+    if type(first) is torch.Tensor and first.dim() and first.shape[0]:
         return first.shape[0]  # Tensor.__len__ (Python code)
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else 1
@@ -260,7 +305,8 @@ def batch_size_of(batch: Any) -> int:
 
 
 def limit_batches(total: float, limit: int | float) -> float:
-    """Apply a ``limit_*_batches`` value to a loader of ``total`` batches (inf when it has no length)."""
+    """Apply a ``limit_*_batches`` value to a loader of ``total`` batches (inf when it has no
+    length)."""
     if isinstance(limit, float):
         if limit == 1.0 or total == float("inf"):
             return total
@@ -288,7 +334,8 @@ def empty_train_loader(loader: Any) -> MisconfigurationError:
     return MisconfigurationError(
         f"train_dataloader() yields no batches (dataset of {size} samples, batch_size="
         f"{getattr(loader, 'batch_size', '?')}, drop_last={getattr(loader, 'drop_last', '?')}).",
-        "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset size.")
+        "check the dataset is not empty, and use drop_last=False or a batch_size <= the dataset "
+        "size.")
 
 
 ASK = object()  # fit_loaders' val_source: ask the task for its validation loader
@@ -297,15 +344,17 @@ ASK = object()  # fit_loaders' val_source: ask the task for its validation loade
 def fit_loaders(task: Any, limits: Limits, overfit: bool, seed: int,
                 strategy: Any, ignore_signals: tuple[str, ...] = (),
                 val_source: Any = ASK) -> tuple[Any, float, Any, list[float]]:
-    """``(train loader, its batches per epoch, val loader or None, the batches of each validation loader)`` for fit,
-    after ``limit_*_batches``;
-    ``task`` is where the loaders come from (the task, or a ``DataSource``: loaders passed, a DataModule).
+    """``(train loader, its batches per epoch, val loader or None, the batches of each validation
+    loader)`` for fit, after ``limit_*_batches``; ``task`` is where the loaders come from (the task,
+    or a ``DataSource``: loaders passed, a DataModule).
 
     With ``overfit_batches`` the training batches, unshuffled, are also the validation batches.
     ``val_source``: the validation loader when the caller asked for it already."""
     args = dict(seed=seed, rank=strategy.rank, world_size=strategy.world_size,
                 pin_memory=strategy.device.type == "cuda", ignore_signals=ignore_signals)
-    train = prepare_loader(task.train_dataloader(), train=True, shuffle=False if overfit else None, **args)
+    train = prepare_loader(
+        task.train_dataloader(), train=True, shuffle=False if overfit else None, **args
+    )
     total = length(train)
     if total == 0:
         raise empty_train_loader(train)
@@ -314,9 +363,10 @@ def fit_loaders(task: Any, limits: Limits, overfit: bool, seed: int,
     else:
         val = prepare_evaluation(task.val_dataloader() if val_source is ASK else val_source, **args)
     if val is not None and length(val) == 0:
-        warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* values, and "
-                      "callbacks that monitor them have nothing to rank). HINT: check the validation dataset is not "
-                      "empty and its batch_size/drop_last, or return None from val_dataloader().", stacklevel=4)
+        warnings.warn("val_dataloader() yields no batches, so this fit does not validate (no val/* "
+                      "values, and callbacks that monitor them have nothing to rank). HINT: check "
+                      "the validation dataset is not empty and its batch_size/drop_last, or return "
+                      "None from val_dataloader().", stacklevel=4)
     num_val = [] if val is None else evaluation_batches(val, limits["val"])
     if not any(num_val):  # no loader, or limit_val_batches=0: no validation
         val, num_val = None, []
@@ -324,32 +374,40 @@ def fit_loaders(task: Any, limits: Limits, overfit: bool, seed: int,
 
 
 def eval_loader(task: Any, fn: str, seed: int, strategy: Any) -> Any:
-    """The loader of a ``validate``/``test``/``predict`` call, sharded over the ranks without duplicates."""
-    method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[fn]
+    """The loader of a ``validate``/``test``/``predict`` call, sharded over the ranks without
+    duplicates."""
+    method = {
+        "validate": "val_dataloader",
+        "test": "test_dataloader",
+        "predict": "predict_dataloader",
+    }[fn]
     loader = getattr(task, method)()
     if loader is None:
         owner = getattr(task, "owner", type(task).__name__)
         raise TaskModuleError(f"Trainer.{fn} needs data, but {owner}.{method}() returned None.",
-                              f"define `def {method}(self): return DataLoader(...)`, or pass the loader: "
-                              f"trainer.{fn}(task, dataloaders=...).")
+                              f"define `def {method}(self): return DataLoader(...)`, or pass the "
+                              f"loader: trainer.{fn}(task, dataloaders=...).")
     return prepare_evaluation(loader, seed=seed, rank=strategy.rank, world_size=strategy.world_size,
                               pin_memory=strategy.device.type == "cuda")
 
 
 class SequentialLoaders:
-    """Several evaluation loaders (a list, tuple or dict of DataLoaders from ``val_dataloader()``...), evaluated one
-    after the other, as Lightning's "sequential" mode: each batch goes to the step with its loader's index
-    (``dataloader_idx``), and ``limit_*_batches`` applies to each loader."""
+    """Several evaluation loaders (a list, tuple or dict of DataLoaders from
+    ``val_dataloader()``...), evaluated one after the other, as Lightning's "sequential" mode: each
+    batch goes to the step with its loader's index (``dataloader_idx``), and ``limit_*_batches``
+    applies to each loader."""
 
     def __init__(self, loaders: list[Any]) -> None:
         self.loaders = loaders
 
     def __len__(self) -> int:
-        return sum(len(loader) for loader in self.loaders)  # TypeError (inf in length()) when one has no length
+        # TypeError (inf in length()) when one has no length
+        return sum(len(loader) for loader in self.loaders)
 
 
 def evaluation_loaders(loader: Any) -> Any:
-    """``loader``, or :class:`SequentialLoaders` when it is several DataLoaders (one in a list is itself)."""
+    """``loader``, or :class:`SequentialLoaders` when it is several DataLoaders (one in a list is
+    itself)."""
     several = list(loader.values()) if isinstance(loader, Mapping) else loader \
         if isinstance(loader, (list, tuple)) else None
     if not several or not all(isinstance(item, DataLoader) for item in several):
@@ -358,20 +416,22 @@ def evaluation_loaders(loader: Any) -> Any:
 
 
 def parts(loader: Any) -> list[Any]:
-    """The loaders an evaluation pass runs: the loaders of a :class:`SequentialLoaders`, else ``[loader]``."""
+    """The loaders an evaluation pass runs: the loaders of a :class:`SequentialLoaders`, else
+    ``[loader]``."""
     return loader.loaders if isinstance(loader, SequentialLoaders) else [loader]
 
 
 def indexed_parts(loader: Any) -> list[tuple[Any, tuple[int, ...]]]:
-    """Each loader an evaluation pass runs, with what its step and batch hooks get after ``batch_idx``: ``(i,)``
-    (Lightning's ``dataloader_idx``) when there are several loaders, else ``()``."""
+    """Each loader an evaluation pass runs, with what its step and batch hooks get after
+    ``batch_idx``: ``(i,)`` (Lightning's ``dataloader_idx``) when there are several loaders, else
+    ``()``."""
     loaders = parts(loader)
     return [(part, (idx,) if len(loaders) > 1 else ()) for idx, part in enumerate(loaders)]
 
 
 def evaluation_batches(loader: Any, limit: int | float) -> list[float]:
-    """The batches an evaluation pass runs of each loader of ``loader``: ``limit`` (``limit_*_batches``) applied to
-    each (Lightning's ``num_val_batches``, a list)."""
+    """The batches an evaluation pass runs of each loader of ``loader``: ``limit``
+    (``limit_*_batches``) applied to each (Lightning's ``num_val_batches``, a list)."""
     return [limit_batches(length(part), limit) for part in parts(loader)]
 
 
@@ -379,23 +439,29 @@ def prepare_evaluation(loader: Any, **args: Any) -> Any:
     """:func:`prepare_loader` for evaluation, for each of several loaders."""
     loader = evaluation_loaders(loader)
     if isinstance(loader, SequentialLoaders):
-        return SequentialLoaders([prepare_loader(part, train=False, **args) for part in loader.loaders])
+        return SequentialLoaders(
+            [prepare_loader(part, train=False, **args) for part in loader.loaders]
+        )
     return prepare_loader(loader, train=False, **args)
 
 
 def sample_order(loader: Any) -> Sequence[int] | None:
-    """The dataset indices this rank's evaluation loader visits, in order (None when taskfit does not choose
-    them: a sampler or an IterableDataset of the user's)."""
+    """The dataset indices this rank's evaluation loader visits, in order (None when taskfit does
+    not choose them: a sampler or an IterableDataset of the user's)."""
     sampler = getattr(loader, "sampler", None)
     return sampler.indices() if isinstance(sampler, ResumableSampler) else None
 
 
 def stateful(loader: Any) -> bool:
-    """A loader that keeps its own position (``torchdata``'s ``StatefulDataLoader``, or any loader with
-    ``state_dict``/``load_state_dict``) and that taskfit does not re-create: its own state is saved and restored."""
+    """A loader that keeps its own position (``torchdata``'s ``StatefulDataLoader``, or any loader
+    with ``state_dict``/``load_state_dict``) and that taskfit does not re-create: its own state is
+    saved and restored."""
     sampler = getattr(loader, "sampler", None)
-    return not isinstance(sampler, ResumableSampler) and callable(getattr(loader, "state_dict", None)) \
+    return (
+        not isinstance(sampler, ResumableSampler)
+        and callable(getattr(loader, "state_dict", None))
         and callable(getattr(loader, "load_state_dict", None))
+    )
 
 
 def restore_position(train: Any, val: Any, data: Mapping[str, Any]) -> None:

@@ -1,22 +1,25 @@
-"""DataLoader workers that a preemption signal cannot kill: the trainer process saves and exits, the workers
-keep serving batches until it does.
+"""DataLoader workers that a preemption signal cannot kill: the trainer process saves and exits, the
+workers keep serving batches until it does.
 
-A signal sent to the whole process group (``kill -TERM -<pgid>``, ``timeout``, ``scancel``, a Kubernetes pod
-deletion) reaches every DataLoader worker too. A worker that dies of it fails the run before the trainer has
-saved (``DataLoader worker (pid ...) is killed by signal: Terminated``), so workers must ignore the preemption
-signals, at every moment of their life. Ignoring them in ``worker_init_fn`` alone leaves a window: torch installs
-its own SIGTERM handler in a new worker (it re-raises the signal unless the parent sent it) before it calls
-``worker_init_fn``. So the loader gets a multiprocessing context (``DataLoader(multiprocessing_context=...)``, a
-public argument) whose processes start with the signals *blocked* (``pthread_sigmask`` around ``start()``: the
-child inherits the mask), and ``worker_init_fn`` sets them to ignored and only then unblocks them: a signal that
-arrived in between stays pending and is discarded when it becomes ignored.
+A signal sent to the whole process group (``kill -TERM -<pgid>``, ``timeout``, ``scancel``, a
+Kubernetes pod deletion) reaches every DataLoader worker too. A worker that dies of it fails the run
+before the trainer has saved (``DataLoader worker (pid ...) is killed by signal: Terminated``), so
+workers must ignore the preemption signals, at every moment of their life. Ignoring them in
+``worker_init_fn`` alone leaves a window: torch installs its own SIGTERM handler in a new worker (it
+re-raises the signal unless the parent sent it) before it calls ``worker_init_fn``. So the loader
+gets a multiprocessing context (``DataLoader(multiprocessing_context=...)``, a public argument)
+whose processes start with the signals *blocked* (``pthread_sigmask`` around ``start()``: the child
+inherits the mask), and ``worker_init_fn`` sets them to ignored and only then unblocks them: a
+signal that arrived in between stays pending and is discarded when it becomes ignored.
 
-A worker that ignores SIGTERM cannot be stopped by ``Process.terminate()``, which torch and multiprocessing's exit
-handler use for workers that do not stop on their own: here ``terminate()`` sends SIGKILL, so whatever happens to
-a worker, the main process never waits for one that ignores it.
+A worker that ignores SIGTERM cannot be stopped by ``Process.terminate()``, which torch and
+multiprocessing's exit handler use for workers that do not stop on their own: here ``terminate()``
+sends SIGKILL, so whatever happens to a worker, the main process never waits for one that ignores
+it.
 
-Fork and spawn children inherit the mask; a ``"forkserver"`` context's children inherit the server's, which is
-blocked when the server starts with the loader's first workers (a window remains if something else started it).
+Fork and spawn children inherit the mask; a ``"forkserver"`` context's children inherit the
+server's, which is blocked when the server starts with the loader's first workers (a window remains
+if something else started it).
 
 A worker that dies (the out-of-memory killer's SIGKILL) must end the run, never hang it. torch's
 DataLoader installs, with the first multi-worker iterator of a process, a SIGCHLD handler that
@@ -43,7 +46,8 @@ _CAN_BLOCK = hasattr(signal, "pthread_sigmask")
 
 
 class _Shielded:
-    """A worker process started with ``blocked`` signals masked; ``terminate()`` is ``kill()`` (it ignores SIGTERM)."""
+    """A worker process started with ``blocked`` signals masked; ``terminate()`` is ``kill()`` (it
+    ignores SIGTERM)."""
 
     blocked: tuple[int, ...] = ()
 
@@ -59,12 +63,20 @@ class _Shielded:
         self.kill()  # type: ignore[attr-defined]
 
 
-# One class per start method, at module level: a "spawn" or "forkserver" child unpickles its process object.
+# One class per start method, at module level: a "spawn" or "forkserver" child unpickles its process
+# object.
 _PROCESS_CLASSES: dict[str, type] = {}
-for _method, _base in (("fork", "ForkProcess"), ("spawn", "SpawnProcess"), ("forkserver", "ForkServerProcess")):
+for _method, _base in (
+    ("fork", "ForkProcess"),
+    ("spawn", "SpawnProcess"),
+    ("forkserver", "ForkServerProcess"),
+):
     if hasattr(multiprocessing.context, _base):
-        _PROCESS_CLASSES[_method] = type(f"Shielded{_base}", (_Shielded, getattr(multiprocessing.context, _base)),
-                                         {"__module__": __name__, "__qualname__": f"Shielded{_base}"})
+        _PROCESS_CLASSES[_method] = type(
+            f"Shielded{_base}",
+            (_Shielded, getattr(multiprocessing.context, _base)),
+            {"__module__": __name__, "__qualname__": f"Shielded{_base}"},
+        )
         globals()[f"Shielded{_base}"] = _PROCESS_CLASSES[_method]
 
 
@@ -79,18 +91,23 @@ def signal_numbers(names: Sequence[str]) -> tuple[int, ...]:
 
 
 def shielded_context(context: Any, names: Sequence[str]) -> Any:
-    """A copy of ``context`` (a multiprocessing context, a start method name, or None for the default) whose
-    processes start with the signals ``names`` blocked and are stopped with SIGKILL. ``context`` itself is
-    left as it is (contexts are process-wide singletons)."""
+    """A copy of ``context`` (a multiprocessing context, a start method name, or None for the
+    default) whose processes start with the signals ``names`` blocked and are stopped with SIGKILL.
+    ``context`` itself is left as it is (contexts are process-wide singletons)."""
     if context is None or isinstance(context, (str, multiprocessing.context.DefaultContext)):
-        method = context if isinstance(context, str) else multiprocessing.get_start_method(allow_none=True) or \
-            multiprocessing.get_all_start_methods()[0]  # the platform's default, without fixing it for the process
+        method = (
+            context
+            if isinstance(context, str)
+            else multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0]
+        )  # the platform's default, without fixing it for the process
         context = multiprocessing.get_context(method)
     if not isinstance(context, multiprocessing.context.BaseContext):
         return context
     cls = _PROCESS_CLASSES.get(context.get_start_method())
     if cls is None:
-        return context  # a context of another kind: used as it is (worker_init_fn still ignores the signals)
+        # a context of another kind: used as it is (worker_init_fn still ignores the signals)
+        return context
     shielded = copy.copy(context)
     shielded.Process = functools.partial(_new_process, cls, signal_numbers(names))
     return shielded
@@ -98,8 +115,8 @@ def shielded_context(context: Any, names: Sequence[str]) -> Any:
 
 def init_worker(user_init: Callable[[int], Any] | None, ignored_signals: tuple[str, ...],
                 worker_id: int) -> None:
-    """``worker_init_fn`` of a fit's DataLoader workers: ignore the preemption signals, then unblock them (a signal
-    that came while they were blocked is discarded), then the loader's own init."""
+    """``worker_init_fn`` of a fit's DataLoader workers: ignore the preemption signals, then unblock
+    them (a signal that came while they were blocked is discarded), then the loader's own init."""
     numbers = signal_numbers(ignored_signals)
     for signum in numbers:
         signal.signal(signum, signal.SIG_IGN)
@@ -112,7 +129,8 @@ def init_worker(user_init: Callable[[int], Any] | None, ignored_signals: tuple[s
 
 
 def shield(loader: Any, names: Sequence[str]) -> None:
-    """Make a DataLoader's future workers immune to the signals ``names`` (its context and ``worker_init_fn``)."""
+    """Make a DataLoader's future workers immune to the signals ``names`` (its context and
+    ``worker_init_fn``)."""
     init = loader.worker_init_fn
     if not (isinstance(init, functools.partial) and init.func is init_worker):
         loader.worker_init_fn = functools.partial(init_worker, init, tuple(names))

@@ -1,7 +1,8 @@
-"""One pass's logged values, without a host-device sync per call: ``LogBook`` (the training epoch, or one
-validation/test pass) and its series, per key the step value and the epoch reduction with the options of its first
-``self.log`` (log_options.py). Values stay tensors in a pending list, folded into a running (weighted) total only
-at the logging interval and at epoch end; logbuffer.py converts them."""
+"""One pass's logged values, without a host-device sync per call: ``LogBook`` (the training epoch,
+or one validation/test pass) and its series, per key the step value and the epoch reduction with the
+options of its first ``self.log`` (log_options.py). Values stay tensors in a pending list, folded
+into a running (weighted) total only at the logging interval and at epoch end; logbuffer.py converts
+them."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,45 +14,72 @@ from ..errors import MisconfigurationError
 from .options import LogOptions, check_same, log_options
 
 LOSS = " loss"  # the key of the loop's own loss series (no name given to self.log can become it)
-EPOCH_HOOK = " (epoch hook)"  # after a name logged from an epoch-level hook: its own series, as Lightning keys each
-# value by the hook that logged it (a key logged per step in training_step and again in on_train_epoch_end is two)
-LEGACY = LogOptions(on_step=True, on_epoch=True)  # a book saved before self.log had options: name and name_epoch
+# after a name logged from an epoch-level hook: its own series, as Lightning keys each
+EPOCH_HOOK = " (epoch hook)"
+# value by the hook that logged it (a key logged per step in training_step and again in
+# on_train_epoch_end is two) a book saved before self.log had options: name and name_epoch
+LEGACY = LogOptions(on_step=True, on_epoch=True)
 
 
 def stack_scalars(values: list[Any], device: torch.device) -> torch.Tensor:
-    """One float32 vector on ``device`` from scalars (tensors of shape () or (1,), any dtype; numbers).
+    """One float32 vector on ``device`` from scalars (tensors of shape () or (1,), any dtype;
+    numbers).
 
-    One ``stack``, no host-device sync; values that already are float32 scalars on ``device`` go in as they are
-    (``as_tensor`` and ``reshape`` cost two dispatches each, per value, per log).
+    One ``stack``, no host-device sync; values that already are float32 scalars on ``device`` go in
+    as they are (``as_tensor`` and ``reshape`` cost two dispatches each, per value, per log).
     """
     f32 = torch.float32
-    return torch.stack([v if type(v) is torch.Tensor and v.dtype is f32 and v.dim() == 0 and v.device == device
-                        else torch.as_tensor(v, dtype=f32, device=device).reshape(()) for v in values])
+    return torch.stack(
+        [
+            v
+            if type(v) is torch.Tensor and v.dtype is f32 and v.dim() == 0 and v.device == device
+            else torch.as_tensor(v, dtype=f32, device=device).reshape(())
+            for v in values
+        ]
+    )
 
 
 class Series:
-    """One logged key: the values since the last fold (tensors stay tensors) and the folded running total.
+    """One logged key: the values since the last fold (tensors stay tensors) and the folded running
+    total.
 
-    Each value has a weight, the samples of its batch, kept relative to the first value's (``unit``): then every
-    full batch weighs 1, ``weights`` stays None while all of them do (no list, no multiply), and only a smaller
-    batch (the epoch's last) makes the mean a weighted one. ``reduce_fx`` "sum" adds the values (weight 1 each),
-    "max"/"min" keep the running extreme.
+    Each value has a weight, the samples of its batch, kept relative to the first value's
+    (``unit``): then every full batch weighs 1, ``weights`` stays None while all of them do (no
+    list, no multiply), and only a smaller batch (the epoch's last) makes the mean a weighted one.
+    ``reduce_fx`` "sum" adds the values (weight 1 each), "max"/"min" keep the running extreme.
     """
 
-    __slots__ = ("pending", "weights", "unit", "total", "weight", "_last", "options", "step_name", "epoch_name",
-                 "builtin", "hidden")
+    __slots__ = (
+        "pending",
+        "weights",
+        "unit",
+        "total",
+        "weight",
+        "_last",
+        "options",
+        "step_name",
+        "epoch_name",
+        "builtin",
+        "hidden",
+    )
 
-    def __init__(self, options: LogOptions = LEGACY, key: str = "", builtin: tuple[str | None, str | None] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        options: LogOptions = LEGACY,
+        key: str = "",
+        builtin: tuple[str | None, str | None] | None = None,
+    ) -> None:
         self.pending: list[Any] = []
         self.weights: list[float] | None = None
-        self.unit: float | None = None  # the weight of the first value: the others are relative to it
+        # the weight of the first value: the others are relative to it
+        self.unit: float | None = None
         self.total: Any = 0.0 if options.reduce_fx in ("mean", "sum") else None
         self.weight = 0.0
         self._last: Any = None
         self.options = options
         self.step_name, self.epoch_name = builtin if builtin is not None else options.names(key)
-        self.builtin, self.hidden = builtin is not None, False  # the loop's own loss; hidden: a user's key took it
+        # the loop's own loss; hidden: a user's key took it
+        self.builtin, self.hidden = builtin is not None, False
 
     @property
     def last(self) -> Any:
@@ -84,30 +112,45 @@ class Series:
         self.weights = None
 
     def peek(self) -> tuple[Any, float]:
-        """``(total, weight)`` as :meth:`fold` would leave them, without folding (the book is left unchanged)."""
+        """``(total, weight)`` as :meth:`fold` would leave them, without folding (the book is left
+        unchanged)."""
         if not self.pending:
             return self.total, self.weight
         weights, fx = self.weights, self.options.reduce_fx
         if isinstance(self.pending[0], torch.Tensor):
-            try:  # one stack (and a cast, a reshape where needed) per interval, not a .float() per value
+            # one stack (and a cast, a reshape where needed) per interval, not a .float() per value
+            try:
                 values = torch.stack(self.pending)
-                if values.dtype is not torch.float32 or values.dim() != 1:  # a loss may be (1,), or float16
+                # a loss may be (1,), or float16
+                if values.dtype is not torch.float32 or values.dim() != 1:
                     values = values.float().reshape(-1)
             except RuntimeError:  # values of different shapes, e.g. () and (1,)
                 values = torch.stack([v.float().reshape(()) for v in self.pending])
             if fx in ("max", "min"):
                 extreme = values.max() if fx == "max" else values.min()
-                total = extreme if self.total is None else (torch.maximum if fx == "max" else torch.minimum)(
-                    torch.as_tensor(self.total, device=extreme.device), extreme)
+                total = (
+                    extreme
+                    if self.total is None
+                    else (torch.maximum if fx == "max" else torch.minimum)(
+                        torch.as_tensor(self.total, device=extreme.device), extreme
+                    )
+                )
             elif weights is None:  # training: unweighted, no weights tensor to build
                 total = self.total + values.sum()
             else:
-                total = self.total + (values * torch.tensor(weights, dtype=values.dtype, device=values.device)).sum()
+                total = (
+                    self.total
+                    + (
+                        values * torch.tensor(weights, dtype=values.dtype, device=values.device)
+                    ).sum()
+                )
         else:
             floats = [float(v) for v in self.pending]
             if fx in ("max", "min"):
                 pick = max if fx == "max" else min
-                total = pick(floats) if self.total is None else pick(float(self.total), pick(floats))
+                total = (
+                    pick(floats) if self.total is None else pick(float(self.total), pick(floats))
+                )
             else:
                 total = self.total + sum(v * w for v, w in zip(floats, self.weight_list()))
         return total, self.weight + (len(self.pending) if weights is None else sum(weights))
@@ -135,28 +178,35 @@ class StepSeries:
 
 
 class LogBook:
-    """One pass's logged values (the training epoch, or one validation/test pass): per key its step value and its
-    epoch reduction, with the options of its first ``self.log`` (log_options.py)."""
+    """One pass's logged values (the training epoch, or one validation/test pass): per key its step
+    value and its epoch reduction, with the options of its first ``self.log`` (log_options.py)."""
 
     def __init__(self, stage: str, buffer: Any = None) -> None:
         self.stage, self.buffer = stage, buffer
-        self.weight = 1.0  # the Trainer sets each batch's size here: epoch means are sample-weighted
-        self.batch_idx = 0  # the evaluation batch being logged (an error names it: loop/user_errors.py)
+        # the Trainer sets each batch's size here: epoch means are sample-weighted
+        self.weight = 1.0
+        # the evaluation batch being logged (an error names it: loop/user_errors.py)
+        self.batch_idx = 0
         self.dataloader_idx: int | None = None  # the loader being evaluated, when there are several
         self.series: dict[str, Any] = {}  # key -> Series / StepSeries
         self.prog_bar: set[str] = set()  # published names shown on the progress bar
-        self.metric_objects: dict[str, tuple[Any, str | None]] = {}  # key -> (Metric, epoch name): computed per pass
-        self.epoch_level = False  # an epoch-level hook is running: self.log defaults to on_epoch (Lightning)
-        self.late: set[str] | None = None  # keys logged after the pass's values were computed (its epoch-end hooks)
+        # key -> (Metric, epoch name): computed per pass
+        self.metric_objects: dict[str, tuple[Any, str | None]] = {}
+        # an epoch-level hook is running: self.log defaults to on_epoch (Lightning)
+        self.epoch_level = False
+        # keys logged after the pass's values were computed (its epoch-end hooks)
+        self.late: set[str] | None = None
 
     @property
     def suffix(self) -> str:
-        """``/dataloader_idx_<i>`` while loader ``i`` of several is evaluated (Lightning's names), else ``""``."""
+        """``/dataloader_idx_<i>`` while loader ``i`` of several is evaluated (Lightning's names),
+        else ``""``."""
         return "" if self.dataloader_idx is None else f"/dataloader_idx_{self.dataloader_idx}"
 
     def log(self, name: str, value: Any, add_dataloader_idx: bool = True, **options: Any) -> None:
-        """``self.log(name, value, ...)``: checked, then kept as a tensor (no sync) under its options. The name is
-        published as given (Lightning's meaning): ``"val_loss"`` stays ``val_loss``; ``"val/acc"`` groups it."""
+        """``self.log(name, value, ...)``: checked, then kept as a tensor (no sync) under its
+        options. The name is published as given (Lightning's meaning): ``"val_loss"`` stays
+        ``val_loss``; ``"val/acc"`` groups it."""
         epoch_hook = self.epoch_level or self.late is not None
         if add_dataloader_idx:
             name += self.suffix
@@ -166,16 +216,24 @@ class LogBook:
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise MisconfigurationError(
-                    f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; only scalars can be logged.",
+                    f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; only "
+                    "scalars can be logged.",
                     "log a reduced value, e.g. `self.log(name, value.mean())`.")
             value = value.detach().reshape(())
-        elif all(hasattr(value, a) for a in ("update", "compute", "reset")):  # a torchmetrics Metric
+        # a torchmetrics Metric
+        elif all(hasattr(value, a) for a in ("update", "compute", "reset")):
             step_name, epoch_name = opts.names(name)
             if key not in self.metric_objects:
                 self._register(opts, step_name, epoch_name)
-            self.metric_objects[key] = (value, epoch_name)  # computed (torchmetrics syncs ranks) once per pass
-            batch_value = getattr(value, "_forward_cache", None)  # the batch's value, as Lightning logs per step
-            if step_name is not None and isinstance(batch_value, torch.Tensor) and batch_value.numel() == 1:
+            # computed (torchmetrics syncs ranks) once per pass
+            self.metric_objects[key] = (value, epoch_name)
+            # the batch's value, as Lightning logs per step
+            batch_value = getattr(value, "_forward_cache", None)
+            if (
+                step_name is not None
+                and isinstance(batch_value, torch.Tensor)
+                and batch_value.numel() == 1
+            ):
                 series = self.series.get(key)
                 if series is None:
                     series = self.series[key] = StepSeries(opts, name)
@@ -186,8 +244,10 @@ class LogBook:
             return
         elif not isinstance(value, (int, float)):
             raise MisconfigurationError(
-                f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor or a number.",
-                "log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once per pass).")
+                f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor "
+                "or a number.",
+                "log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once "
+                "per pass).")
         self.add(key, value, opts, batch_size, name)
 
     def add(self, key: str, value: Any, options: LogOptions, batch_size: int | None = None,
@@ -196,20 +256,31 @@ class LogBook:
         series = self.series.get(key)
         if series is None:
             name = key if name is None else name
-            series = self.series[key] = Series(options, name) if options.on_epoch else StepSeries(options, name)
+            series = self.series[key] = (
+                Series(options, name) if options.on_epoch else StepSeries(options, name)
+            )
             self._register(options, series.step_name, series.epoch_name)
         elif series.options is not options:
             check_same(name or key, series.options, options)
-        series.add(value, 1.0 if options.reduce_fx == "sum" else self.weight if batch_size is None else batch_size)
+        series.add(
+            value,
+            1.0
+            if options.reduce_fx == "sum"
+            else self.weight
+            if batch_size is None
+            else batch_size,
+        )
         if self.late is not None:
             self.late.add(key)
 
     def _register(self, options: LogOptions, step_name: str | None, epoch_name: str | None) -> None:
-        """A new key: its names claim a built-in one (the loss: never mixed), the bar, the loggers, the alias."""
+        """A new key: its names claim a built-in one (the loss: never mixed), the bar, the loggers,
+        the alias."""
         names = {step_name, epoch_name} - {None}
         builtin = self.series.get(LOSS + self.suffix)
         if builtin is not None and (names & {builtin.step_name, builtin.epoch_name} or self._exact):
-            builtin.hidden = True  # the user's self.log of the loss key (or, exact, of any key) replaces the loss
+            # the user's self.log of the loss key (or, exact, of any key) replaces the loss
+            builtin.hidden = True
         if options.prog_bar:
             self.prog_bar |= names
         if self.buffer is not None:
@@ -217,19 +288,25 @@ class LogBook:
 
     @property
     def _exact(self) -> bool:
-        """The task's keys only (LogBuffer.exact): a key it logs hides the built-in loss of this pass."""
+        """The task's keys only (LogBuffer.exact): a key it logs hides the built-in loss of this
+        pass."""
         return self.buffer is not None and self.buffer.exact
 
     def builtin_loss(self, step_name: str | None, epoch_name: str) -> Series:
-        """The loop's own loss series (``train/loss``, ``train/loss_epoch``; ``val/loss``, per loader
-        ``val/loss/dataloader_idx_<i>``): a user's self.log of one of its names hides it."""
+        """The loop's own loss series (``train/loss``, ``train/loss_epoch``; ``val/loss``, per
+        loader ``val/loss/dataloader_idx_<i>``): a user's self.log of one of its names hides it."""
         key = LOSS + self.suffix
         series = self.series.get(key)
         if series is None:
-            series = self.series[key] = Series(LogOptions(True, True), builtin=(step_name, epoch_name))
-            series.hidden = any(name in (step_name, epoch_name) or self._exact for s in self.series.values()
-                                if not s.builtin for name in (s.step_name, s.epoch_name)) or (
-                self.stage == "train" and self.buffer is not None and self.buffer.own_values_only)
+            series = self.series[key] = Series(
+                LogOptions(True, True), builtin=(step_name, epoch_name)
+            )
+            series.hidden = any(
+                name in (step_name, epoch_name) or self._exact
+                for s in self.series.values()
+                if not s.builtin
+                for name in (s.step_name, s.epoch_name)
+            ) or (self.stage == "train" and self.buffer is not None and self.buffer.own_values_only)
         return series
 
     def fold(self) -> None:
@@ -237,14 +314,22 @@ class LogBook:
             series.fold()
 
     def step_values(self) -> dict[str, Any]:
-        """The most recent value of each key logged per step, by its published name (still tensors)."""
+        """The most recent value of each key logged per step, by its published name (still
+        tensors)."""
         return {s.step_name: s.last for s in self.series.values()
                 if s.step_name is not None and not s.hidden and s.last is not None}
 
     def reducible(self, keys: Any = None) -> list[tuple[str, Series]]:
-        """``(key, series)`` of the epoch-reduced keys (all, or those in ``keys``), sorted: the same on every rank."""
-        return sorted((k, s) for k, s in self.series.items() if s.epoch_name is not None and not s.hidden
-                      and (s.pending or s.weight) and (keys is None or k in keys))
+        """``(key, series)`` of the epoch-reduced keys (all, or those in ``keys``), sorted: the same
+        on every rank."""
+        return sorted(
+            (k, s)
+            for k, s in self.series.items()
+            if s.epoch_name is not None
+            and not s.hidden
+            and (s.pending or s.weight)
+            and (keys is None or k in keys)
+        )
 
     def reset(self) -> None:
         self.series.clear()
@@ -252,17 +337,22 @@ class LogBook:
         self.late = None
 
     def compute_metrics(self, keys: Any = None) -> dict[str, Any]:
-        """The torchmetrics objects logged per epoch in this book (all, or those in ``keys``), computed (torchmetrics
-        syncs ranks); reset by :meth:`reset_metrics`, after the epoch-end hooks read them."""
-        return {epoch_name: metric.compute() for key, (metric, epoch_name) in self.metric_objects.items()
-                if epoch_name is not None and (keys is None or key in keys)}
+        """The torchmetrics objects logged per epoch in this book (all, or those in ``keys``),
+        computed (torchmetrics syncs ranks); reset by :meth:`reset_metrics`, after the epoch-end
+        hooks read them."""
+        return {
+            epoch_name: metric.compute()
+            for key, (metric, epoch_name) in self.metric_objects.items()
+            if epoch_name is not None and (keys is None or key in keys)
+        }
 
     def reset_metrics(self) -> None:
         for metric, _ in self.metric_objects.values():
             metric.reset()
 
     def state_dict(self) -> dict[str, Any]:
-        """Exact state (tensors kept as tensors) so that epoch means after a resume are bitwise equal."""
+        """Exact state (tensors kept as tensors) so that epoch means after a resume are bitwise
+        equal."""
         return {"stage": self.stage, "prog_bar": sorted(self.prog_bar), "series": {
             k: {"pending": list(s.pending), "weights": list(s.weight_list()), "unit": s.unit,
                 "total": s.total, "weight": s.weight, "options": dataclasses.asdict(s.options),
@@ -275,9 +365,14 @@ class LogBook:
         for key, saved in state["series"].items():
             if "options" in saved:
                 options, names = LogOptions(**saved["options"]), tuple(saved["names"])
-            else:  # saved before self.log had options: the loss, and "key" + "key_epoch" for the others
-                options, names = LEGACY, ("train/loss", "train/loss_epoch") if key == "train/loss" else (
-                    key, f"{key}_epoch")
+            # saved before self.log had options: the loss, and "key" + "key_epoch" for the others
+            else:
+                options, names = (
+                    LEGACY,
+                    ("train/loss", "train/loss_epoch")
+                    if key == "train/loss"
+                    else (key, f"{key}_epoch"),
+                )
                 key = LOSS if key == "train/loss" else key
             s = self.series[key] = Series(options, key, builtin=names)
             s.builtin, s.hidden = key == LOSS, bool(saved.get("hidden", False))
@@ -286,5 +381,10 @@ class LogBook:
             s.unit = saved.get("unit")
             s.total, s.weight = saved["total"], saved["weight"]
             if self.buffer is not None and not s.builtin:
-                self.buffer.register(options, s.step_name, s.epoch_name, {s.step_name, s.epoch_name} - {None},
-                                     self.stage)
+                self.buffer.register(
+                    options,
+                    s.step_name,
+                    s.epoch_name,
+                    {s.step_name, s.epoch_name} - {None},
+                    self.stage,
+                )

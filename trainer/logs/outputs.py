@@ -14,8 +14,9 @@ from ..errors import MisconfigurationError
 
 
 def run_directory(callbacks: Any, default_root_dir: str | None) -> str:
-    """``trainer.log_dir`` of a new run (rank 0): where the first logger among ``callbacks`` with a directory puts
-    its run (``Logger.directory``), else ``<default_root_dir>/version_<N>`` (default root ``./taskfit_logs``)."""
+    """``trainer.log_dir`` of a new run (rank 0): where the first logger among ``callbacks`` with a
+    directory puts its run (``Logger.directory``), else ``<default_root_dir>/version_<N>`` (default
+    root ``./taskfit_logs``)."""
     first = next((cb for cb in callbacks if getattr(cb, "has_directory", False)), None)
     if first is not None:
         return first.directory(default_root_dir)
@@ -23,7 +24,8 @@ def run_directory(callbacks: Any, default_root_dir: str | None) -> str:
 
 
 def next_version_dir(root: str | None) -> str:
-    """``<root>/version_<N+1>`` for the highest existing ``version_N`` (root: ``./taskfit_logs`` by default)."""
+    """``<root>/version_<N+1>`` for the highest existing ``version_N`` (root: ``./taskfit_logs`` by
+    default)."""
     root = os.path.abspath(root or os.path.join(os.getcwd(), "taskfit_logs"))
     taken = [int(m.group(1)) for d in (os.listdir(root) if os.path.isdir(root) else [])
              if (m := re.fullmatch(r"version_(\d+)", d))]
@@ -31,22 +33,33 @@ def next_version_dir(root: str | None) -> str:
 
 
 def hparams_dict(params: Any) -> dict[str, Any]:
-    """``log_hyperparams``' argument as a dict: a mapping, or an ``argparse.Namespace`` (Lightning takes both)."""
-    return dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, dict) else dict(params)
+    """``log_hyperparams``' argument as a dict: a mapping, or an ``argparse.Namespace`` (Lightning
+    takes both)."""
+    return (
+        dict(vars(params))
+        if hasattr(params, "__dict__") and not isinstance(params, dict)
+        else dict(params)
+    )
 
 
 def write_hparams_yaml(folder: str, params: dict[str, Any]) -> None:
-    """``<folder>/hparams.yaml`` (Lightning's file, which its loggers write beside their runs): numbers, strings,
-    bools and null as they are, anything else as text."""
+    """``<folder>/hparams.yaml`` (Lightning's file, which its loggers write beside their runs):
+    numbers, strings, bools and null as they are, anything else as text."""
     import yaml
 
-    plain = {str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
-    replace_file(os.path.join(folder, "hparams.yaml"),
-                 yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True))
+    plain = {
+        str(k): v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+        for k, v in params.items()
+    }
+    replace_file(
+        os.path.join(folder, "hparams.yaml"),
+        yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True),
+    )
 
 
 def replace_file(path: str, text: str) -> None:
-    """Write ``path`` through a temporary file and an atomic rename: a crash leaves the old file or the new."""
+    """Write ``path`` through a temporary file and an atomic rename: a crash leaves the old file or
+    the new."""
     tmp = f"{path}.tmp"
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         fh.write(text)
@@ -56,7 +69,8 @@ def replace_file(path: str, text: str) -> None:
 
 
 def check_writable(folder: str, who: str) -> None:
-    """Create ``folder`` and write, fsync and remove a probe file in it; a MisconfigurationError says why not."""
+    """Create ``folder`` and write, fsync and remove a probe file in it; a MisconfigurationError
+    says why not."""
     try:
         write_probe(folder)
     except OSError as exc:

@@ -1,11 +1,13 @@
-"""A run's checkpoints: what one holds (:func:`run_state`), saving it (also on a preemption signal: :func:`preempt`),
-and restoring a run from one (:func:`open_checkpoint`, :func:`restore`, :func:`load_weights`).
+"""A run's checkpoints: what one holds (:func:`run_state`), saving it (also on a preemption signal:
+:func:`preempt`), and restoring a run from one (:func:`open_checkpoint`, :func:`restore`,
+:func:`load_weights`).
 
-A checkpoint is a dict that ``torch.load(path, weights_only=True)`` reads: tensors, plain containers and
-primitives only (RNG states are stored as tensors and lists, never as pickled objects). What is in it, how
-``fit(ckpt_path=...)`` continues from it, and how a preemption signal becomes one: docs/checkpointing.md.
-File handling (atomic writes, safe reads, weight checks) is in checkpoint/files.py; under fsdp a checkpoint is
-a directory of per-rank shards with the same contents (checkpoint/sharded.py).
+A checkpoint is a dict that ``torch.load(path, weights_only=True)`` reads: tensors, plain containers
+and primitives only (RNG states are stored as tensors and lists, never as pickled objects). What is
+in it, how ``fit(ckpt_path=...)`` continues from it, and how a preemption signal becomes one:
+docs/checkpointing.md. File handling (atomic writes, safe reads, weight checks) is in
+checkpoint/files.py; under fsdp a checkpoint is a directory of per-rank shards with the same
+contents (checkpoint/sharded.py).
 """
 from __future__ import annotations
 
@@ -56,17 +58,19 @@ __all__ = ["save_checkpoint", "preempt", "open_checkpoint", "restore", "load_wei
            "load_run_state", "load_first", "no_training_state"]
 
 
-# ---- writing --------------------------------------------------------------------------------------------
+# ---- writing -------------------------------------------------------------------------------------
 def save_checkpoint(run: Run, path: str | os.PathLike, background: bool = False,
                     weights_only: bool = False) -> str:
-    """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states are gathered).
-    ``weights_only``: the module's weights, counters and what describes the run; no optimizer, RNG or data state.
+    """Write ``trainer``'s complete state to ``path`` on rank 0; every rank must call it (RNG states
+    are gathered). ``weights_only``: the module's weights, counters and what describes the run; no
+    optimizer, RNG or data state.
 
-    Returns the absolute path. Earlier background saves are finished first. ``background=True`` copies the state
-    into reused host buffers now and leaves serialising, writing, fsync and rename to ``run.checkpoint_writer``
-    (the file is in place when the next save starts or fit returns; under fsdp through DCP's ``async_save``).
-    Under ddp all ranks wait (a barrier) until rank 0 has written, so a rank that exits right after a
-    (synchronous) save, as on preemption, cannot bring down rank 0 mid-write.
+    Returns the absolute path. Earlier background saves are finished first. ``background=True``
+    copies the state into reused host buffers now and leaves serialising, writing, fsync and rename
+    to ``run.checkpoint_writer`` (the file is in place when the next save starts or fit returns;
+    under fsdp through DCP's ``async_save``). Under ddp all ranks wait (a barrier) until rank 0 has
+    written, so a rank that exits right after a (synchronous) save, as on preemption, cannot bring
+    down rank 0 mid-write.
     """
     if run is None or run.optimizer is None:
         raise no_training_state(path)
@@ -79,7 +83,8 @@ def save_checkpoint(run: Run, path: str | os.PathLike, background: bool = False,
     else:
         state = run_state(run)  # on every rank: the RNG states are gathered
     checkpoint = _contents(run, state, alias_weights=not run.strategy.sharded_checkpoints)
-    for fn in run.hooks["on_save_checkpoint"]:  # Lightning's hook: callbacks (not for weights only), the task
+    # Lightning's hook: callbacks (not for weights only), the task
+    for fn in run.hooks["on_save_checkpoint"]:
         if not weights_only or is_task_hook(fn):
             fn(run.trainer, run.task, checkpoint)
     if run.strategy.sharded_checkpoints:  # fsdp: a directory, each rank writing its shards
@@ -101,27 +106,38 @@ def no_training_state(path: str | os.PathLike) -> CheckpointError:
 
 
 def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> dict[str, Any]:
-    """The file: a format header, the run's state, what describes the run (hparams, config, task class), and
-    Lightning's top-level keys, so that scripts and ``on_load_checkpoint`` written for Lightning's files read
-    taskfit's: ``epoch``, ``global_step``, ``hyper_parameters`` and ``state_dict``, the same dict as ``module``
-    (pickled once: no second copy of the weights in the file; not in a sharded directory)."""
+    """The file: a format header, the run's state, what describes the run (hparams, config, task
+    class), and Lightning's top-level keys, so that scripts and ``on_load_checkpoint`` written for
+    Lightning's files read taskfit's: ``epoch``, ``global_step``, ``hyper_parameters`` and
+    ``state_dict``, the same dict as ``module`` (pickled once: no second copy of the weights in the
+    file; not in a sharded directory)."""
     task = run.task
     hparams = plain_hparams(task)
-    lightning = {"epoch": run.state.checkpoint_epoch, "global_step": run.state.global_step,
-                 "hyper_parameters": hparams, **({"state_dict": state["module"]} if alias_weights else {})}
-    return {"format": FORMAT, "format_version": FORMAT_VERSION,
-            "versions": {"taskfit": __version__, "torch": str(torch.__version__)}, **state,
-            "hparams": run_hparams(run.config.command_config, task),
-            "config": run.config.command_config,
-            "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams}, **lightning}
+    lightning = {
+        "epoch": run.state.checkpoint_epoch,
+        "global_step": run.state.global_step,
+        "hyper_parameters": hparams,
+        **({"state_dict": state["module"]} if alias_weights else {}),
+    }
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "versions": {"taskfit": __version__, "torch": str(torch.__version__)},
+        **state,
+        "hparams": run_hparams(run.config.command_config, task),
+        "config": run.config.command_config,
+        "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams},
+        **lightning,
+    }
 
 
 # ---- reading the checkpoint to resume ("last" and "best": the manager, loop/checkpointer.py) ---
 def load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[tuple[str, str]],
                 load: Any, warn: bool = True) -> tuple[str, Any]:
-    """``(path, load(path))`` of the first candidate that loads. Under "last" a candidate that cannot be read or
-    fails its checksums is skipped for the next (one warning names what was skipped, why, and what is resumed
-    instead); if none loads, the first one's error. Any other ``ckpt_path`` is loaded or refused as it is."""
+    """``(path, load(path))`` of the first candidate that loads. Under "last" a candidate that
+    cannot be read or fails its checksums is skipped for the next (one warning names what was
+    skipped, why, and what is resumed instead); if none loads, the first one's error. Any other
+    ``ckpt_path`` is loaded or refused as it is."""
     first: CheckpointError | None = None
     for path in candidates:
         try:
@@ -140,35 +156,42 @@ def load_first(run: Run, ckpt_path: Any, candidates: list[str], skipped: list[tu
     raise first
 
 
-# ---- restoring a run ------------------------------------------------------------------------------------
+# ---- restoring a run -----------------------------------------------------------------------------
 def open_checkpoint(run: Run, ckpt_path: Any) -> tuple[str, dict[str, Any]] | None:
-    """``fit(ckpt_path=...)``'s checkpoint, read before the loaders are built: the task's ``on_load_checkpoint`` and
-    the data module's state come first, as in Lightning (the loaders may depend on that state). None:
-    ``ckpt_path="last"`` found nothing to resume, and the fit starts fresh (with a warning)."""
+    """``fit(ckpt_path=...)``'s checkpoint, read before the loaders are built: the task's
+    ``on_load_checkpoint`` and the data module's state come first, as in Lightning (the loaders may
+    depend on that state). None: ``ckpt_path="last"`` found nothing to resume, and the fit starts
+    fresh (with a warning)."""
     candidates, skipped = run.checkpointer.resolve(ckpt_path, fresh=True)
     if not candidates:
         return None
     path, ckpt = load_first(run, ckpt_path, candidates, skipped, load_resumable)
     if "optimizer" not in ckpt:
-        raise CheckpointError(f"{path} holds only weights (ModelCheckpoint(save_weights_only=True)), not a training "
-                              "state to resume.", "resume from a full checkpoint (the last.ckpt a preemption signal "
-                              "writes is one), or start a new fit from these weights with "
-                              "TaskModule.load_from_checkpoint(path).")
+        raise CheckpointError(
+            f"{path} holds only weights "
+            "(ModelCheckpoint(save_weights_only=True)), not a training state to "
+            "resume.",
+            "resume from a full checkpoint (the last.ckpt a preemption signal "
+            "writes is one), or start a new fit from these weights with "
+            "TaskModule.load_from_checkpoint(path).",
+        )
     task_loads(run, ckpt)
     return path, ckpt
 
 
 def load_resumable(path: str) -> dict[str, Any]:
-    """A checkpoint to resume, read and verified (its checksums; a sharded one's index against its files)."""
+    """A checkpoint to resume, read and verified (its checksums; a sharded one's index against its
+    files)."""
     ckpt = dict(load_checkpoint(path))
     if is_sharded(path):
-        read_index(path)  # a damaged or hostile shard directory is refused before anything else is said or done
+        # a damaged or hostile shard directory is refused before anything else is said or done
+        read_index(path)
     return ckpt
 
 
 def task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
-    """The task's own ``on_load_checkpoint`` (Lightning calls it for every entry point), then the data module's
-    ``load_state_dict``."""
+    """The task's own ``on_load_checkpoint`` (Lightning calls it for every entry point), then the
+    data module's ``load_state_dict``."""
     for fn in run.hooks["on_load_checkpoint"]:
         if is_task_hook(fn):
             fn(run.trainer, run.task, ckpt)
@@ -177,23 +200,29 @@ def task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
 
 
 def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
-    """Continue ``trainer`` exactly where the checkpoint (:func:`open_checkpoint`) left it (called by fit after the
-    loaders are built, before on_fit_start)."""
+    """Continue ``trainer`` exactly where the checkpoint (:func:`open_checkpoint`) left it (called
+    by fit after the loaders are built, before on_fit_start)."""
     ckpt["module"] = check_weights(unwrap(run.model), module_state(ckpt, path), path)
     if len(ckpt["schedulers"]) != len(run.schedulers):
         raise CheckpointError(
-            f"{path} has {len(ckpt['schedulers'])} learning-rate scheduler(s), configure_optimizers returned "
-            f"{len(run.schedulers)}.",
+            f"{path} has {len(ckpt['schedulers'])} learning-rate scheduler(s), "
+            f"configure_optimizers returned {len(run.schedulers)}.",
             "resume with the optimizer and scheduler setup of the original run.")
     saved = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
     if len(saved) != len(run.optimizers):
-        raise CheckpointError(f"{path} has the state of {len(saved)} optimizer(s), configure_optimizers returned "
-                              f"{len(run.optimizers)}.", "resume with the optimizers of the original run.")
+        raise CheckpointError(
+            f"{path} has the state of {len(saved)} optimizer(s), "
+            "configure_optimizers returned "
+            f"{len(run.optimizers)}.",
+            "resume with the optimizers of the original run.",
+        )
     _warn_changes(run, ckpt, path)
-    if is_sharded(path):  # each rank reads its part of every tensor (any number of ranks may have written them)
+    # each rank reads its part of every tensor (any number of ranks may have written them)
+    if is_sharded(path):
         templates = run.strategy.checkpoint_templates(run.model, run.optimizers, meta_entries(ckpt))
         ckpt = read_shards(path, ckpt, templates)
-    for fn in run.hooks["on_load_checkpoint"]:  # the callbacks' (the task's came first: open_checkpoint)
+    # the callbacks' (the task's came first: open_checkpoint)
+    for fn in run.hooks["on_load_checkpoint"]:
         if not is_task_hook(fn):
             fn(run.trainer, run.task, ckpt)
     # after the callbacks' hooks: one may rebuild the parameter groups it added (BaseFinetuning)
@@ -203,12 +232,15 @@ def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
     _warn_schedule(run, ckpt["data"], path)
     if run.strategy.is_main:
         st = run.state
-        from ..console import echo  # printed, and logged to `taskfit` (the taskfit command's taskfit.log)
-        echo(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step {st.global_step}.")
+        # printed, and logged to `taskfit` (the taskfit command's taskfit.log)
+        from ..console import echo
+        echo(f"Resumed from {path}: epoch {st.epoch}, batch {st.batches_done}, global step "
+             f"{st.global_step}.")
 
 
 def _warn_schedule(run: Run, data: Mapping[str, Any], path: str) -> None:
-    """A longer (or shorter) run resumed with schedulers sized for the original one: say what the lr will do."""
+    """A longer (or shorter) run resumed with schedulers sized for the original one: say what the lr
+    will do."""
     config = run.config
     old = (data.get("max_epochs", config.max_epochs), data.get("max_steps", config.max_steps))
     if not len(run.schedulers) or old == (config.max_epochs, config.max_steps):
@@ -224,9 +256,9 @@ def _warn_schedule(run: Run, data: Mapping[str, Any], path: str) -> None:
     warnings.warn(
         f"Resuming from {path} with max_epochs {old[0]} -> {config.max_epochs} and max_steps "
         f"{old[1]} -> {config.max_steps}: the learning-rate schedulers continue from the "
-        "checkpoint's state, which was sized "
-        f"for the original run. {course}. HINT: to train longer with a schedule of its own, start a new fit from the "
-        "checkpoint's weights (TaskModule.load_from_checkpoint) with a scheduler sized for the new length "
+        f"checkpoint's state, which was sized for the original run. {course}. HINT: to train "
+        "longer with a schedule of its own, start a new fit from the checkpoint's weights "
+        "(TaskModule.load_from_checkpoint) with a scheduler sized for the new length "
         "(docs/checkpointing.md, 'Extending a run').", UserWarning, stacklevel=4)
 
 
@@ -241,25 +273,32 @@ def _warn_changes(run: Run, ckpt: Mapping[str, Any], path: str) -> None:
              "batches per epoch": data.get("num_train_batches")}
     changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if saved[k] != now[k]]
     old, new = ckpt.get("task", {}).get("hparams", {}), plain_hparams(run.task)
-    changed += [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-                if old.get(k) != new.get(k) and k != "batch_size" and " at 0x" not in str(old.get(k))]
+    changed += [
+        f"{k} {old.get(k)!r} -> {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k) and k != "batch_size" and " at 0x" not in str(old.get(k))
+    ]
     state = ckpt["loop"]["state"]
     mid_epoch = data["batches_done"] and not state.get("epoch_done")
     resumable = isinstance(getattr(run.train_dataloader, "sampler", None), ResumableSampler) or (
         stateful(run.train_dataloader) and data.get("loader") is not None)
     if mid_epoch and not resumable:
-        warnings.warn(f"Resuming mid-epoch (batch {data['batches_done']}) from {path}, but the training data is not a "
-                      "plain DataLoader over a map-style dataset (custom sampler, IterableDataset or DataLoader "
-                      "subclass), so taskfit cannot fast-forward it: the rest of this epoch starts from the loader's "
-                      "first batch. HINT: use a plain DataLoader (shuffle=True/False) for an exact mid-epoch resume, "
-                      "a loader with state_dict/load_state_dict (torchdata's StatefulDataLoader), or save only at "
-                      "epoch ends (ModelCheckpoint(every_n_epochs=1)).", UserWarning, stacklevel=4)
+        warnings.warn(f"Resuming mid-epoch (batch {data['batches_done']}) from {path}, but the "
+                      "training data is not a plain DataLoader over a map-style dataset (custom "
+                      "sampler, IterableDataset or DataLoader subclass), so taskfit cannot "
+                      "fast-forward it: the rest of this epoch starts from the loader's first "
+                      "batch. HINT: use a plain DataLoader (shuffle=True/False) for an exact "
+                      "mid-epoch resume, a loader with state_dict/load_state_dict (torchdata's "
+                      "StatefulDataLoader), or save only at epoch ends "
+                      "(ModelCheckpoint(every_n_epochs=1)).", UserWarning, stacklevel=4)
     if changed:
-        where = "mid-epoch (batch %d)" % data["batches_done"] if mid_epoch else "at an epoch boundary"
-        warnings.warn(f"Resuming from {path} ({where}) with a changed setup: {'; '.join(changed)}. The run "
-                      "continues, but not exactly as the original would have (the data position counts batches "
-                      "of the new size per rank). HINT: resume with the original settings for an exact "
-                      "continuation.", UserWarning, stacklevel=4)
+        where = (
+            "mid-epoch (batch %d)" % data["batches_done"] if mid_epoch else "at an epoch boundary"
+        )
+        warnings.warn(f"Resuming from {path} ({where}) with a changed setup: {'; '.join(changed)}. "
+                      "The run continues, but not exactly as the original would have (the data "
+                      "position counts batches of the new size per rank). HINT: resume with the "
+                      "original settings for an exact continuation.", UserWarning, stacklevel=4)
 
 
 def load_weights(run: Run, ckpt_path: Any) -> str:
@@ -268,34 +307,49 @@ def load_weights(run: Run, ckpt_path: Any) -> str:
     weights = check_weights(unwrap(run.model), module_state(ckpt, path), path)
     task_loads(run, ckpt)
     if is_sharded(path):
-        templates = run.strategy.checkpoint_templates(run.model, [], meta_entries({"module": weights}))
+        templates = run.strategy.checkpoint_templates(
+            run.model, [], meta_entries({"module": weights})
+        )
         weights = read_shards(path, {"module": weights}, templates, parts=("module",))["module"]
     run.strategy.load_module_state_dict(run.model, weights)
     return path
 
 
-# ---- the run's state, as checkpoints hold it (Trainer.state_dict / load_state_dict) --------------------------
+# ---- the run's state, as checkpoints hold it (Trainer.state_dict / load_state_dict) --------------
 def run_state(run: Run) -> dict[str, Any]:
-    """``run_state(run)``: everything needed to continue a fit exactly, each part asked for its own state."""
+    """``run_state(run)``: everything needed to continue a fit exactly, each part asked for its own
+    state."""
     if run.optimizer is None:
         raise CheckpointError("This Trainer has no training state: it has not run fit.",
-                              "call state_dict()/save_checkpoint(path) during or after trainer.fit(task).")
+                              "call state_dict()/save_checkpoint(path) during or after "
+                              "trainer.fit(task).")
     st, logs = run.state, run.logs.state_dict()
     strategy = run.strategy
     optimizers = [strategy.optimizer_state_dict(run.model, o) for o in run.optimizers]
     book = None if st.epoch_done else logs["book"]  # this epoch's values (none once complete)
-    return {"module": strategy.module_state_dict(run.model),
-            "optimizer": optimizers[0] if len(optimizers) == 1 else optimizers,
-            "schedulers": run.schedulers.state_dict(),
-            "precision": run.precision.state_dict(),
-            "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
-            "logbook": book,  # rank 0's; under ddp/fsdp every rank's too, so that epoch means resume exactly
-            "logbooks": None if book is None or strategy.world_size == 1 else strategy.all_gather_object(_cpu(book)),
-            "rng": gather_rng_states(run.strategy),
-            "data": data_position(run.train_dataloader, run.num_train_batches, st, run.data_seed,
-                                  strategy.world_size, run.config),
-            "callbacks": callback_states(run.callbacks),
-            "datamodule": run.data.datamodule.state_dict() if run.data.datamodule is not None else None}
+    return {
+        "module": strategy.module_state_dict(run.model),
+        "optimizer": optimizers[0] if len(optimizers) == 1 else optimizers,
+        "schedulers": run.schedulers.state_dict(),
+        "precision": run.precision.state_dict(),
+        "loop": {"state": st.state_dict(), "fold_mark": logs["fold_mark"]},
+        # rank 0's; under ddp/fsdp every rank's too, so that epoch means resume exactly
+        "logbook": book,
+        "logbooks": None
+        if book is None or strategy.world_size == 1
+        else strategy.all_gather_object(_cpu(book)),
+        "rng": gather_rng_states(run.strategy),
+        "data": data_position(
+            run.train_dataloader,
+            run.num_train_batches,
+            st,
+            run.data_seed,
+            strategy.world_size,
+            run.config,
+        ),
+        "callbacks": callback_states(run.callbacks),
+        "datamodule": run.data.datamodule.state_dict() if run.data.datamodule is not None else None,
+    }
 
 
 def _cpu(tree: Any) -> Any:
@@ -310,7 +364,9 @@ def load_run_state(run: Run, state: Mapping[str, Any]) -> None:
     """``trainer.load_state_dict(state)``: every part continues where :func:`run_state` left it."""
     strategy, saved = run.strategy, state["optimizer"]
     strategy.load_module_state_dict(run.model, state["module"])
-    for optimizer, optimizer_state in zip(run.optimizers, saved if isinstance(saved, list) else [saved]):
+    for optimizer, optimizer_state in zip(
+        run.optimizers, saved if isinstance(saved, list) else [saved]
+    ):
         strategy.load_optimizer_state_dict(run.model, optimizer, optimizer_state)
     run.schedulers.load_state_dict(state["schedulers"])
     run.precision.load_state_dict(state["precision"])
@@ -320,29 +376,41 @@ def load_run_state(run: Run, state: Mapping[str, Any]) -> None:
     if books and len(books) == strategy.world_size:  # the same ranks: each continues its own values
         book = books[strategy.rank]
     run.logs.load_state_dict({"book": book, "fold_mark": fold_mark})
-    run.data_seed = int(state["data"]["seed"])  # the run's data order, whatever this process was seeded with
+    # the run's data order, whatever this process was seeded with
+    run.data_seed = int(state["data"]["seed"])
     restore_position(run.train_dataloader, run.val_loader, state["data"])
-    load_callback_states(run.callbacks, state.get("callbacks", {}))  # (a data module's state: open_checkpoint)
+    # (a data module's state: open_checkpoint)
+    load_callback_states(run.callbacks, state.get("callbacks", {}))
     rng, rank = state["rng"], run.strategy.rank
-    set_rng_state(rng[rank] if rank < len(rng) else rng[0])  # last: nothing after it may draw random numbers
+    # last: nothing after it may draw random numbers
+    set_rng_state(rng[rank] if rank < len(rng) else rng[0])
 
 
 def preempt(run: Run) -> None:
-    """A preemption signal was seen at a step boundary: save to the ``last`` checkpoint, report it, exit."""
+    """A preemption signal was seen at a step boundary: save to the ``last`` checkpoint, report it,
+    exit."""
     config, signum = run.config, run.preemption.signum
     # The manager names the file (its policy's last.ckpt) and writes it
     path = run.checkpointer.preempt()
     code = config.preempt_exit_code if config.preempt_exit_code is not None else 128 + signum
     requeue = config.requeue and signum == signal.SIGUSR1 and run.strategy.is_main
     job = slurm_job_id() if requeue else None
-    requeued = f" Then {requeue_job(job)}." if job is not None else ""  # rank 0, once the checkpoint is in place
+    # rank 0, once the checkpoint is in place
+    requeued = f" Then {requeue_job(job)}." if job is not None else ""
     if run.strategy.is_main:
         st, name = run.state, signal.Signals(signum).name
         # A run of the `taskfit` command carries its config: say how to resume it there.
         how = "the same `taskfit` command with ckpt_path=last" \
             if config.command_config is not None else 'trainer.fit(task, ckpt_path="last")'
-        echo(f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch {st.batches_done}, global "
-             f"step {st.global_step} to {path}.{requeued} Exiting with status {code}. Resume with {how} (or "
-             f"ckpt_path=\"{path}\").", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
-    run.preemption.exit_code = code  # under a launcher a late or second signal is ignored from here to the exit
+        echo(
+            f"taskfit: {name} received; saved a checkpoint at epoch {st.epoch}, batch "
+            f"{st.batches_done}, global step {st.global_step} to {path}.{requeued} Exiting with "
+            f"status {code}. Resume with {how} (or "
+            f'ckpt_path="{path}").',
+            stream=sys.stderr,
+            level=logging.WARNING,
+            name="taskfit.preemption",
+        )
+    # under a launcher a late or second signal is ignored from here to the exit
+    run.preemption.exit_code = code
     raise SystemExit(code)

@@ -1,6 +1,7 @@
-"""The passes without gradients: a validation/test pass (loss, ``self.log`` values and metrics, sample-weighted
-over all ranks) and a predict pass, each with the task's own step or the default one, and Lightning's hooks around
-them. Plain functions of what they use; the Trainer calls them with itself (``run_entry``, ``evaluation_pass``)."""
+"""The passes without gradients: a validation/test pass (loss, ``self.log`` values and metrics,
+sample-weighted over all ranks) and a predict pass, each with the task's own step or the default
+one, and Lightning's hooks around them. Plain functions of what they use; the Trainer calls them
+with itself (``run_entry``, ``evaluation_pass``)."""
 from __future__ import annotations
 
 import math
@@ -35,13 +36,16 @@ if TYPE_CHECKING:
     from .run import Run
 
 STAGES = {"validate": "val", "test": "test", "predict": "predict"}
-HOOK = {"val": "validation", "test": "test", "predict": "predict"}  # Lightning's hook names by stage
+# Lightning's hook names by stage
+HOOK = {"val": "validation", "test": "test", "predict": "predict"}
 
 
-def eval_step(task: TaskModule, module: torch.nn.Module, stage: str, metrics: dict[str, Any]) -> Step:
-    """One evaluation batch: the task's own ``validation_step``/``test_step``/``predict_step`` (through ``module``
-    when that wraps the task), or the default: ``forward``, then ``loss`` and the metrics' update (val/test) or
-    the outputs (predict)."""
+def eval_step(
+    task: TaskModule, module: torch.nn.Module, stage: str, metrics: dict[str, Any]
+) -> Step:
+    """One evaluation batch: the task's own ``validation_step``/``test_step``/``predict_step``
+    (through ``module`` when that wraps the task), or the default: ``forward``, then ``loss`` and
+    the metrics' update (val/test) or the outputs (predict)."""
     name = {"val": "validation_step", "test": "test_step", "predict": "predict_step"}[stage]
     if defines(task, name):
         return own_step(task, name) if module is task else ThroughWrapper(module, task, name)
@@ -58,8 +62,8 @@ def eval_step(task: TaskModule, module: torch.nn.Module, stage: str, metrics: di
 
 
 def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
-    """``validate``/``test`` (returns ``[metrics]``) or ``predict`` (the predictions) inside the run: the loader,
-    ``on_<stage>_start``, the pass, ``on_<stage>_end``."""
+    """``validate``/``test`` (returns ``[metrics]``) or ``predict`` (the predictions) inside the
+    run: the loader, ``on_<stage>_start``, the pass, ``on_<stage>_end``."""
     stage = STAGES[fn]
     loader = eval_loader(run.data, fn, run.data_seed, run.strategy)
     run.state.stage = stage
@@ -70,7 +74,8 @@ def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
     else:
         values = evaluation_pass(run, stage, loader, math.inf)
         run.publish(run.logs.to_floats(values))
-        shown = {k: v for k, v in values.items() if k not in run.logs.eval_step_names}  # as Lightning
+        # as Lightning
+        shown = {k: v for k, v in values.items() if k not in run.logs.eval_step_names}
         result = [per_loader(shown, idx, len(parts(loader))) for idx in range(len(parts(loader)))]
     run.call_hooks(f"on_{HOOK[stage]}_end")
     run.state.stage = "idle"
@@ -78,8 +83,9 @@ def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
 
 
 def per_loader(values: dict[str, float], idx: int, count: int) -> dict[str, float]:
-    """The result ``validate``/``test`` return for loader ``idx`` of ``count``: its ``/dataloader_idx_<idx>`` values
-    and the values of no loader in particular (``configure_metrics``, ``add_dataloader_idx=False``), as Lightning's."""
+    """The result ``validate``/``test`` return for loader ``idx`` of ``count``: its
+    ``/dataloader_idx_<idx>`` values and the values of no loader in particular
+    (``configure_metrics``, ``add_dataloader_idx=False``), as Lightning's."""
     if count == 1:
         return values
     own = f"/dataloader_idx_{idx}"
@@ -87,10 +93,10 @@ def per_loader(values: dict[str, float], idx: int, count: int) -> dict[str, floa
 
 
 def sanity_pass(run: Run, limit: float) -> None:
-    """The sanity check's validation batches (at most ``limit`` of each loader), with the hooks Lightning calls
-    there (``trainer.sanity_checking``), except the callbacks' ``on_validation_start``/``on_validation_end``: those
-    mean a real validation in taskfit (ModelCheckpoint, EarlyStopping and the loggers react to them). Nothing is
-    published."""
+    """The sanity check's validation batches (at most ``limit`` of each loader), with the hooks
+    Lightning calls there (``trainer.sanity_checking``), except the callbacks'
+    ``on_validation_start``/``on_validation_end``: those mean a real validation in taskfit
+    (ModelCheckpoint, EarlyStopping and the loggers react to them). Nothing is published."""
     task_only = {name: [fn for fn in run.hooks[name] if is_task_hook(fn)]
                  for name in ("on_validation_start", "on_validation_end")}
     for fn in task_only["on_validation_start"]:
@@ -100,11 +106,13 @@ def sanity_pass(run: Run, limit: float) -> None:
         fn(run.trainer, run.task)
 
 
-def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: bool = False) -> dict[str, float]:
-    """One validation/test pass (at most ``limit`` batches of each loader, and ``limit_*_batches``) with Lightning's
-    hooks: ``on_<stage>_epoch_start``, per batch
-    ``on_<stage>_batch_start/end``, the pass's values computed into ``state.metrics`` (callback_metrics; not in the
-    sanity check), ``on_<stage>_epoch_end`` (its torchmetrics not yet reset; what it logs joins the values), then
+def evaluation_pass(
+    run: Run, stage: str, loader: Any, limit: float, sanity: bool = False
+) -> dict[str, float]:
+    """One validation/test pass (at most ``limit`` batches of each loader, and ``limit_*_batches``)
+    with Lightning's hooks: ``on_<stage>_epoch_start``, per batch ``on_<stage>_batch_start/end``,
+    the pass's values computed into ``state.metrics`` (callback_metrics; not in the sanity check),
+    ``on_<stage>_epoch_end`` (its torchmetrics not yet reset; what it logs joins the values), then
     the metrics reset. Returns the values, as floats."""
     name, logs = HOOK[stage], run.logs
     run.call_hooks(f"on_{name}_epoch_start")
@@ -121,7 +129,8 @@ def evaluation_pass(run: Run, stage: str, loader: Any, limit: float, sanity: boo
     for metric in metrics.values():
         metric.reset()
     logs.enter("train")
-    modes.restore(module, run.task, kept)  # each submodule's own mode back, as Lightning after validation and test
+    # each submodule's own mode back, as Lightning after validation and test
+    modes.restore(module, run.task, kept)
     return values
 
 
@@ -144,7 +153,8 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
     source = {"val": "validation_step", "test": "test_step"}[prefix]
     source = source if defines(task, source) else "loss"
     with torch.no_grad():
-        for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,) only with several loaders, as Lightning
+        # extra: (dataloader_idx,) only with several loaders, as Lightning
+        for part, extra in indexed_parts(loader):
             book.dataloader_idx = extra[0] if extra else None
             set_epoch(part, 0)
             builtin = book.builtin_loss(None, f"{prefix}/loss{book.suffix}")
@@ -164,25 +174,29 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
                 loss = out.get("loss") if isinstance(out, Mapping) else out
                 if source != "loss" and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
                     continue  # a step of its own may return nothing to log (it logs with self.log)
-                if i == 0:  # the sanity check may run before any training step: check the loss here too
+                # the sanity check may run before any training step: check the loss here too
+                if i == 0:
                     check_loss(loss, task, training=False, source=source)
                 builtin.add(loss.detach(), book.weight)
     book.dataloader_idx = None
-    steps = book.step_values()  # on_step=True values: the last batch's, published, not in validate()'s result
+    # on_step=True values: the last batch's, published, not in validate()'s result
+    steps = book.step_values()
     logs.eval_step_names = set(steps)
     values = {**logs.reduce(book), **steps, **book.compute_metrics()}
     for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
-        if source != "loss" and getattr(metric, "update_count", 1) == 0:  # its own step never updated it
-            warn_once(f"configure_metrics()'s {name!r} was not updated by {type(task).__name__}.{source}, so "
-                      f"{prefix}/{name} is not logged. HINT: call self.stage_metrics[{name!r}].update(outputs, "
-                      "targets) in the step (docs/steps.md), or log a value of your own with self.log.")
+        # its own step never updated it
+        if source != "loss" and getattr(metric, "update_count", 1) == 0:
+            warn_once(f"configure_metrics()'s {name!r} was not updated by "
+                      f"{type(task).__name__}.{source}, so {prefix}/{name} is not logged. HINT: "
+                      f"call self.stage_metrics[{name!r}].update(outputs, targets) in the step "
+                      "(docs/steps.md), or log a value of your own with self.log.")
             continue
         computed = metric_values(f"{prefix}/{name}", metric.compute())
         clash = sorted(set(computed) & set(values))
         if clash:
             raise MisconfigurationError(
-                f"{clash[0]!r} is both the metric {name!r} of configure_metrics() and a value logged with self.log "
-                f"(or the loss); one would silently overwrite the other.",
+                f"{clash[0]!r} is both the metric {name!r} of configure_metrics() and a value "
+                "logged with self.log (or the loss); one would silently overwrite the other.",
                 f"rename one of them, e.g. configure_metrics() -> {{'{name}_metric': ...}} or "
                 f"self.log('{name}_batch', ...).")
         values.update(computed)
@@ -191,31 +205,61 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
 
 
 def predict_pass(run: Run, loader: Any, keep: bool = True) -> list[Any] | None:
-    """``on_predict_epoch_start``, :func:`predict` with the batch hooks (of each loader: then a list per loader, and
-    ``dataloader_idx`` for the step and hooks, as Lightning's), ``on_predict_epoch_end``."""
+    """``on_predict_epoch_start``, :func:`predict` with the batch hooks (of each loader: then a list
+    per loader, and ``dataloader_idx`` for the step and hooks, as Lightning's),
+    ``on_predict_epoch_end``."""
     run.call_hooks("on_predict_epoch_start")
     hooks, task = run.hooks, run.task
     trainer, module, kept = run.trainer, run.strategy.eval_module(run.model), modes.capture(task)
     results = []
-    for part, extra in indexed_parts(loader):  # extra: (dataloader_idx,), for the step and the batch hooks
-        start = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_start"]]
-        end = [lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e) for fn in hooks["on_predict_batch_end"]]
+    # extra: (dataloader_idx,), for the step and the batch hooks
+    for part, extra in indexed_parts(loader):
+        start = [
+            lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e)
+            for fn in hooks["on_predict_batch_start"]
+        ]
+        end = [
+            lambda *a, fn=fn, e=extra: fn(trainer, task, *a, *e)
+            for fn in hooks["on_predict_batch_end"]
+        ]
         limit = limit_batches(length(part), run.config.limits["predict"])
-        results.append(predict(task, module, part, limit,
-                               strategy=run.strategy, precision=run.precision, keep=keep, on_batch_start=start,
-                               on_batch_end=end, dataloader_idx=extra))
+        results.append(
+            predict(
+                task,
+                module,
+                part,
+                limit,
+                strategy=run.strategy,
+                precision=run.precision,
+                keep=keep,
+                on_batch_start=start,
+                on_batch_end=end,
+                dataloader_idx=extra,
+            )
+        )
     modes.restore(module, task, kept)
     result = (results if keep else None) if len(results) > 1 else results[0]
     run.call_hooks("on_predict_epoch_end")
     return result
 
 
-def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float, *, strategy: Strategy,
-            precision: Any, on_batch_end: list[Any], keep: bool = True,
-            on_batch_start: list[Any] | None = None, dataloader_idx: tuple[int, ...] = ()) -> list[Any] | None:
-    """``predict_step(batch, batch_idx)``, or ``module(inputs)``, for at most ``limit`` batches of ``loader``; each
-    batch's prediction goes to the ``on_predict_batch_end`` hooks, and is kept only when ``keep``. Under ddp the
-    kept predictions of every rank come back in dataset order (see :func:`in_dataset_order`)."""
+def predict(
+    task: TaskModule,
+    module: torch.nn.Module,
+    loader: Any,
+    limit: float,
+    *,
+    strategy: Strategy,
+    precision: Any,
+    on_batch_end: list[Any],
+    keep: bool = True,
+    on_batch_start: list[Any] | None = None,
+    dataloader_idx: tuple[int, ...] = (),
+) -> list[Any] | None:
+    """``predict_step(batch, batch_idx)``, or ``module(inputs)``, for at most ``limit`` batches of
+    ``loader``; each batch's prediction goes to the ``on_predict_batch_end`` hooks, and is kept only
+    when ``keep``. Under ddp the kept predictions of every rank come back in dataset order (see
+    :func:`in_dataset_order`)."""
     module.eval()
     predictions: list[Any] = []
     # under autocast, or a true mode's dtype
@@ -238,12 +282,15 @@ def predict(task: TaskModule, module: torch.nn.Module, loader: Any, limit: float
     if strategy.world_size == 1:
         return predictions
     order = sample_order(loader)
-    gathered = strategy.all_gather_object((None if order is None else list(order), to_cpu(predictions)))
+    gathered = strategy.all_gather_object(
+        (None if order is None else list(order), to_cpu(predictions))
+    )
     return in_dataset_order(gathered, getattr(loader, "batch_size", None))
 
 
 def to_cpu(tree: Any) -> Any:
-    """Tensors (in tuples, lists, dicts) on the CPU: what crosses process boundaries and goes to disk."""
+    """Tensors (in tuples, lists, dicts) on the CPU: what crosses process boundaries and goes to
+    disk."""
     if isinstance(tree, torch.Tensor):
         return tree.detach().cpu()
     if isinstance(tree, (list, tuple)):
@@ -271,29 +318,47 @@ def _take(tree: Any, index: torch.Tensor) -> Any:
 
 
 def _per_sample(tree: Any) -> bool:
-    """A prediction made of tensors with a batch dimension (in tuples, lists, dicts): it can be reordered."""
+    """A prediction made of tensors with a batch dimension (in tuples, lists, dicts): it can be
+    reordered."""
     if isinstance(tree, torch.Tensor):
         return tree.dim() > 0
     if isinstance(tree, (list, tuple)):
         return len(tree) > 0 and all(_per_sample(v) for v in tree)
-    return isinstance(tree, Mapping) and len(tree) > 0 and all(_per_sample(v) for v in tree.values())
+    return (
+        isinstance(tree, Mapping) and len(tree) > 0 and all(_per_sample(v) for v in tree.values())
+    )
 
 
-def in_dataset_order(gathered: list[tuple[list[int] | None, list[Any]]], batch_size: int | None) -> list[Any]:
-    """Every rank's ``(sample order, predictions)`` as one process would have returned them: batches of
-    ``batch_size`` in dataset order. Evaluation shards samples ``rank, rank + world, ...``, so per-sample tensors
-    are concatenated, sorted by sample index and split again. Predictions that are not per-sample tensors, or a
-    loader whose order taskfit does not know, come back rank after rank (docs/strategies.md)."""
+def in_dataset_order(
+    gathered: list[tuple[list[int] | None, list[Any]]], batch_size: int | None
+) -> list[Any]:
+    """Every rank's ``(sample order, predictions)`` as one process would have returned them: batches
+    of ``batch_size`` in dataset order. Evaluation shards samples ``rank, rank + world, ...``, so
+    per-sample tensors are concatenated, sorted by sample index and split again. Predictions that
+    are not per-sample tensors, or a loader whose order taskfit does not know, come back rank after
+    rank (docs/strategies.md)."""
     batches = [b for _, predictions in gathered for b in predictions]
-    if not batches or any(order is None for order, _ in gathered) or not all(map(_per_sample, batches)):
+    if (
+        not batches
+        or any(order is None for order, _ in gathered)
+        or not all(map(_per_sample, batches))
+    ):
         return batches
-    indices = torch.tensor([i for order, predictions in gathered
-                            for i in order[:len(_first_leaf(_concat(predictions))) if predictions else 0]])
+    indices = torch.tensor(
+        [
+            i
+            for order, predictions in gathered
+            for i in order[: len(_first_leaf(_concat(predictions))) if predictions else 0]
+        ]
+    )
     samples = _concat([_concat(predictions) for _, predictions in gathered if predictions])
     ordered = _take(samples, torch.argsort(indices))
     size = batch_size or len(_first_leaf(gathered[0][1][0]))
     total = len(indices)
-    return [_take(ordered, torch.arange(start, min(start + size, total))) for start in range(0, total, size)]
+    return [
+        _take(ordered, torch.arange(start, min(start + size, total)))
+        for start in range(0, total, size)
+    ]
 
 
 def _first_leaf(tree: Any) -> torch.Tensor:

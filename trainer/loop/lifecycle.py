@@ -1,6 +1,7 @@
-"""Building a run and tearing it down: :func:`new_run`, :func:`running` (seed, the run directory, data preparation
-and ``setup``, device and wrapper, precision, logging buffer; ``teardown`` and ``on_exception``), :func:`setup_fit`
-(what fit adds: optimizers, loaders, cadence, the step's callables, a checkpoint to resume) and :func:`fitted_task`."""
+"""Building a run and tearing it down: :func:`new_run`, :func:`running` (seed, the run directory,
+data preparation and ``setup``, device and wrapper, precision, logging buffer; ``teardown`` and
+``on_exception``), :func:`setup_fit` (what fit adds: optimizers, loaders, cadence, the step's
+callables, a checkpoint to resume) and :func:`fitted_task`."""
 from __future__ import annotations
 
 import contextlib
@@ -49,9 +50,17 @@ class RunSource(Protocol):
     checkpoint_writer: CheckpointWriter
 
 
-def new_run(trainer: RunSource, task: TaskModule, fn: str, data: DataSource, callbacks: list[Callback],
-            state: TrainerState, log_dir: str | None, verbose: bool = True,
-            policies: Sequence[CheckpointPolicy] = ()) -> Run:
+def new_run(
+    trainer: RunSource,
+    task: TaskModule,
+    fn: str,
+    data: DataSource,
+    callbacks: list[Callback],
+    state: TrainerState,
+    log_dir: str | None,
+    verbose: bool = True,
+    policies: Sequence[CheckpointPolicy] = (),
+) -> Run:
     """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any
     hook fires. The only place below the Trainer that reads it (tests/test_layers.py): its
     configuration, strategy and checkpoint writer become the run's. ``policies``: the
@@ -76,9 +85,10 @@ def late_publisher(run: Run) -> Hook:
 
 @contextlib.contextmanager
 def running(run: Run, weights: str | None = None) -> Iterator[Run]:
-    """Inside a launched process: seed, attach the task (``prepare_data``, ``setup(stage)``, device, wrapper,
-    precision, logging buffer), load the ``weights`` checkpoint (validate/test/predict); ``teardown(stage)`` after a
-    normal end; on the way out restore what changed (``on_exception`` after an error). Yields the run."""
+    """Inside a launched process: seed, attach the task (``prepare_data``, ``setup(stage)``, device,
+    wrapper, precision, logging buffer), load the ``weights`` checkpoint (validate/test/predict);
+    ``teardown(stage)`` after a normal end; on the way out restore what changed (``on_exception``
+    after an error). Yields the run."""
     config, strategy, task = run.config, run.strategy, run.task
     strategy.setup_environment()
     if config.seed is not None:
@@ -105,8 +115,9 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
 
 
 def _attach(run: Run, weights: str | None) -> Run:
-    """The run's parts, in Lightning's order: the run directory, precision and logging buffer, the task attached,
-    ``prepare_data``, ``setup``, ``configure_model``, the wrapped module, metrics, data seed, preemption."""
+    """The run's parts, in Lightning's order: the run directory, precision and logging buffer, the
+    task attached, ``prepare_data``, ``setup``, ``configure_model``, the wrapped module, metrics,
+    data seed, preemption."""
     strategy, task, datamodule, config = run.strategy, run.task, run.data.datamodule, run.config
     run.state.fn = TrainerFn(run.fn)  # Lightning's enum, equal to the string
     if run.log_dir is None:  # chosen on rank 0
@@ -126,7 +137,8 @@ def _attach(run: Run, weights: str | None) -> Run:
         if strategy.local_rank == 0:
             run.call_hooks("prepare_data")
         strategy.barrier()
-    run.call_hooks("setup", run.fn)  # the module is still where the user built it (Lightning's order)
+    # the module is still where the user built it (Lightning's order)
+    run.call_hooks("setup", run.fn)
     with run.precision.init_context():  # a true mode's layers are built in its dtype
         run.call_hooks("configure_model")
     # meta layers, activation checkpointing, channels_last, then a true mode's dtype, then the
@@ -143,25 +155,34 @@ def _attach(run: Run, weights: str | None) -> Run:
 
 
 def setup_fit(run: Run, ckpt_path: str | None) -> None:
-    """Optimizers, schedulers, the step, the loaders and their schedule, the per-fit choices of the step (hooks around
-    zero_grad and backward only where defined), then the checkpoint to resume from."""
+    """Optimizers, schedulers, the step, the loaders and their schedule, the per-fit choices of the
+    step (hooks around zero_grad and backward only where defined), then the checkpoint to resume
+    from."""
     config, task, strategy, hooks = run.config, run.task, run.strategy, run.hooks
-    modes.check_fit_start(task, warn=strategy.is_main)  # each submodule trains in its own mode (Lightning 2.6)
+    # each submodule trains in its own mode (Lightning 2.6)
+    modes.check_fit_start(task, warn=strategy.is_main)
     run.manual = not task.automatic_optimization  # the task's training_step steps its optimizers
-    run.optimizers, configs = parse_optimizers(task.configure_optimizers(), automatic=not run.manual)
+    run.optimizers, configs = parse_optimizers(
+        task.configure_optimizers(), automatic=not run.manual
+    )
     run.optimizer = run.optimizers[0]
-    run.schedulers = Schedulers(configs, automatic=not run.manual, lr_scheduler_step=scheduler_step(task))
+    run.schedulers = Schedulers(
+        configs, automatic=not run.manual, lr_scheduler_step=scheduler_step(task)
+    )
     run.manual_optimizers = [ManualOptimizer(o, run) for o in run.optimizers] if run.manual else []
-    # Lightning's overrides of the automatic step (overrides.py): the plain calls unless the task writes its own
+    # Lightning's overrides of the automatic step (overrides.py): the plain calls unless the task
+    # writes its own
     run.clip_gradients = clip_call(task, run.optimizer, config.gradient_clip_val,
                                    config.gradient_clip_algorithm)
     run.task_optimizer_step = task_optimizer_step(task, run.state, run.optimizer, run.precision)
-    run.optimizer_step = run.precision.step_call(run.optimizer)  # used when the task keeps TaskModule's
+    # used when the task keeps TaskModule's
+    run.optimizer_step = run.precision.step_call(run.optimizer)
     # the forward and the loss only under autocast, as torch.autocast asks
     run.training_step = run.precision.wrap_step(
         training_step(task, run.model, run.manual, strategy.eval_module(run.model)))
     run.checkpointer.hold_folders()
-    checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None  # before the loaders
+    # before the loaders
+    checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None
     val_source = ASK
     if config.num_sanity_val_steps and config.limits["val"] and not config.overfit_batches \
             and checkpoint is None:
@@ -172,13 +193,20 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
         run.data, config.limits, bool(config.overfit_batches), run.data_seed, strategy,
         config.preempt_signals, val_source)
-    if "validation_step" in vars(task) and task.validation_step is None:  # Lightning: `task.validation_step = None`
-        run.val_loader, run.num_val_batches = None, []  # turns validation off (the sanity check too)
+    # Lightning: `task.validation_step = None`
+    if "validation_step" in vars(task) and task.validation_step is None:
+        # turns validation off (the sanity check too)
+        run.val_loader, run.num_val_batches = None, []
     run.val_schedule = ValidationSchedule(config.val_check_interval, config.check_val_every_n_epoch,
                                           run.num_train_batches, run.val_loader is not None)
     run.before_step_work = run.precision.scales_loss or bool(hooks["on_before_optimizer_step"])
-    run.zero_grad = with_hooks(run, zero_grad_call(task, run.state, run.optimizer), hooks["on_before_zero_grad"], [],
-                               run.optimizer)
+    run.zero_grad = with_hooks(
+        run,
+        zero_grad_call(task, run.state, run.optimizer),
+        hooks["on_before_zero_grad"],
+        [],
+        run.optimizer,
+    )
     run.backward = with_hooks(run, backward_call(task, run.precision), hooks["on_before_backward"],
                               hooks["on_after_backward"])
     if checkpoint is not None:
@@ -189,8 +217,9 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
 
 def with_hooks(run: Run, call: Callable[..., Any], before: list[Hook], after: list[Hook],
                argument: Any = None) -> Callable[..., Any]:
-    """``call`` itself when no hook is defined, else ``call`` between ``before(argument or call's first
-    argument)`` and ``after()`` hooks (on_before_zero_grad(optimizer); on_before_backward(loss), on_after_backward)."""
+    """``call`` itself when no hook is defined, else ``call`` between ``before(argument or call's
+    first argument)`` and ``after()`` hooks (on_before_zero_grad(optimizer);
+    on_before_backward(loss), on_after_backward)."""
     if not before and not after:
         return call
 
@@ -207,9 +236,9 @@ def with_hooks(run: Run, call: Callable[..., Any], before: list[Hook], after: li
 
 def fitted_task(fitted: TaskModule | None, fn: str, task: TaskModule | None,
                 ckpt_path: Any) -> tuple[TaskModule, Any]:
-    """``validate``/``test``/``predict`` without a task: the one of the last fit, from its best checkpoint unless
-    ``ckpt_path`` says otherwise (Lightning's rule); before any fit (``fitted`` is None), an
-    error."""
+    """``validate``/``test``/``predict`` without a task: the one of the last fit, from its best
+    checkpoint unless ``ckpt_path`` says otherwise (Lightning's rule); before any fit (``fitted`` is
+    None), an error."""
     if task is not None:
         return task, ckpt_path
     if fitted is None:
@@ -218,7 +247,8 @@ def fitted_task(fitted: TaskModule | None, fn: str, task: TaskModule | None,
             f"pass the task: trainer.{fn}(task, ckpt_path=...), or call trainer.fit(task) first.")
     if ckpt_path is None:
         ckpt_path = "best"
-        warnings.warn(f"Trainer.{fn}() without a task uses the fitted one, with the weights of its best checkpoint "
-                      f"(ckpt_path='best'). HINT: pass ckpt_path='best' or 'last' to choose (and silence this), or "
-                      f"the task to use its weights as they are.", UserWarning, stacklevel=4)
+        warnings.warn(f"Trainer.{fn}() without a task uses the fitted one, with the weights of its "
+                      "best checkpoint (ckpt_path='best'). HINT: pass ckpt_path='best' or 'last' "
+                      "to choose (and silence this), or the task to use its weights as they "
+                      "are.", UserWarning, stacklevel=4)
     return fitted, ckpt_path

@@ -1,12 +1,14 @@
-"""The TaskModule's overrides of the automatic step that Lightning calls (``optimizer_step``, ``optimizer_zero_grad``,
-``backward``, ``configure_gradient_clipping``; ``lr_scheduler_step`` goes to optim.Schedulers), each found once per
-fit and made into the callable the step calls. A task that overrides none of them gets the plain calls of a
-hand-written loop (``optimizer.zero_grad``, ``loss.backward``, ``optimizer.step``; with a GradScaler the precision's
-scaled backward and step): nothing is added per step.
+"""The TaskModule's overrides of the automatic step that Lightning calls (``optimizer_step``,
+``optimizer_zero_grad``, ``backward``, ``configure_gradient_clipping``; ``lr_scheduler_step`` goes
+to optim.Schedulers), each found once per fit and made into the callable the step calls. A task that
+overrides none of them gets the plain calls of a hand-written loop (``optimizer.zero_grad``,
+``loss.backward``, ``optimizer.step``; with a GradScaler the precision's scaled backward and step):
+nothing is added per step.
 
-Lightning runs the forward and backward inside ``optimizer.step(closure)``; taskfit has run them when the task's
-``optimizer_step`` is called, and its closure returns that step's loss. What a warm-up or a skipped step does with it
-is the same; gradients read in the override before calling the closure are already there.
+Lightning runs the forward and backward inside ``optimizer.step(closure)``; taskfit has run them
+when the task's ``optimizer_step`` is called, and its closure returns that step's loss. What a
+warm-up or a skipped step does with it is the same; gradients read in the override before calling
+the closure are already there.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from ..precision import Precision
 
 
 def zero_grad_call(task: Any, state: Any, optimizer: torch.optim.Optimizer) -> Callable[..., None]:
-    """``optimizer.zero_grad``, or the task's ``optimizer_zero_grad(epoch, batch_idx, optimizer)``."""
+    """``optimizer.zero_grad``, or the task's ``optimizer_zero_grad(epoch, batch_idx,
+    optimizer)``."""
     if not overrides(task, "optimizer_zero_grad"):
         return optimizer.zero_grad
 
@@ -31,8 +34,8 @@ def zero_grad_call(task: Any, state: Any, optimizer: torch.optim.Optimizer) -> C
 
 
 def backward_call(task: Any, precision: Precision) -> Callable[..., None]:
-    """``precision.backward_call()`` (``Tensor.backward`` unless a GradScaler scales the loss), or the task's
-    ``backward(loss)`` with the loss scaled as precision's would be."""
+    """``precision.backward_call()`` (``Tensor.backward`` unless a GradScaler scales the loss), or
+    the task's ``backward(loss)`` with the loss scaled as precision's would be."""
     if not overrides(task, "backward"):
         return precision.backward_call()
 
@@ -43,20 +46,24 @@ def backward_call(task: Any, precision: Precision) -> Callable[..., None]:
 
 def clip_call(task: Any, optimizer: torch.optim.Optimizer, value: float | None,
               algorithm: str) -> Callable[[], Any] | None:
-    """The clipping before each step: the Trainer's (None without ``gradient_clip_val``), or the task's
-    ``configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)``, called every step."""
+    """The clipping before each step: the Trainer's (None without ``gradient_clip_val``), or the
+    task's ``configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)``,
+    called every step."""
     if not overrides(task, "configure_gradient_clipping"):
         return gradient_clipper(optimizer, value, algorithm)
 
     def task_clip() -> None:
-        task.configure_gradient_clipping(optimizer, gradient_clip_val=value, gradient_clip_algorithm=algorithm)
+        task.configure_gradient_clipping(
+            optimizer, gradient_clip_val=value, gradient_clip_algorithm=algorithm
+        )
     return task_clip
 
 
 class StepOptimizer:
-    """What the task's ``optimizer_step`` receives as ``optimizer``: the optimizer, whose ``step(closure)`` calls the
-    closure and steps through the precision (the GradScaler skips a step whose gradients overflowed). Everything
-    else (``param_groups``, ``zero_grad``) is the optimizer's. Built once per fit."""
+    """What the task's ``optimizer_step`` receives as ``optimizer``: the optimizer, whose
+    ``step(closure)`` calls the closure and steps through the precision (the GradScaler skips a step
+    whose gradients overflowed). Everything else (``param_groups``, ``zero_grad``) is the
+    optimizer's. Built once per fit."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
         self.optimizer, self.precision = optimizer, precision
@@ -72,11 +79,13 @@ class StepOptimizer:
 
 
 class TaskOptimizerStep:
-    """The step of a task that overrides ``optimizer_step``: ``task.optimizer_step(epoch, batch_idx, optimizer,
-    closure)``; returns whether the optimizer stepped. Lightning refuses an override that never runs the closure
-    (the step's work would be lost): so does this."""
+    """The step of a task that overrides ``optimizer_step``: ``task.optimizer_step(epoch, batch_idx,
+    optimizer, closure)``; returns whether the optimizer stepped. Lightning refuses an override that
+    never runs the closure (the step's work would be lost): so does this."""
 
-    def __init__(self, task: Any, state: Any, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
+    def __init__(
+        self, task: Any, state: Any, optimizer: torch.optim.Optimizer, precision: Precision
+    ) -> None:
         self.task, self.state = task, state
         self.optimizer = StepOptimizer(optimizer, precision)
         self.loss: torch.Tensor | None = None
@@ -88,23 +97,31 @@ class TaskOptimizerStep:
 
     def __call__(self, loss: torch.Tensor) -> bool:
         self.loss, self.closed, self.optimizer.stepped = loss, False, False
-        self.task.optimizer_step(self.state.epoch, self.state.batch_idx, self.optimizer, self.closure)
+        self.task.optimizer_step(
+            self.state.epoch, self.state.batch_idx, self.optimizer, self.closure
+        )
         if not self.closed:
             raise MisconfigurationError(
                 f"{type(self.task).__name__}.optimizer_step did not run the optimizer closure.",
-                "call optimizer.step(closure=optimizer_closure) in your optimizer_step (or optimizer_closure() "
-                "before skipping the step), as Lightning requires.")
+                "call optimizer.step(closure=optimizer_closure) in your optimizer_step (or "
+                "optimizer_closure() before skipping the step), as Lightning requires.")
         return self.optimizer.stepped
 
 
 def task_optimizer_step(task: Any, state: Any, optimizer: torch.optim.Optimizer,
                         precision: Precision) -> TaskOptimizerStep | None:
-    """The task's ``optimizer_step`` made callable by the loop, or None when the task keeps TaskModule's."""
-    return TaskOptimizerStep(task, state, optimizer, precision) if overrides(task, "optimizer_step") else None
+    """The task's ``optimizer_step`` made callable by the loop, or None when the task keeps
+    TaskModule's."""
+    return (
+        TaskOptimizerStep(task, state, optimizer, precision)
+        if overrides(task, "optimizer_step")
+        else None
+    )
 
 
 def scheduler_step(task: Any) -> Callable[[Any, Any], None] | None:
-    """The task's ``lr_scheduler_step(scheduler, metric)``, or None (the scheduler's own ``step``)."""
+    """The task's ``lr_scheduler_step(scheduler, metric)``, or None (the scheduler's own
+    ``step``)."""
     return task.lr_scheduler_step if overrides(task, "lr_scheduler_step") else None
 
 

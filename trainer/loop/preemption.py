@@ -1,14 +1,16 @@
-"""Preemption: a signal (SIGTERM, SIGUSR1...) becomes a flag; the loop saves at the next step boundary and exits.
+"""Preemption: a signal (SIGTERM, SIGUSR1...) becomes a flag; the loop saves at the next step
+boundary and exits.
 
 The handler only records the signal. The loop asks :attr:`Preemption.requested` between epochs and
-:meth:`Preemption.should_break` after each optimizer step. Under ddp every rank must stop at the same step, and a
-scheduler's grace period (30 s) must not wait for a log interval of slow steps: every ``period`` optimizer steps
-each rank starts an all-reduce of its flags without waiting for it (gloo threads do the work) and reads the
-result of the previous one, finished by then, so the ranks agree on a signal one or two exchanges after it
-arrives, with no collective that waits. The period is 1 step unless steps are shorter than ``EXCHANGE_S`` (an
-exchange costs ~70 us of the training thread): then as many steps as take that long, agreed by every rank at each
-blocking agreement (:meth:`Preemption.agree`: the log interval, validation, the epoch end). One process pays
-nothing of this.
+:meth:`Preemption.should_break` after each optimizer step. Under ddp every rank must stop at the
+same step, and a scheduler's grace period (30 s) must not wait for a log interval of slow steps:
+every ``period`` optimizer steps each rank starts an all-reduce of its flags without waiting for it
+(gloo threads do the work) and reads the result of the previous one, finished by then, so the ranks
+agree on a signal one or two exchanges after it arrives, with no collective that waits. The period
+is 1 step unless steps are shorter than ``EXCHANGE_S`` (an exchange costs ~70 us of the training
+thread): then as many steps as take that long, agreed by every rank at each blocking agreement
+(:meth:`Preemption.agree`: the log interval, validation, the epoch end). One process pays nothing of
+this.
 """
 from __future__ import annotations
 
@@ -34,11 +36,14 @@ if TYPE_CHECKING:
 
 
 def normalize_signals(names: Any) -> tuple[str, ...]:
-    """``preempt_signals`` as full names: one name or several, ``"TERM"`` or ``"SIGTERM"``; () turns preemption off.
-    Anything else is one error at construction: a signal that does nothing must not pass silently."""
+    """``preempt_signals`` as full names: one name or several, ``"TERM"`` or ``"SIGTERM"``; () turns
+    preemption off. Anything else is one error at construction: a signal that does nothing must not
+    pass silently."""
     if isinstance(names, str):
         names = (names,)
-    valid = sorted(s.name for s in signal.Signals if s.name.startswith("SIG") and not s.name.startswith("SIG_"))
+    valid = sorted(
+        s.name for s in signal.Signals if s.name.startswith("SIG") and not s.name.startswith("SIG_")
+    )
     out = []
     for name in names if isinstance(names, (list, tuple)) else [names]:
         full = name.upper() if isinstance(name, str) else name
@@ -46,58 +51,67 @@ def normalize_signals(names: Any) -> tuple[str, ...]:
         if full not in valid or full in ("SIGKILL", "SIGSTOP"):
             raise MisconfigurationError(
                 f"Trainer(preempt_signals={names!r}): {name!r} is not a signal taskfit can catch.",
-                'name signals like "SIGTERM" or "TERM" (one, or a list: ["SIGTERM", "SIGUSR1"]); SIGKILL and '
+                'name signals like "SIGTERM" or "TERM" (one, or a list: ["SIGTERM", "SIGUSR1"]); '
+                'SIGKILL and '
                 "SIGSTOP cannot be caught. Pass () to turn preemption checkpoints off.")
         out.append(full)
     return tuple(out)
 
 
-EXCHANGE_S = 0.05  # ddp: the flag exchange runs at least every this many seconds of steps (or every step)
+# ddp: the flag exchange runs at least every this many seconds of steps (or every step)
+EXCHANGE_S = 0.05
 MAX_PERIOD = 1000
 
 
 def requeue_setting(requeue: Any, signals: Sequence[str]) -> bool:
-    """``Trainer(requeue=...)``: whether a SIGUSR1 also requeues the SLURM job (``scontrol requeue``) after its
-    checkpoint. None: yes in a SLURM batch job (as Lightning's SLURMEnvironment(auto_requeue=True)), else no."""
+    """``Trainer(requeue=...)``: whether a SIGUSR1 also requeues the SLURM job (``scontrol
+    requeue``) after its checkpoint. None: yes in a SLURM batch job (as Lightning's
+    SLURMEnvironment(auto_requeue=True)), else no."""
     if requeue is not None and not isinstance(requeue, bool):
         raise MisconfigurationError(f"Trainer(requeue={requeue!r}) is not valid.",
-                                    "pass True (requeue the SLURM job on SIGUSR1), False, or None (True under SLURM).")
+                                    "pass True (requeue the SLURM job on SIGUSR1), False, or None "
+                                    "(True under SLURM).")
     in_slurm = slurm_job_id() is not None
     if requeue and "SIGUSR1" not in signals:
         raise MisconfigurationError(
-            f"Trainer(requeue=True) requeues the SLURM job when SIGUSR1 arrives, but preempt_signals={signals!r} "
-            "leaves SIGUSR1 alone.", 'add "SIGUSR1" to preempt_signals (sbatch --signal=USR1@120 sends it), or pass '
-            "requeue=False.")
+            "Trainer(requeue=True) requeues the SLURM job when SIGUSR1 arrives, but "
+            f"preempt_signals={signals!r} leaves SIGUSR1 "
+            "alone.",
+            'add "SIGUSR1" to preempt_signals (sbatch --signal=USR1@120 sends it), or pass '
+            "requeue=False.",
+        )
     if requeue and not in_slurm:
-        warnings.warn("Trainer(requeue=True) outside a SLURM job (no SLURM_JOB_ID): a SIGUSR1 saves and exits, and "
-                      "there is no job to requeue. HINT: it takes effect in a job started by sbatch; requeue=None "
-                      "turns it on there by itself.", UserWarning, stacklevel=4)
+        warnings.warn("Trainer(requeue=True) outside a SLURM job (no SLURM_JOB_ID): a SIGUSR1 "
+                      "saves and exits, and there is no job to requeue. HINT: it takes effect in a "
+                      "job started by sbatch; requeue=None turns it on there by "
+                      "itself.", UserWarning, stacklevel=4)
     return bool(requeue if requeue is not None else in_slurm and "SIGUSR1" in signals)
 
 
 class _AfterFit:
-    """The handler of the preemption signals after a fit under a launcher (torchrun, SLURM, ddp's own workers), until
-    the process exits. A scheduler signals every rank, but not at the same instant: a rank that learned of the
-    signal from its peers has saved and is on its way out when its own signal lands, 0.3-0.5 s later (or a second
-    one comes). Restoring the default handler there killed it by the signal (status -10, not
-    138). So: while the process exits from a preemption, the signals are ignored (SIG_IGN:
-    :meth:`Preemption.uninstall`; the status is decided and the checkpoint written); this
-    handler serves after a fit that ended otherwise: the first signal ends the process with
-    SystemExit(128 + signal) (nothing is left to save), the next ones are recorded. SIGINT keeps
-    its handler after a normal end."""
+    """The handler of the preemption signals after a fit under a launcher (torchrun, SLURM, ddp's
+    own workers), until the process exits. A scheduler signals every rank, but not at the same
+    instant: a rank that learned of the signal from its peers has saved and is on its way out when
+    its own signal lands, 0.3-0.5 s later (or a second one comes). Restoring the default handler
+    there killed it by the signal (status -10, not 138). So: while the process exits from a
+    preemption, the signals are ignored (SIG_IGN: :meth:`Preemption.uninstall`; the status is
+    decided and the checkpoint written); this handler serves after a fit that ended otherwise: the
+    first signal ends the process with SystemExit(128 + signal) (nothing is left to save), the next
+    ones are recorded. SIGINT keeps its handler after a normal end."""
 
     def __init__(self) -> None:
         self.exit_code: int | None = None  # the status of the preemption exit in progress
         self.stopping = False
 
     def __call__(self, signum: int, frame: Any) -> None:
-        note_signal(signum)  # a launcher that dies now does not stop this process first (cluster.orphaned)
+        # a launcher that dies now does not stop this process first (cluster.orphaned)
+        note_signal(signum)
         if self.exit_code is not None or self.stopping:
             return
         self.stopping = True
         try:
-            os.write(2, f"taskfit: {signal.Signals(signum).name} received after the fit ended; exiting with status "
-                        f"{128 + signum}.\n".encode())
+            os.write(2, f"taskfit: {signal.Signals(signum).name} received after the fit ended; "
+                        f"exiting with status {128 + signum}.\n".encode())
         except OSError:
             pass
         raise SystemExit(128 + signum)
@@ -107,27 +121,34 @@ AFTER_FIT = _AfterFit()
 
 
 def under_launcher() -> bool:
-    """This process is one of a launcher's (torchrun, srun, ddp's own workers), or a SLURM job's single task."""
+    """This process is one of a launcher's (torchrun, srun, ddp's own workers), or a SLURM job's
+    single task."""
     return detect() is not None or slurm_job_id() is not None
 
 
 class Preemption:
-    """The preemption signals of one run: handlers installed for fit, restored by :meth:`uninstall` (under a launcher
-    replaced by :data:`AFTER_FIT` instead, until the process exits)."""
+    """The preemption signals of one run: handlers installed for fit, restored by :meth:`uninstall`
+    (under a launcher replaced by :data:`AFTER_FIT` instead, until the process exits)."""
 
     def __init__(self, names: Sequence[str], strategy: Strategy, install: bool) -> None:
         self.strategy = strategy
-        self.signum: int | None = None  # the signal received on this rank (or, under ddp, agreed from another)
+        # the signal received on this rank (or, under ddp, agreed from another)
+        self.signum: int | None = None
         self.agreed = False  # ddp: every rank knows of a signal, so all of them save together
         self.stop_agreed = False  # ddp: every rank knows of a stop (should_stop or a signal)
         self._previous: dict[int, Any] = {}
-        self._flags = torch.zeros(2)  # ddp: [should_stop, signal number], all-reduced in place every `period` steps
-        self._work: Any = None  # ... and that all-reduce (in flight while _pending, until the next exchange reads it)
+        # ddp: [should_stop, signal number], all-reduced in place every `period` steps
+        self._flags = torch.zeros(2)
+        # ... and that all-reduce (in flight while _pending, until the next exchange reads it)
+        self._work: Any = None
         self._pending = False
         self._held = [0.0, 0.0]  # what the buffer holds (the last reduced flags)
-        self.period, self._steps = 1, 0  # ddp: optimizer steps between exchanges; steps since the last one
-        self._clock: tuple[float, int] | None = None  # ddp: time and global step at the last blocking agreement
-        self.exit_code: int | None = None  # set by loop/checkpointing.py's preempt just before it exits the process
+        # ddp: optimizer steps between exchanges; steps since the last one
+        self.period, self._steps = 1, 0
+        # ddp: time and global step at the last blocking agreement
+        self._clock: tuple[float, int] | None = None
+        # set by loop/checkpointing.py's preempt just before it exits the process
+        self.exit_code: int | None = None
         if install and threading.current_thread() is threading.main_thread():
             for name in names:
                 signum = getattr(signal, name, None)
@@ -138,15 +159,18 @@ class Preemption:
         if signum == signal.SIGINT and self.signum is not None:
             raise KeyboardInterrupt  # a second Ctrl-C: abort at once, as Python would have
         self.signum = signum  # only a flag: the loop saves and exits at the next step boundary
-        note_signal(signum)  # a launcher that dies now does not stop this process before it has saved
+        # a launcher that dies now does not stop this process before it has saved
+        note_signal(signum)
         if signum == signal.SIGINT and self.strategy.is_main:
-            echo("\ntaskfit: Ctrl-C: finishing this step, then saving a checkpoint and exiting (Ctrl-C again to "
-                 "abort at once).", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
+            echo("\ntaskfit: Ctrl-C: finishing this step, then saving a checkpoint and exiting "
+                 "(Ctrl-C again to abort at "
+                 "once).", stream=sys.stderr, level=logging.WARNING, name="taskfit.preemption")
 
     def uninstall(self) -> None:
-        """The handlers before the run come back; under a launcher :data:`AFTER_FIT` takes their place instead: a
-        preemption signal that lands late (after this rank saved on its peers' word) or twice never kills the
-        process by its default action, and every rank exits with the documented status."""
+        """The handlers before the run come back; under a launcher :data:`AFTER_FIT` takes their
+        place instead: a preemption signal that lands late (after this rank saved on its peers'
+        word) or twice never kills the process by its default action, and every rank exits with the
+        documented status."""
         keep = bool(self._previous) and under_launcher()
         if keep:
             AFTER_FIT.exit_code, AFTER_FIT.stopping = self.exit_code, False
@@ -171,7 +195,8 @@ class Preemption:
         return self.agreed if self.strategy.world_size > 1 else self.signum is not None
 
     def should_break(self, state: TrainerState) -> bool:
-        """Leave the epoch after this optimizer step: a stop or a signal (under ddp: agreed by every rank)."""
+        """Leave the epoch after this optimizer step: a stop or a signal (under ddp: agreed by every
+        rank)."""
         if self.strategy.world_size > 1:
             self._steps += 1
             if self._steps >= self.period:
@@ -181,26 +206,29 @@ class Preemption:
         return state.should_stop or self.signum is not None
 
     def _exchange(self, state: TrainerState) -> None:
-        """ddp, every ``period`` optimizer steps: take the flags every rank had at the last exchange (that
-        all-reduce has had ``period`` steps to finish: ``wait`` returns at once) and start the all-reduce of now's."""
+        """ddp, every ``period`` optimizer steps: take the flags every rank had at the last exchange
+        (that all-reduce has had ``period`` steps to finish: ``wait`` returns at once) and start the
+        all-reduce of now's."""
         self._collect(state)
         mine = [float(state.should_stop), float(self.signum or 0)]
-        if mine != self._held:  # written only when it differs: no tensor write on a step where nothing happened
+        # written only when it differs: no tensor write on a step where nothing happened
+        if mine != self._held:
             self._flags.copy_(torch.tensor(mine))
         self._work, self._pending = self.strategy.exchange_flags(self._flags), True
 
     def _collect(self, state: TrainerState) -> None:
-        """The exchange in flight, if any: wait for it (every rank has started it) and take in its result. The
-        finished work stays referenced here until the next one: released by gloo's thread instead, it would need
-        the GIL to free its Python tensor, and at interpreter exit that thread aborts the process."""
+        """The exchange in flight, if any: wait for it (every rank has started it) and take in its
+        result. The finished work stays referenced here until the next one: released by gloo's
+        thread instead, it would need the GIL to free its Python tensor, and at interpreter exit
+        that thread aborts the process."""
         if self._pending:
             self._work.wait()
             self._pending, self._held = False, self._flags.tolist()
             self._absorb(state, *self._held)
 
     def _absorb(self, state: TrainerState, stop: float, signalled: float) -> None:
-        """Some rank wanted to stop, or got a signal: now every rank knows it (each reads the same reduced flags;
-        of several signals, the highest number: SIGTERM over SIGUSR1 over SIGINT)."""
+        """Some rank wanted to stop, or got a signal: now every rank knows it (each reads the same
+        reduced flags; of several signals, the highest number: SIGTERM over SIGUSR1 over SIGINT)."""
         state.should_stop = state.should_stop or bool(stop)
         if signalled:
             self.signum = max(self.signum or 0, int(signalled))
@@ -208,14 +236,16 @@ class Preemption:
         self.stop_agreed = self.stop_agreed or bool(stop or signalled)
 
     def agree(self, state: TrainerState) -> None:
-        """Under ddp, make every rank agree on ``should_stop`` and a signal (one tiny all-reduce), and on the
-        exchange period: the smallest that any rank proposes from its own step time since the last agreement.
-        Every rank calls it at the same points (the log interval, validation, each epoch's start)."""
+        """Under ddp, make every rank agree on ``should_stop`` and a signal (one tiny all-reduce),
+        and on the exchange period: the smallest that any rank proposes from its own step time since
+        the last agreement. Every rank calls it at the same points (the log interval, validation,
+        each epoch's start)."""
         if self.strategy.world_size == 1:
             return
         self._collect(state)  # nothing stays in flight past an agreement (fit's last one included)
         now, steps = time.perf_counter(), state.global_step
-        (then, before), self._clock = self._clock or (now, steps), (now, steps)  # the first: after a resume too
+        # the first: after a resume too
+        (then, before), self._clock = self._clock or (now, steps), (now, steps)
         proposal = self.period if steps <= before else \
             max(1, min(MAX_PERIOD, int(EXCHANGE_S * (steps - before) / max(now - then, 1e-9))))
         flags = torch.tensor([float(state.should_stop), float(self.signum or 0), -float(proposal)],

@@ -1,9 +1,11 @@
-"""An error raised in the user's code during a run, as a person reads it: torch's (or Python's) message as it was,
-one added line naming the user's function and the batch where it happened, and a traceback without taskfit's own
-frames (the user's frames and torch's stay). ``TASKFIT_FULL_TRACEBACK=1`` keeps every frame.
+"""An error raised in the user's code during a run, as a person reads it: torch's (or Python's)
+message as it was, one added line naming the user's function and the batch where it happened, and a
+traceback without taskfit's own frames (the user's frames and torch's stay).
+``TASKFIT_FULL_TRACEBACK=1`` keeps every frame.
 
-Lightning shows the bare error under a long traceback through its loops; the added line saves the search for
-which batch and which of the task's methods failed. Only the error path pays for this: the loop is untouched.
+Lightning shows the bare error under a long traceback through its loops; the added line saves the
+search for which batch and which of the task's methods failed. Only the error path pays for this:
+the loop is untouched.
 """
 from __future__ import annotations
 
@@ -14,11 +16,16 @@ from typing import Any
 
 from ..errors import TaskfitError
 
-# taskfit's folders: the package (trainer/ in a checkout) and its callbacks (callbacks/ in a checkout, inside the
-# package when installed)
+# taskfit's folders: the package (trainer/ in a checkout) and its callbacks (callbacks/ in a
+# checkout, inside the package when installed)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_STAGES = {"train": "training", "val": "validation", "sanity": "the sanity check's validation", "test": "test",
-           "predict": "predict"}
+_STAGES = {
+    "train": "training",
+    "val": "validation",
+    "sanity": "the sanity check's validation",
+    "test": "test",
+    "predict": "predict",
+}
 
 
 def _folders() -> tuple[str, ...]:
@@ -32,8 +39,8 @@ def is_taskfit_frame(tb: types.TracebackType, folders: tuple[str, ...] | None = 
 
 
 def where(run: Any, tb: types.TracebackType | None) -> str | None:
-    """``"raised in Task.forward (model.py:12), training batch 3 of epoch 0 (fit)"``, or None when the error did not
-    come from the user's code during a pass over batches."""
+    """``"raised in Task.forward (model.py:12), training batch 3 of epoch 0 (fit)"``, or None when
+    the error did not come from the user's code during a pass over batches."""
     stage = run.state.stage
     if stage not in _STAGES:
         return None
@@ -51,12 +58,13 @@ def where(run: Any, tb: types.TracebackType | None) -> str | None:
     name = f"{type(owner).__name__}.{code.co_name}" if owner is not None else code.co_name
     batch = run.state.batch_idx if stage == "train" else run.logs.current.batch_idx
     return (f"taskfit: raised in {name} ({os.path.basename(code.co_filename)}:{origin.tb_lineno}), "
-            f"{_STAGES[stage]} batch {batch} of epoch {run.state.epoch} ({run.fn}). TASKFIT_FULL_TRACEBACK=1 shows "
-            "taskfit's frames too.")
+            f"{_STAGES[stage]} batch {batch} of epoch {run.state.epoch} ({run.fn}). "
+            "TASKFIT_FULL_TRACEBACK=1 shows taskfit's frames too.")
 
 
 def without_taskfit_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """The traceback less the frames of taskfit's package (the user's and torch's kept, in order)."""
+    """The traceback less the frames of taskfit's package (the user's and torch's kept, in
+    order)."""
     kept, folders = [], _folders()
     while tb is not None:
         if not is_taskfit_frame(tb, folders):
@@ -69,15 +77,21 @@ def without_taskfit_frames(tb: types.TracebackType | None) -> types.TracebackTyp
 
 
 def explain(exc: BaseException, run: Any) -> BaseException:
-    """``exc`` with the added line and, unless ``TASKFIT_FULL_TRACEBACK`` is set, its traceback trimmed; taskfit's own
-    errors (they say what is wrong already), interrupts and exits as they are."""
-    if isinstance(exc, (TaskfitError, KeyboardInterrupt, SystemExit)) or not isinstance(exc, Exception) \
-            or run is None or getattr(exc, "_taskfit_explained", False):
+    """``exc`` with the added line and, unless ``TASKFIT_FULL_TRACEBACK`` is set, its traceback
+    trimmed; taskfit's own errors (they say what is wrong already), interrupts and exits as they
+    are."""
+    if (
+        isinstance(exc, (TaskfitError, KeyboardInterrupt, SystemExit))
+        or not isinstance(exc, Exception)
+        or run is None
+        or getattr(exc, "_taskfit_explained", False)
+    ):
         return exc
     line = where(run, exc.__traceback__)
     if line is None:
         return exc
-    exc._taskfit_explained = True  # type: ignore[attr-defined]  # nested entry points (lr_find's fit) explain once
+    # nested entry points (lr_find's fit) explain once
+    exc._taskfit_explained = True  # type: ignore[attr-defined]
     if hasattr(exc, "add_note"):
         exc.add_note(line)
     if not os.environ.get("TASKFIT_FULL_TRACEBACK"):

@@ -1,5 +1,6 @@
-"""Profilers, callbacks that time a fit's stages: ``SimpleProfiler`` (``simple.py``), ``PyTorchProfiler``
-(``pytorch.py``, loaded on first use) and the choice ``Trainer(profiler=...)`` makes (``choice.py``)."""
+"""Profilers, callbacks that time a fit's stages: ``SimpleProfiler`` (``simple.py``),
+``PyTorchProfiler`` (``pytorch.py``, loaded on first use) and the choice ``Trainer(profiler=...)``
+makes (``choice.py``)."""
 from __future__ import annotations
 
 import importlib

@@ -1,6 +1,6 @@
-"""``Trainer(profiler=...)``: which profiler a run gets, and the pass-through ``trainer.profiler`` is when profiling
-is off (nothing added to the hook table: the loop pays nothing). The profilers: trainer/profiler.py (simple) and
-trainer/torch_profiler.py (torch)."""
+"""``Trainer(profiler=...)``: which profiler a run gets, and the pass-through ``trainer.profiler``
+is when profiling is off (nothing added to the hook table: the loop pays nothing). The profilers:
+trainer/profiler.py (simple) and trainer/torch_profiler.py (torch)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +13,8 @@ from .simple import SimpleProfiler
 
 
 class PassThroughProfiler:
-    """``trainer.profiler`` when profiling is off: ``profile(name)`` does nothing (Lightning's PassThroughProfiler)."""
+    """``trainer.profiler`` when profiling is off: ``profile(name)`` does nothing (Lightning's
+    PassThroughProfiler)."""
 
     @contextlib.contextmanager
     def profile(self, action_name: str) -> Iterator[None]:
@@ -24,16 +25,19 @@ class PassThroughProfiler:
 
 
 def profiler_for(profiler: Any, callbacks: list[Callback]) -> tuple[list[Callback], Any]:
-    """``Trainer(profiler=...)``: the callbacks and ``trainer.profiler``. None: the callbacks as they are and a
-    pass-through; ``"simple"``/``"torch"`` or a profiler instance: the profiler first among the callbacks."""
+    """``Trainer(profiler=...)``: the callbacks and ``trainer.profiler``. None: the callbacks as
+    they are and a pass-through; ``"simple"``/``"torch"`` or a profiler instance: the profiler first
+    among the callbacks."""
     if profiler is None or profiler is False:
         return callbacks, PassThroughProfiler()
     if isinstance(profiler, str):
         if profiler not in ("simple", "torch", "pytorch"):
             raise MisconfigurationError(
                 f"Trainer(profiler={profiler!r}) is not a profiler taskfit has.",
-                'use profiler="simple" (time per stage and hook, cheap enough to leave on) or "torch" (a '
-                "torch.profiler trace of a few steps per rank); Lightning's \"advanced\" (cProfile) is not built in: "
+                'use profiler="simple" (time per stage and hook, cheap enough to leave on) or '
+                '"torch" (a '
+                "torch.profiler trace of a few steps per rank); Lightning's \"advanced\" "
+                "(cProfile) is not built in: "
                 "run python -m cProfile -o fit.prof your_script.py.")
         if profiler == "simple":
             profiler = SimpleProfiler()
@@ -43,5 +47,8 @@ def profiler_for(profiler: Any, callbacks: list[Callback]) -> tuple[list[Callbac
             profiler = PyTorchProfiler()
     if not isinstance(profiler, SimpleProfiler):
         raise MisconfigurationError(f"Trainer(profiler=...) got {type(profiler).__name__}.",
-                                    'pass "simple", "torch", or a SimpleProfiler/PyTorchProfiler instance.')
-    return ([profiler] if not any(cb is profiler for cb in callbacks) else []) + list(callbacks), profiler
+                                    'pass "simple", "torch", or a SimpleProfiler/PyTorchProfiler '
+                                    'instance.')
+    return ([profiler] if not any(cb is profiler for cb in callbacks) else []) + list(
+        callbacks
+    ), profiler

@@ -1,8 +1,9 @@
 """Device strategies: where the module and the data live (docs/strategies.md).
 
-``base.py`` is the interface the loop talks to (and one device, DataParallel); ``ddp.py``, ``spawn.py`` (ddp's
-self-launch) and ``fsdp.py`` the distributed ones; ``registry.py`` builds one from ``Trainer(strategy=...)``;
-``model_memory.py`` activation checkpointing and meta-device init. DDP and FSDP load on first use.
+``base.py`` is the interface the loop talks to (and one device, DataParallel); ``ddp.py``,
+``spawn.py`` (ddp's self-launch) and ``fsdp.py`` the distributed ones; ``registry.py`` builds one
+from ``Trainer(strategy=...)``; ``model_memory.py`` activation checkpointing and meta-device init.
+DDP and FSDP load on first use.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from .base import DataParallelStrategy, Strategy, normalize_state_dict, unwrap
 
-_LAZY = {"DDPStrategy": ".ddp", "FSDPStrategy": ".fsdp"}  # torch.distributed's heavier modules, on first use
+# torch.distributed's heavier modules, on first use
+_LAZY = {"DDPStrategy": ".ddp", "FSDPStrategy": ".fsdp"}
 __all__ = ["Strategy", "DataParallelStrategy", "DDPStrategy", "FSDPStrategy",
            "normalize_state_dict", "unwrap"]
 

@@ -1,11 +1,13 @@
-"""Device strategies: where the module and the data live. The loop only talks to this small interface.
+"""Device strategies: where the module and the data live. The loop only talks to this small
+interface.
 
-``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here), ``DDPStrategy`` (``ddp.py``) and
-``FSDPStrategy`` (``fsdp.py``) subclass it; ``strategy_registry.py`` picks one by name. The interface, in the spirit
-of Lightning Fabric: ``launch``, ``setup_environment``, ``setup_module``, ``eval_module``, ``batch_to_device``,
-``module_state_dict``, ``gradient_sync``, ``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``,
-``is_main``, ``teardown``; checkpoints ask it for the module's and the optimizers' state (``optimizer_state_dict``,
-``load_*``, ``full_state_dict``). See docs/strategies.md.
+``Strategy`` is the single-device strategy; ``DataParallelStrategy`` (here), ``DDPStrategy``
+(``ddp.py``) and ``FSDPStrategy`` (``fsdp.py``) subclass it; ``strategy_registry.py`` picks one by
+name. The interface, in the spirit of Lightning Fabric: ``launch``, ``setup_environment``,
+``setup_module``, ``eval_module``, ``batch_to_device``, ``module_state_dict``, ``gradient_sync``,
+``average_gradients``, ``all_reduce``, ``broadcast``, ``barrier``, ``is_main``, ``teardown``;
+checkpoints ask it for the module's and the optimizers' state (``optimizer_state_dict``, ``load_*``,
+``full_state_dict``). See docs/strategies.md.
 """
 from __future__ import annotations
 
@@ -37,17 +39,22 @@ def resolve_accelerator(accelerator: str) -> str:
         mps = getattr(torch.backends, "mps", None)
         return "mps" if mps is not None and mps.is_available() else "cpu"
     if accelerator == "cuda" and not torch.cuda.is_available():
-        raise MisconfigurationError('accelerator="cuda" was requested but CUDA is not available on this machine.',
-                                    'use accelerator="cpu" (or "auto"), or install a CUDA build of torch '
+        raise MisconfigurationError('accelerator="cuda" was requested but CUDA is not available on '
+                                    'this machine.',
+                                    'use accelerator="cpu" (or "auto"), or install a CUDA build of '
+                                    'torch '
                                     "(see the README) on a machine with an NVIDIA GPU.")
-    if accelerator == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+    if accelerator == "mps" and not (
+        getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
+    ):
         raise MisconfigurationError('accelerator="mps" was requested but MPS is not available.',
                                     'use accelerator="cpu" or "auto".')
     return accelerator
 
 
 def parse_devices(devices: Any) -> int | list[int] | None:
-    """``devices`` as None ("auto"), a count, or a list of device indices; one clear error for anything else."""
+    """``devices`` as None ("auto"), a count, or a list of device indices; one clear error for
+    anything else."""
     if devices == "auto" or devices is None:
         return None
     if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
@@ -59,28 +66,33 @@ def parse_devices(devices: Any) -> int | list[int] | None:
                                         "list each device index once, e.g. devices=[0, 1].")
         return [int(d) for d in devices]
     raise MisconfigurationError(f"Trainer(devices={devices!r}) is not valid.",
-                                'pass "auto", a number of devices (e.g. devices=2) or a list of GPU indices '
+                                'pass "auto", a number of devices (e.g. devices=2) or a list of '
+                                'GPU indices '
                                 "(e.g. devices=[0, 2]).")
 
 
 def gpu_indices(devices: int | list[int] | None) -> list[int]:
-    """The CUDA device indices ``devices`` names: all visible GPUs for None, the first N for a count."""
+    """The CUDA device indices ``devices`` names: all visible GPUs for None, the first N for a
+    count."""
     available = torch.cuda.device_count()
     wanted = list(range(available)) if devices is None else \
         list(range(devices)) if isinstance(devices, int) else devices
     if not wanted or max(wanted) >= available:
-        raise MisconfigurationError(f"Trainer(devices={devices!r}) asks for GPUs {wanted}, but this machine shows "
-                                    f"{available} CUDA device(s).",
-                                    f"use devices <= {available} or indices below {available}, and check "
-                                    "CUDA_VISIBLE_DEVICES.")
+        raise MisconfigurationError(f"Trainer(devices={devices!r}) asks for GPUs {wanted}, but "
+                                    f"this machine shows {available} CUDA device(s).",
+                                    f"use devices <= {available} or indices below {available}, and "
+                                    "check CUDA_VISIBLE_DEVICES.")
     return wanted
 
 
 def unwrap(module: nn.Module) -> nn.Module:
     """The user's module under DataParallel/DistributedDataParallel/torch.compile wrappers."""
     while True:
-        inner = getattr(module, "module", None) if isinstance(
-            module, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else getattr(module, "_orig_mod", None)
+        inner = (
+            getattr(module, "module", None)
+            if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel))
+            else getattr(module, "_orig_mod", None)
+        )
         if inner is None:
             return module
         module = inner
@@ -88,12 +100,14 @@ def unwrap(module: nn.Module) -> nn.Module:
 
 def normalize_state_dict(state_dict: Mapping[str, Any],
                          reference: nn.Module | Iterable[str] | None = None) -> Mapping[str, Any]:
-    """A state dict without the ``module.``/``_orig_mod.`` prefixes that DataParallel, DDP and torch.compile add.
+    """A state dict without the ``module.``/``_orig_mod.`` prefixes that DataParallel, DDP and
+    torch.compile add.
 
-    What taskfit saves never has them; this makes a foreign state dict (a hand-written DataParallel loop, a
-    compiled model) load into the plain module. A prefix is stripped only when every key carries it. With
-    ``reference`` (the module to load into, or its keys), stripping stops as soon as the keys fit it, so a
-    module whose only child is really called ``module`` keeps its keys. Returns the input when nothing changes.
+    What taskfit saves never has them; this makes a foreign state dict (a hand-written DataParallel
+    loop, a compiled model) load into the plain module. A prefix is stripped only when every key
+    carries it. With ``reference`` (the module to load into, or its keys), stripping stops as soon
+    as the keys fit it, so a module whose only child is really called ``module`` keeps its keys.
+    Returns the input when nothing changes.
     """
     keys = [k for k in state_dict if isinstance(k, str)]
     if len(keys) != len(state_dict) or not keys:
@@ -111,7 +125,8 @@ def normalize_state_dict(state_dict: Mapping[str, Any],
     if not stripped:
         return state_dict
     out: OrderedDict[str, Any] = OrderedDict(zip(keys, state_dict.values()))
-    metadata = getattr(state_dict, "_metadata", None)  # per-module versions that load_state_dict reads
+    # per-module versions that load_state_dict reads
+    metadata = getattr(state_dict, "_metadata", None)
     if metadata is not None:
         root = stripped[:-1]
         out._metadata = OrderedDict(  # type: ignore[attr-defined]
@@ -134,8 +149,10 @@ class Strategy:
         self.accelerator = resolve_accelerator(accelerator)
         parsed = parse_devices(devices)
         if isinstance(parsed, list) and len(parsed) != 1 or isinstance(parsed, int) and parsed != 1:
-            raise MisconfigurationError(f"strategy='single' runs on one device, got devices={devices!r}.",
-                                        'pass devices=1 or devices=[k] for GPU k, or use strategy="dp"/"ddp" '
+            raise MisconfigurationError("strategy='single' runs on one device, got "
+                                        f"devices={devices!r}.",
+                                        'pass devices=1 or devices=[k] for GPU k, or use '
+                                        'strategy="dp"/"ddp" '
                                         "for several.")
         index = parsed[0] if isinstance(parsed, list) else 0
         self._set_device(torch.device(self.accelerator, index) if self.accelerator == "cuda" else
@@ -146,9 +163,11 @@ class Strategy:
 
     @property
     def moves_batches(self) -> bool:
-        """The loop calls :meth:`batch_to_device`: off the CPU, or when a strategy overrides it (it may do more).
-        On the CPU batches are already where they belong: no call per step."""
-        return self.device.type != "cpu" or type(self).batch_to_device is not Strategy.batch_to_device
+        """The loop calls :meth:`batch_to_device`: off the CPU, or when a strategy overrides it (it
+        may do more). On the CPU batches are already where they belong: no call per step."""
+        return (
+            self.device.type != "cpu" or type(self).batch_to_device is not Strategy.batch_to_device
+        )
 
     @property
     def is_main(self) -> bool:
@@ -156,7 +175,8 @@ class Strategy:
         return self.rank == 0
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn`` in the processes this strategy needs (here: this one) and return rank 0's result."""
+        """Run ``fn`` in the processes this strategy needs (here: this one) and return rank 0's
+        result."""
         return fn(*args)
 
     def setup_environment(self) -> None:
@@ -174,17 +194,22 @@ class Strategy:
         return wrapped
 
     def batch_to_device(self, batch: Any) -> Any:
-        """``batch`` with every tensor on this strategy's device (the copies are ``non_blocking``)."""
+        """``batch`` with every tensor on this strategy's device (the copies are
+        ``non_blocking``)."""
         return batch_to_device(batch, self.device) if self.device.type != "cpu" else batch
 
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
-        """The state dict of the user's module: never prefixed with ``module.`` or ``_orig_mod.``."""
+        """The state dict of the user's module: never prefixed with ``module.`` or
+        ``_orig_mod.``."""
         return unwrap(module).state_dict()
 
-    # ---- state in checkpoints (fsdp.py overrides these: its parameters and optimizer states are sharded) ----
-    sharded_checkpoints = False  # True: checkpoints are directories of per-rank shards (sharded_checkpoint.py)
+    # ---- state in checkpoints (fsdp.py overrides these: its parameters and optimizer states are sh
+    # True: checkpoints are directories of per-rank shards (sharded_checkpoint.py)
+    sharded_checkpoints = False
 
-    def optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
         """``optimizer``'s state dict (keyed by parameter index, as ``torch.optim`` writes it)."""
         return optimizer.state_dict()
 
@@ -194,31 +219,36 @@ class Strategy:
 
     def load_optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                                   state: Mapping[str, Any]) -> None:
-        """Load ``state`` (what :meth:`optimizer_state_dict` returned, or a full one) into ``optimizer``."""
+        """Load ``state`` (what :meth:`optimizer_state_dict` returned, or a full one) into
+        ``optimizer``."""
         optimizer.load_state_dict(state)
 
     def checkpoint_templates(self, module: nn.Module, optimizers: list[torch.optim.Optimizer],
                              shapes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Tensors to read a sharded checkpoint's entries into, by entry name (``shapes`` holds a meta tensor of
-        each entry's full shape and dtype); entries left out are read whole. Here: all of them, whole."""
+        """Tensors to read a sharded checkpoint's entries into, by entry name (``shapes`` holds a
+        meta tensor of each entry's full shape and dtype); entries left out are read whole. Here:
+        all of them, whole."""
         return {}
 
     def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
-        """The user's module's full state dict on the CPU, on rank 0 (every rank calls it; the others get ``{}``)."""
+        """The user's module's full state dict on the CPU, on rank 0 (every rank calls it; the
+        others get ``{}``)."""
         if not self.is_main:
             return {}
         return {k: v.detach().cpu() for k, v in unwrap(module).state_dict().items()}
 
     def gradient_sync(self, wrapped: nn.Module, enabled: bool) -> None:
-        """Under gradient accumulation, before each micro-batch: whether its backward reduces the gradients over
-        ranks (ddp and fsdp turn it off on the micro-batches that do not step). One process: nothing to do."""
+        """Under gradient accumulation, before each micro-batch: whether its backward reduces the
+        gradients over ranks (ddp and fsdp turn it off on the micro-batches that do not step). One
+        process: nothing to do."""
 
     def average_gradients(self, params: list[torch.Tensor]) -> None:
-        """Average the gradients of ``params`` over ranks (manual optimization's ``opt.step()``); one process:
-        nothing to do."""
+        """Average the gradients of ``params`` over ranks (manual optimization's ``opt.step()``);
+        one process: nothing to do."""
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-        """``tensor`` reduced over all ranks with ``op`` ("sum", "mean", "max" or "min"); itself on one process."""
+        """``tensor`` reduced over all ranks with ``op`` ("sum", "mean", "max" or "min"); itself on
+        one process."""
         return tensor
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -239,9 +269,10 @@ class Strategy:
 class DataParallelStrategy(Strategy):
     """``torch.nn.DataParallel``: one process drives every visible GPU (or ``devices=[...]``).
 
-    Each step scatters the batch over the GPUs, copies the module to each of them, runs the replicas in
-    threads and gathers the outputs on the first GPU, where the loss is computed. Without CUDA it warns and
-    runs on one device (DataParallel is then a passthrough), so the same config runs on a laptop.
+    Each step scatters the batch over the GPUs, copies the module to each of them, runs the replicas
+    in threads and gathers the outputs on the first GPU, where the loss is computed. Without CUDA it
+    warns and runs on one device (DataParallel is then a passthrough), so the same config runs on a
+    laptop.
     """
 
     name = "dp"
@@ -254,22 +285,27 @@ class DataParallelStrategy(Strategy):
             self._set_device(torch.device("cuda", self.device_ids[0]))
             if len(self.device_ids) > 1:
                 warnings.warn(
-                    f"strategy='dp' (torch.nn.DataParallel) copies the module to GPUs {self.device_ids} on every "
-                    "step, so state set inside forward on a replica (BatchNorm running statistics on all but the "
-                    "first GPU, counters, caches) is lost, and one Python process drives every GPU. HINT: "
-                    "strategy='ddp' runs one process per GPU and has none of these limits (docs/strategies.md).",
+                    "strategy='dp' (torch.nn.DataParallel) copies the module to GPUs "
+                    f"{self.device_ids} on every step, so state set inside forward on a replica "
+                    "(BatchNorm running statistics on all but the first GPU, counters, caches) is "
+                    "lost, and one Python process drives every GPU. HINT: strategy='ddp' runs one "
+                    "process per GPU and has none of these limits (docs/strategies.md).",
                     UserWarning, stacklevel=4)
             return
         self.device_ids = []
         self._set_device(torch.device(self.accelerator))
-        warnings.warn(f"strategy='dp' needs CUDA GPUs; this run uses one device ({self.accelerator}), as "
-                      "strategy='single' would. HINT: on a CPU machine, strategy='ddp' with devices=N runs N "
-                      "processes; on a GPU machine strategy='dp' uses every visible GPU.", UserWarning, stacklevel=4)
+        warnings.warn("strategy='dp' needs CUDA GPUs; this run uses one device "
+                      f"({self.accelerator}), as strategy='single' would. HINT: on a CPU machine, "
+                      "strategy='ddp' with devices=N runs N processes; on a GPU machine "
+                      "strategy='dp' uses every visible GPU.", UserWarning, stacklevel=4)
 
     def setup_module(self, module: nn.Module, precision: Precision | None = None) -> nn.Module:
         module = module.to(self.device)
         if self.device_ids:
-            return nn.DataParallel(module, device_ids=self.device_ids, output_device=self.device_ids[0])
-        if not torch.cuda.is_available():  # DataParallel without CUDA is a passthrough: same code path, one device
+            return nn.DataParallel(
+                module, device_ids=self.device_ids, output_device=self.device_ids[0]
+            )
+        # DataParallel without CUDA is a passthrough: same code path, one device
+        if not torch.cuda.is_available():
             return nn.DataParallel(module)
         return module  # accelerator="cpu" on a CUDA machine: DataParallel would claim the GPUs

@@ -1,6 +1,7 @@
-"""A task's own step called through the strategy's wrapper (DDP, DataParallel, torch.compile): :class:`ThroughWrapper`
-swaps the step in for ``task.forward`` for one call, so DDP prepares its gradient all-reduce around the whole step, as
-Lightning and Fabric do; :func:`own_step` calls a step written with or without ``batch_idx``."""
+"""A task's own step called through the strategy's wrapper (DDP, DataParallel, torch.compile):
+:class:`ThroughWrapper` swaps the step in for ``task.forward`` for one call, so DDP prepares its
+gradient all-reduce around the whole step, as Lightning and Fabric do; :func:`own_step` calls a step
+written with or without ``batch_idx``."""
 from __future__ import annotations
 
 import inspect
@@ -14,8 +15,8 @@ Step = Callable[[Any, int], Any]
 
 
 def own_step(task: Any, step: str) -> Step:
-    """``task.<step>`` called as ``(batch, batch_idx)``: a step written without ``batch_idx`` (Lightning allows
-    ``training_step(self, batch)``) gets only the batch. Decided once per run."""
+    """``task.<step>`` called as ``(batch, batch_idx)``: a step written without ``batch_idx``
+    (Lightning allows ``training_step(self, batch)``) gets only the batch. Decided once per run."""
     method = getattr(task, step)
     try:
         params = [p for p in inspect.signature(method).parameters.values()
@@ -28,8 +29,9 @@ def own_step(task: Any, step: str) -> Step:
 
 
 class ThroughWrapper:
-    """Calls ``task.<step>(batch, batch_idx)`` inside ``wrapper``'s forward: ``task.forward`` is swapped for the
-    step for the length of one call (and restored before the step runs, so ``self(x)`` in it is the real forward).
+    """Calls ``task.<step>(batch, batch_idx)`` inside ``wrapper``'s forward: ``task.forward`` is
+    swapped for the step for the length of one call (and restored before the step runs, so
+    ``self(x)`` in it is the real forward).
 
     Built once per run: the swap is two dict writes per step, no object is created per batch.
     """
@@ -37,12 +39,14 @@ class ThroughWrapper:
     def __init__(self, wrapper: nn.Module, task: Any, step: str) -> None:
         if isinstance(wrapper, nn.DataParallel) and len(wrapper.device_ids) > 1:
             raise MisconfigurationError(
-                f"{type(task).__name__}.{step} cannot run under strategy='dp' on {len(wrapper.device_ids)} GPUs: "
-                "DataParallel splits forward(inputs) over copies of the module, and a whole step cannot be split "
-                "that way.", "use strategy='ddp' (one process per GPU), or remove the step to use "
+                f"{type(task).__name__}.{step} cannot run under strategy='dp' on "
+                f"{len(wrapper.device_ids)} GPUs: DataParallel splits forward(inputs) over copies "
+                "of the module, and a whole step cannot be split that "
+                "way.", "use strategy='ddp' (one process per GPU), or remove the step to use "
                 "forward + loss.")
         self.wrapper, self.task, self.step = wrapper, task, own_step(task, step)
-        self.own_forward = task.__dict__.get("forward")  # an instance attribute to put back, if the task had one
+        # an instance attribute to put back, if the task had one
+        self.own_forward = task.__dict__.get("forward")
         self.redirect = self.run_step  # one bound method for the run
 
     def run_step(self, *args: Any) -> Any:

@@ -1,8 +1,9 @@
-"""Line charts as RGB images, drawn with Pillow (which tensorboard requires), for a figure in TensorBoard's Images
-tab and a PNG file without matplotlib: the learning-rate finder's loss-against-lr curve (trainer/tune.py).
+"""Line charts as RGB images, drawn with Pillow (which tensorboard requires), for a figure in
+TensorBoard's Images tab and a PNG file without matplotlib: the learning-rate finder's
+loss-against-lr curve (trainer/tune.py).
 
-Why not matplotlib: it is not a dependency of taskfit, and a range test's curve needs only a polyline, axes with
-decade ticks and a marked point.
+Why not matplotlib: it is not a dependency of taskfit, and a range test's curve needs only a
+polyline, axes with decade ticks and a marked point.
 """
 from __future__ import annotations
 
@@ -41,24 +42,46 @@ def _label(value: float, log: bool) -> str:
     return f"{value:.4g}"
 
 
-def line_chart(xs: Sequence[float], ys: Sequence[float], *, title: str, xlabel: str, ylabel: str,
-               log_x: bool = False, mark: int | None = None, mark_label: str = "", y_max: float | None = None) -> Any:
-    """An RGB ``PIL.Image`` of ``ys`` against ``xs`` (non-finite points left out), ``mark`` (an index) as a red dot;
-    ``y_max`` cuts the y axis there (higher points are drawn on the top edge)."""
+def line_chart(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    log_x: bool = False,
+    mark: int | None = None,
+    mark_label: str = "",
+    y_max: float | None = None,
+) -> Any:
+    """An RGB ``PIL.Image`` of ``ys`` against ``xs`` (non-finite points left out), ``mark`` (an
+    index) as a red dot; ``y_max`` cuts the y axis there (higher points are drawn on the top
+    edge)."""
     from PIL import Image, ImageDraw
 
-    points = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y) and (x > 0 or not log_x)]
+    points = [
+        (x, y)
+        for x, y in zip(xs, ys)
+        if math.isfinite(x) and math.isfinite(y) and (x > 0 or not log_x)
+    ]
     image = Image.new("RGB", (WIDTH, HEIGHT), "white")
     draw = ImageDraw.Draw(image)
     small, large = _font(13), _font(16)
     draw.text((WIDTH // 2, 14), title, fill="black", font=large, anchor="mt")
-    draw.text(((LEFT + WIDTH - RIGHT) // 2, HEIGHT - 14), xlabel, fill="black", font=small, anchor="mb")
+    draw.text(
+        ((LEFT + WIDTH - RIGHT) // 2, HEIGHT - 14), xlabel, fill="black", font=small, anchor="mb"
+    )
     draw.text((12, (TOP + HEIGHT - BOTTOM) // 2), ylabel, fill="black", font=small, anchor="lm")
     box = (LEFT, TOP, WIDTH - RIGHT, HEIGHT - BOTTOM)
     draw.rectangle(box, outline="black")
     if len(points) < 2:
-        draw.text(((box[0] + box[2]) // 2, (box[1] + box[3]) // 2), "not enough finite points", fill="gray",
-                  font=small, anchor="mm")
+        draw.text(
+            ((box[0] + box[2]) // 2, (box[1] + box[3]) // 2),
+            "not enough finite points",
+            fill="gray",
+            font=small,
+            anchor="mm",
+        )
         return image
     fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
     x0, x1 = min(fx(p[0]) for p in points), max(fx(p[0]) for p in points)

@@ -1,12 +1,14 @@
-"""The learning-rate range test: ``lr_find(trainer, task)`` (Lightning's ``Tuner(trainer).lr_find(model)``).
+"""The learning-rate range test: ``lr_find(trainer, task)`` (Lightning's
+``Tuner(trainer).lr_find(model)``).
 
-A short fit of ``num_training`` optimizer steps whose learning rate rises from ``min_lr`` to ``max_lr``
-(exponentially or linearly), with every setting of ``trainer`` that changes a step (strategy, precision,
-accumulation, clipping, seed) and none of its callbacks. The loss of each step (the mean over ranks) is smoothed
-as Lightning smooths it, and the suggestion is the lr of the steepest descent of that curve. Afterwards the task's
-weights and buffers, every RNG, and any optimizer or scheduler the task keeps between fits are put back exactly,
-so a fit after ``lr_find`` is bit for bit the fit without it. The curve goes to a PNG file, TensorBoard (Images
-and Scalars) and a JSON file in ``<default_root_dir>/lr_find/version_N``. docs/tuning.md has the details.
+A short fit of ``num_training`` optimizer steps whose learning rate rises from ``min_lr`` to
+``max_lr`` (exponentially or linearly), with every setting of ``trainer`` that changes a step
+(strategy, precision, accumulation, clipping, seed) and none of its callbacks. The loss of each step
+(the mean over ranks) is smoothed as Lightning smooths it, and the suggestion is the lr of the
+steepest descent of that curve. Afterwards the task's weights and buffers, every RNG, and any
+optimizer or scheduler the task keeps between fits are put back exactly, so a fit after ``lr_find``
+is bit for bit the fit without it. The curve goes to a PNG file, TensorBoard (Images and Scalars)
+and a JSON file in ``<default_root_dir>/lr_find/version_N``. docs/tuning.md has the details.
 """
 from __future__ import annotations
 
@@ -34,11 +36,13 @@ _SEED_ENV = "TASKFIT_SEED"
 
 
 class LRFinder:
-    """What :func:`lr_find` returns: ``results`` (``{"lr": [...], "loss": [...]}``, the smoothed losses, as Lightning's
-    ``_LRFinder``), the raw per-step losses, :meth:`suggestion`, :meth:`plot` (matplotlib) and where the curve was
-    written (``output_dir``, ``png_path``)."""
+    """What :func:`lr_find` returns: ``results`` (``{"lr": [...], "loss": [...]}``, the smoothed
+    losses, as Lightning's ``_LRFinder``), the raw per-step losses, :meth:`suggestion`, :meth:`plot`
+    (matplotlib) and where the curve was written (``output_dir``, ``png_path``)."""
 
-    def __init__(self, mode: str, lr_min: float, lr_max: float, num_training: int, results: Mapping[str, Any]) -> None:
+    def __init__(
+        self, mode: str, lr_min: float, lr_max: float, num_training: int, results: Mapping[str, Any]
+    ) -> None:
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
         self.results = {"lr": list(results["lr"]), "loss": list(results["loss"])}
         self.raw_losses: list[float] = list(results["raw"])
@@ -48,11 +52,12 @@ class LRFinder:
         self._optimal_idx: int | None = None
 
     def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-        """The lr where the smoothed loss falls fastest (the most negative ``torch.gradient`` of the loss, as
-        Lightning's ``_LRFinder.suggestion``), leaving out the first ``skip_begin`` and last ``skip_end`` points;
-        None with fewer than 2 finite points left. In exponential mode the gradient is taken over log10(lr), the
-        scale the points are evenly spaced on (Lightning PR #21171): over lr itself, the noise between the tiny
-        lrs at the start outweighs the real descent."""
+        """The lr where the smoothed loss falls fastest (the most negative ``torch.gradient`` of the
+        loss, as Lightning's ``_LRFinder.suggestion``), leaving out the first ``skip_begin`` and
+        last ``skip_end`` points; None with fewer than 2 finite points left. In exponential mode the
+        gradient is taken over log10(lr), the scale the points are evenly spaced on (Lightning PR
+        #21171): over lr itself, the noise between the tiny lrs at the start outweighs the real
+        descent."""
         lrs = torch.tensor(self.results["lr"][skip_begin:-skip_end], dtype=torch.float64)
         if self.mode == "exponential":
             lrs = torch.log10(lrs)
@@ -67,28 +72,38 @@ class LRFinder:
         return self.results["lr"][self._optimal_idx]
 
     def figure(self) -> Any:
-        """The curve as a ``PIL.Image`` (smoothed loss against lr, the suggestion marked): what the PNG holds."""
+        """The curve as a ``PIL.Image`` (smoothed loss against lr, the suggestion marked): what the
+        PNG holds."""
         from .figures import line_chart
 
         lr = self.suggestion()
         losses = [v for v in self.results["loss"] if math.isfinite(v)]
         lowest = losses.index(min(losses)) if losses else 0
-        top = max(losses[:lowest + 1], default=None)  # the divergent tail is cut a quarter above the descent
-        return line_chart(self.results["lr"], self.results["loss"], log_x=self.mode == "exponential",
-                          y_max=None if top is None else top + 0.25 * (top - losses[lowest]),
-                          title="learning-rate finder" + (f": suggested lr {lr:.3g}" if lr else ""),
-                          xlabel="learning rate" + (" (log scale)" if self.mode == "exponential" else ""),
-                          ylabel="loss", mark=self._optimal_idx, mark_label=f"{lr:.3g}" if lr else "")
+        # the divergent tail is cut a quarter above the descent
+        top = max(losses[:lowest + 1], default=None)
+        return line_chart(
+            self.results["lr"],
+            self.results["loss"],
+            log_x=self.mode == "exponential",
+            y_max=None if top is None else top + 0.25 * (top - losses[lowest]),
+            title="learning-rate finder" + (f": suggested lr {lr:.3g}" if lr else ""),
+            xlabel="learning rate" + (" (log scale)" if self.mode == "exponential" else ""),
+            ylabel="loss",
+            mark=self._optimal_idx,
+            mark_label=f"{lr:.3g}" if lr else "",
+        )
 
     def plot(self, suggest: bool = False, show: bool = False, ax: Any = None) -> Any:
-        """Lightning's ``plot``: the curve on matplotlib axes (``ax``, or a new figure, returned). Needs matplotlib,
-        which taskfit does not install; the PNG file and TensorBoard's image need only Pillow."""
+        """Lightning's ``plot``: the curve on matplotlib axes (``ax``, or a new figure, returned).
+        Needs matplotlib, which taskfit does not install; the PNG file and TensorBoard's image need
+        only Pillow."""
         try:
             import matplotlib.pyplot as plt
         except ImportError:
-            raise MisconfigurationError("LRFinder.plot() draws with matplotlib, which is not installed.",
-                                        "pip install matplotlib, or open the PNG the finder wrote (finder.png_path) "
-                                        "or TensorBoard's Images tab.") from None
+            raise MisconfigurationError("LRFinder.plot() draws with matplotlib, which is not "
+                                        "installed.",
+                                        "pip install matplotlib, or open the PNG the finder wrote "
+                                        "(finder.png_path) or TensorBoard's Images tab.") from None
         fig = ax.figure if ax is not None else None
         if ax is None:
             fig, ax = plt.subplots()
@@ -98,17 +113,23 @@ class LRFinder:
         ax.set_xlabel("Learning rate")
         ax.set_ylabel("Loss")
         if suggest and self.suggestion() is not None:
-            ax.plot(self.results["lr"][self._optimal_idx], self.results["loss"][self._optimal_idx], markersize=10,
-                    marker="o", color="red")
+            ax.plot(
+                self.results["lr"][self._optimal_idx],
+                self.results["loss"][self._optimal_idx],
+                markersize=10,
+                marker="o",
+                color="red",
+            )
         if show:
             plt.show()
         return fig
 
 
 class RangeTest(Callback):
-    """The finder's only callback in its fit: sets each step's lr, records the loss (the mean over ranks: every
-    rank has the same curve, so the same suggestion), stops when the smoothed loss exceeds ``early_stop_threshold``
-    times its best; keeps the optimizers' and schedulers' initial state to put back afterwards."""
+    """The finder's only callback in its fit: sets each step's lr, records the loss (the mean over
+    ranks: every rank has the same curve, so the same suggestion), stops when the smoothed loss
+    exceeds ``early_stop_threshold`` times its best; keeps the optimizers' and schedulers' initial
+    state to put back afterwards."""
 
     def __init__(self, mode: str, min_lr: float, max_lr: float, num_training: int,
                  early_stop_threshold: float | None, beta: float = 0.98,
@@ -124,7 +145,8 @@ class RangeTest(Callback):
         self._saved: list[tuple[Any, dict[str, Any]]] = []
 
     def lr_at(self, i: int) -> float:
-        """The lr of step ``i`` (0-based): ``min_lr`` at the first step, ``max_lr`` at step ``num_training - 1``."""
+        """The lr of step ``i`` (0-based): ``min_lr`` at the first step, ``max_lr`` at step
+        ``num_training - 1``."""
         r = i / max(1, self.num_training - 1)
         if self.mode == "linear":
             return self.min_lr + r * (self.max_lr - self.min_lr)
@@ -137,11 +159,16 @@ class RangeTest(Callback):
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         if len(trainer.optimizers) != 1:
             raise MisconfigurationError(
-                f"lr_find varies the learning rate of one optimizer; configure_optimizers returned "
-                f"{len(trainer.optimizers)}.", "run the finder on a task with one optimizer (Lightning's works the "
-                "same way), e.g. a copy of the task whose configure_optimizers returns the one you are tuning.")
-        self._saved = [(o, copy.deepcopy(o.state_dict())) for o in trainer.optimizers] + \
-            [(c.scheduler, copy.deepcopy(c.scheduler.state_dict())) for c in trainer.schedulers.configs]
+                "lr_find varies the learning rate of one optimizer; configure_optimizers returned "
+                f"{len(trainer.optimizers)}.",
+                "run the finder on a task with one optimizer (Lightning's works the "
+                "same way), e.g. a copy of the task whose configure_optimizers returns the one "
+                "you are tuning.",
+            )
+        self._saved = [(o, copy.deepcopy(o.state_dict())) for o in trainer.optimizers] + [
+            (c.scheduler, copy.deepcopy(c.scheduler.state_dict()))
+            for c in trainer.schedulers.configs
+        ]
         trainer.schedulers.pause()  # the finder alone sets the lr
         self._pending: list[torch.Tensor] = []
         self._step, self._avg, self._best = trainer.state.global_step, 0.0, math.inf
@@ -149,24 +176,38 @@ class RangeTest(Callback):
         if self.stream is not None and trainer.is_main:
             self._bar = _step_bar(self.stream, self.num_training)
 
-    def on_train_batch_end(self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        loss = outputs if isinstance(outputs, torch.Tensor) else outputs.get("loss") if isinstance(outputs, Mapping) \
+    def on_train_batch_end(
+        self, trainer: Any, task: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = (
+            outputs
+            if isinstance(outputs, torch.Tensor)
+            else outputs.get("loss")
+            if isinstance(outputs, Mapping)
             else None
-        self._pending.append(loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(math.nan))
+        )
+        self._pending.append(
+            loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(math.nan)
+        )
         if trainer.state.global_step == self._step:
             return  # a micro-batch of an accumulation group: its loss joins the group's mean
         self._step = trainer.state.global_step
         mean = torch.stack([t.to(trainer.strategy.device) for t in self._pending]).mean()
         self._pending = []
-        value = float(trainer.strategy.all_reduce(mean, op="mean"))  # a sync per step: a short diagnostic run
+        # a sync per step: a short diagnostic run
+        value = float(trainer.strategy.all_reduce(mean, op="mean"))
         i = len(self.lrs)
         self.lrs.append(self.lr_at(i))
         self.raw.append(value)
         self._avg = self.beta * self._avg + (1 - self.beta) * value
-        smoothed = self._avg / (1 - self.beta ** (i + 1))  # bias-corrected: the first point is the first loss
+        # bias-corrected: the first point is the first loss
+        smoothed = self._avg / (1 - self.beta ** (i + 1))
         self.losses.append(smoothed)
-        diverged = not math.isfinite(smoothed) or (self.early_stop_threshold is not None and i > 0
-                                                   and smoothed > self.early_stop_threshold * self._best)
+        diverged = not math.isfinite(smoothed) or (
+            self.early_stop_threshold is not None
+            and i > 0
+            and smoothed > self.early_stop_threshold * self._best
+        )
         self._best = min(self._best, smoothed)
         if self._bar is not None:  # (the value is on the host already: the bar adds no sync)
             self._bar.set_postfix_str(f"lr={self.lrs[-1]:.3g}, loss={smoothed:.4g}", refresh=False)
@@ -197,7 +238,12 @@ class RangeTest(Callback):
             obj.load_state_dict(state)
 
     def results(self) -> dict[str, Any]:
-        return {"lr": self.lrs, "loss": self.losses, "raw": self.raw, "stopped_early": self.stopped_early}
+        return {
+            "lr": self.lrs,
+            "loss": self.losses,
+            "raw": self.raw,
+            "stopped_early": self.stopped_early,
+        }
 
 
 def _step_bar(stream: Any, total: int) -> Any:
@@ -210,64 +256,87 @@ def _step_bar(stream: Any, total: int) -> Any:
 
 
 def _range_test(inner: Any, task: Any, test: RangeTest, data: dict[str, Any]) -> dict[str, Any]:
-    """The finder's fit, on every rank (a module-level function: ddp workers unpickle it by reference)."""
-    inner.strategy.setup_environment()  # a spawned ddp worker joins its group: the fit then runs here, not again
+    """The finder's fit, on every rank (a module-level function: ddp workers unpickle it by
+    reference)."""
+    # a spawned ddp worker joins its group: the fit then runs here, not again
+    inner.strategy.setup_environment()
     try:
         inner.fit(task, **data)
-    except NonFiniteLossError:  # the loss diverged to NaN/Inf past the last point the finder recorded
+    # the loss diverged to NaN/Inf past the last point the finder recorded
+    except NonFiniteLossError:
         if not test.stopped_early:
             raise
     finally:
         test.restore_optimizers()
     results = test.results()
-    if inner.strategy.world_size > 1:  # the curves are built from reduced losses: every rank's suggestion agrees
+    # the curves are built from reduced losses: every rank's suggestion agrees
+    if inner.strategy.world_size > 1:
         curves = inner.strategy.all_gather_object(results["loss"])
         results["ranks_agree"] = all(c == curves[0] for c in curves)
     return results
 
 
-def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, num_training: int = 100,
-            mode: str = "exponential", early_stop_threshold: float | None = 4.0, update_attr: bool = False,
-            attr_name: str = "", output_dir: str | None = None, *, train_dataloaders: Any = None,
-            val_dataloaders: Any = None, datamodule: Any = None) -> LRFinder | None:
-    """Run a learning-rate range test on ``task`` with ``trainer``'s settings; ``task`` is left exactly as it was.
+def lr_find(
+    trainer: Any,
+    task: Any,
+    min_lr: float = 1e-8,
+    max_lr: float = 1.0,
+    num_training: int = 100,
+    mode: str = "exponential",
+    early_stop_threshold: float | None = 4.0,
+    update_attr: bool = False,
+    attr_name: str = "",
+    output_dir: str | None = None,
+    *,
+    train_dataloaders: Any = None,
+    val_dataloaders: Any = None,
+    datamodule: Any = None,
+) -> LRFinder | None:
+    """Run a learning-rate range test on ``task`` with ``trainer``'s settings; ``task`` is left
+    exactly as it was.
 
-    Args:
-        trainer: the Trainer whose strategy, precision, accumulation, clipping and seed the test uses.
-        task: the TaskModule; its weights, buffers and the RNGs are restored afterwards.
-        min_lr: the lr of the first step.
-        max_lr: the lr of step ``num_training`` (the last).
-        num_training: optimizer steps to take (the curve's points).
-        mode: ``"exponential"`` (evenly spaced on a log scale) or ``"linear"``.
-        early_stop_threshold: stop once the smoothed loss exceeds this many times its lowest value (None: never).
-        update_attr: set the suggestion on the task: its ``lr``/``learning_rate`` attribute (or ``attr_name``), the
-            entry of that name in ``task.hparams`` (Lightning's ``self.hparams.lr``), and the ``lr`` of its
-            ``optimizer=`` factory, so that the next fit uses it.
-        attr_name: the attribute to set with ``update_attr`` (default: ``lr`` or ``learning_rate``).
-        output_dir: where the PNG, the TensorBoard event file and the JSON go (None:
-            ``<default_root_dir>/lr_find/version_N``).
-        train_dataloaders: the training data, as ``fit`` takes it (default: the task's).
-        val_dataloaders: the validation data, as ``fit`` takes it (unused: the test does not validate).
-        datamodule: a DataModule to take the data from, as ``fit`` takes it.
+    Args: trainer: the Trainer whose strategy, precision, accumulation, clipping and seed the test
+        uses. task: the TaskModule; its weights, buffers and the RNGs are restored afterwards.
+        min_lr: the lr of the first step. max_lr: the lr of step ``num_training`` (the last).
+        num_training: optimizer steps to take (the curve's points). mode: ``"exponential"`` (evenly
+        spaced on a log scale) or ``"linear"``. early_stop_threshold: stop once the smoothed loss
+        exceeds this many times its lowest value (None: never). update_attr: set the suggestion on
+        the task: its ``lr``/``learning_rate`` attribute (or ``attr_name``), the entry of that name
+        in ``task.hparams`` (Lightning's ``self.hparams.lr``), and the ``lr`` of its ``optimizer=``
+        factory, so that the next fit uses it. attr_name: the attribute to set with ``update_attr``
+        (default: ``lr`` or ``learning_rate``). output_dir: where the PNG, the TensorBoard event
+        file and the JSON go (None: ``<default_root_dir>/lr_find/version_N``). train_dataloaders:
+        the training data, as ``fit`` takes it (default: the task's). val_dataloaders: the
+        validation data, as ``fit`` takes it (unused: the test does not validate). datamodule: a
+        DataModule to take the data from, as ``fit`` takes it.
 
     Returns:
         An :class:`LRFinder`; None under ``fast_dev_run`` (as Lightning).
     """
     _check(min_lr, max_lr, num_training, mode, early_stop_threshold)
     if trainer.fast_dev_run:
-        warnings.warn("Skipping the learning-rate finder: Trainer(fast_dev_run=...) is set. HINT: build a Trainer "
-                      "without fast_dev_run for lr_find.", UserWarning, stacklevel=2)
+        warnings.warn("Skipping the learning-rate finder: Trainer(fast_dev_run=...) is set. HINT: "
+                      "build a Trainer without fast_dev_run for "
+                      "lr_find.", UserWarning, stacklevel=2)
         return None
     if update_attr:
         _lr_target(task, attr_name)  # before the work: a task without an lr to set fails now
     weights = {k: v.detach().clone() for k, v in task.state_dict().items()}
-    modes, rng, seed_env = [m.training for m in task.modules()], rng_state(), os.environ.get(_SEED_ENV)
+    modes, rng, seed_env = (
+        [m.training for m in task.modules()],
+        rng_state(),
+        os.environ.get(_SEED_ENV),
+    )
     test = RangeTest(mode, min_lr, max_lr, num_training, early_stop_threshold,
                      stream=_bar_stream(trainer))
     inner = _finder_trainer(trainer, test, num_training)
     started = time.perf_counter()
     try:
-        data = {"train_dataloaders": train_dataloaders, "val_dataloaders": val_dataloaders, "datamodule": datamodule}
+        data = {
+            "train_dataloaders": train_dataloaders,
+            "val_dataloaders": val_dataloaders,
+            "datamodule": datamodule,
+        }
         results = trainer.strategy.launch(_range_test, inner, task, test, data)
     finally:  # put back everything the test changed, in this process
         trainer.strategy.load_module_state_dict(task, weights)
@@ -280,7 +349,8 @@ def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, 
         set_rng_state(rng)
     finder = LRFinder(mode, min_lr, max_lr, num_training, results)
     if not results.get("ranks_agree", True):
-        raise RuntimeError("lr_find: the ranks' loss curves differ, although each is the mean over all ranks")
+        raise RuntimeError("lr_find: the ranks' loss curves differ, although each is the mean over "
+                           "all ranks")
     lr = finder.suggestion()
     if trainer.is_main:
         finder.output_dir = output_dir or next_version_dir(os.path.join(_root(trainer), "lr_find"))
@@ -292,18 +362,25 @@ def lr_find(trainer: Any, task: Any, min_lr: float = 1e-8, max_lr: float = 1.0, 
 
 def _check(min_lr: Any, max_lr: Any, num_training: Any, mode: Any, threshold: Any) -> None:
     if mode not in ("exponential", "linear"):
-        raise MisconfigurationError(f"lr_find(mode={mode!r}) is not valid.", 'use "exponential" or "linear".')
+        raise MisconfigurationError(
+            f"lr_find(mode={mode!r}) is not valid.", 'use "exponential" or "linear".'
+        )
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (min_lr, max_lr))
     if not numbers or not 0 < min_lr < max_lr:
-        raise MisconfigurationError(f"lr_find(min_lr={min_lr!r}, max_lr={max_lr!r}) is not a range.",
-                                    "pass 0 < min_lr < max_lr, e.g. min_lr=1e-8, max_lr=1.")
+        raise MisconfigurationError(
+            f"lr_find(min_lr={min_lr!r}, max_lr={max_lr!r}) is not a range.",
+            "pass 0 < min_lr < max_lr, e.g. min_lr=1e-8, max_lr=1.",
+        )
     if isinstance(num_training, bool) or not isinstance(num_training, int) or num_training < 2:
         raise MisconfigurationError(f"lr_find(num_training={num_training!r}) is not valid.",
-                                    "pass the number of optimizer steps to try, an integer >= 2 (e.g. 100).")
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                  or threshold <= 1):
+                                    "pass the number of optimizer steps to try, an integer >= 2 "
+                                    "(e.g. 100).")
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold <= 1
+    ):
         raise MisconfigurationError(f"lr_find(early_stop_threshold={threshold!r}) is not valid.",
-                                    "pass a factor > 1 (e.g. 4.0: stop when the loss is 4x its best), or None.")
+                                    "pass a factor > 1 (e.g. 4.0: stop when the loss is 4x its "
+                                    "best), or None.")
 
 
 def _bar_stream(trainer: Any) -> Any:
@@ -320,14 +397,28 @@ def _finder_trainer(trainer: Any, test: RangeTest, num_training: int) -> Any:
     from ..trainer import Trainer
 
     return Trainer(
-        max_steps=num_training, strategy=trainer.strategy, precision=trainer.precision_name,
-        accumulate_grad_batches=trainer.accumulate_grad_batches, gradient_clip_val=trainer.gradient_clip_val,
-        gradient_clip_algorithm=trainer.gradient_clip_algorithm, limit_train_batches=trainer.limits["train"],
-        limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=num_training + 1,
-        overfit_batches=trainer.overfit_batches, deterministic=trainer.deterministic, seed=trainer.seed,
-        channels_last=trainer.channels_last, callbacks=[test], default_root_dir=trainer.default_root_dir,
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        logger=False, preempt_signals=())
+        max_steps=num_training,
+        strategy=trainer.strategy,
+        precision=trainer.precision_name,
+        accumulate_grad_batches=trainer.accumulate_grad_batches,
+        gradient_clip_val=trainer.gradient_clip_val,
+        gradient_clip_algorithm=trainer.gradient_clip_algorithm,
+        limit_train_batches=trainer.limits["train"],
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=num_training + 1,
+        overfit_batches=trainer.overfit_batches,
+        deterministic=trainer.deterministic,
+        seed=trainer.seed,
+        channels_last=trainer.channels_last,
+        callbacks=[test],
+        default_root_dir=trainer.default_root_dir,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        preempt_signals=(),
+    )
 
 
 def _root(trainer: Any) -> str:
@@ -335,20 +426,34 @@ def _root(trainer: Any) -> str:
 
 
 def _write(finder: LRFinder, seconds: float) -> None:
-    """The curve as ``lr_find.png``, a TensorBoard image and scalars, and ``lr_find.json``, in ``output_dir``."""
+    """The curve as ``lr_find.png``, a TensorBoard image and scalars, and ``lr_find.json``, in
+    ``output_dir``."""
     out = finder.output_dir
     os.makedirs(out, exist_ok=True)
     lr = finder.suggestion()
     with open(os.path.join(out, "lr_find.json"), "w") as fh:
-        json.dump({"suggestion": lr, "mode": finder.mode, "min_lr": finder.lr_min, "max_lr": finder.lr_max,
-                   "num_training": finder.num_training, "stopped_early": finder.stopped_early,
-                   "lr": finder.results["lr"], "loss": finder.results["loss"], "raw_loss": finder.raw_losses,
-                   "seconds": round(seconds, 2)}, fh, indent=1)
+        json.dump(
+            {
+                "suggestion": lr,
+                "mode": finder.mode,
+                "min_lr": finder.lr_min,
+                "max_lr": finder.lr_max,
+                "num_training": finder.num_training,
+                "stopped_early": finder.stopped_early,
+                "lr": finder.results["lr"],
+                "loss": finder.results["loss"],
+                "raw_loss": finder.raw_losses,
+                "seconds": round(seconds, 2),
+            },
+            fh,
+            indent=1,
+        )
     try:
         image = finder.figure()
-    except ImportError:  # Pillow comes with tensorboard; without it there is no picture, the JSON still holds all
-        echo(f"lr_find: Pillow is not installed, so no figure was drawn; the curve is in {out}/lr_find.json. "
-             "HINT: pip install pillow.", name="taskfit.tune")
+    # Pillow comes with tensorboard; without it there is no picture, the JSON still holds all
+    except ImportError:
+        echo("lr_find: Pillow is not installed, so no figure was drawn; the curve is in "
+             f"{out}/lr_find.json. HINT: pip install pillow.", name="taskfit.tune")
         return
     finder.png_path = os.path.join(out, "lr_find.png")
     image.save(finder.png_path)
@@ -358,28 +463,37 @@ def _write(finder: LRFinder, seconds: float) -> None:
     writer = SummaryWriter(out)
     try:
         writer.add_image("lr_find/loss_vs_lr", np.asarray(image), 0, dataformats="HWC")
-        for i, (step_lr, loss, raw) in enumerate(zip(finder.results["lr"], finder.results["loss"], finder.raw_losses)):
+        for i, (step_lr, loss, raw) in enumerate(
+            zip(finder.results["lr"], finder.results["loss"], finder.raw_losses)
+        ):
             writer.add_scalar("lr_find/lr", step_lr, i)
             writer.add_scalar("lr_find/loss_smoothed", loss, i)
             writer.add_scalar("lr_find/loss", raw, i)
-        writer.add_text("lr_find/suggestion", f"suggested lr: {lr:.6g}" if lr else "no suggestion (too few points)")
+        writer.add_text(
+            "lr_find/suggestion",
+            f"suggested lr: {lr:.6g}" if lr else "no suggestion (too few points)",
+        )
     finally:
         writer.close()
 
 
-# ---- the suggestion into the task ------------------------------------------------------------------------------
+# ---- the suggestion into the task ----------------------------------------------------------------
 def _lr_target(task: Any, attr_name: str) -> str | None:
-    """The name ``update_attr`` sets, as an attribute of the task and/or an entry of its hparams (Lightning's
-    ``lightning_setattr``); None: only the optimizer factory's lr. Or one clear error."""
+    """The name ``update_attr`` sets, as an attribute of the task and/or an entry of its hparams
+    (Lightning's ``lightning_setattr``); None: only the optimizer factory's lr. Or one clear
+    error."""
     names = [attr_name] if attr_name else ["lr", "learning_rate"]
     found = next((n for n in names if hasattr(task, n) or n in task.hparams), None)
     if attr_name and found is None:
-        raise MisconfigurationError(f"lr_find(attr_name={attr_name!r}): {type(task).__name__} has no such attribute.",
-                                    "name the attribute your configure_optimizers reads the learning rate from.")
+        raise MisconfigurationError(f"lr_find(attr_name={attr_name!r}): {type(task).__name__} has "
+                                    "no such attribute.",
+                                    "name the attribute your configure_optimizers reads the "
+                                    "learning rate from.")
     if found is None and _factory_lr(task) is None:
         raise MisconfigurationError(
-            f"lr_find(update_attr=True): {type(task).__name__} has no `lr` or `learning_rate` attribute and no "
-            "optimizer= factory with an lr.", "set attr_name=..., or apply finder.suggestion() yourself.")
+            f"lr_find(update_attr=True): {type(task).__name__} has no `lr` or `learning_rate` "
+            "attribute and no optimizer= factory with an "
+            "lr.", "set attr_name=..., or apply finder.suggestion() yourself.")
     return found
 
 
@@ -392,18 +506,25 @@ def _set_lr(task: Any, attr_name: str, lr: float) -> None:
     name = _lr_target(task, attr_name)
     if name is not None and hasattr(task, name):
         setattr(task, name, lr)
-    if name is not None and name in task.hparams:  # what configure_optimizers reads as self.hparams.lr
+    # what configure_optimizers reads as self.hparams.lr
+    if name is not None and name in task.hparams:
         task.hparams[name] = lr
     factory = task.__dict__.get("optimizer_factory")
-    if _factory_lr(task) is not None:  # TaskModule(optimizer=functools.partial(AdamW, lr=...)): the next fit's lr
-        object.__setattr__(task, "optimizer_factory",
-                           functools.partial(factory.func, *factory.args, **{**factory.keywords, "lr": lr}))
+    # TaskModule(optimizer=functools.partial(AdamW, lr=...)): the next fit's lr
+    if _factory_lr(task) is not None:
+        object.__setattr__(
+            task,
+            "optimizer_factory",
+            functools.partial(factory.func, *factory.args, **{**factory.keywords, "lr": lr}),
+        )
 
 
-# ---- the taskfit command's mode=lr_find -----------------------------------------------------------------------
-def lr_find_command(trainer: Any, task: Any, config: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
-    """``taskfit mode=lr_find``: the range test with the ``lr_find.*`` settings; prints the suggestion and the
-    override that uses it. Returns what the sweep summary shows."""
+# ---- the taskfit command's mode=lr_find ----------------------------------------------------------
+def lr_find_command(
+    trainer: Any, task: Any, config: Mapping[str, Any], run_dir: str
+) -> dict[str, Any]:
+    """``taskfit mode=lr_find``: the range test with the ``lr_find.*`` settings; prints the
+    suggestion and the override that uses it. Returns what the sweep summary shows."""
     settings = dict(config.get("lr_find") or {})
     started = time.perf_counter()
     finder = lr_find(trainer, task, output_dir=os.path.join(run_dir, "lr_find"), **settings)
@@ -412,18 +533,44 @@ def lr_find_command(trainer: Any, task: Any, config: Mapping[str, Any], run_dir:
         "lr" in config["task"]["optimizer"] else "task.lr" if "lr" in config["task"] else None
     if trainer.is_main and finder is not None:
         points = len(finder.results["lr"])
-        use = f"taskfit {key}={lr:.3g}" if key and lr else "set the optimizer's lr to it in your task's config"
-        echo("\n".join([
-            f"taskfit: lr_find in {time.perf_counter() - started:.1f} s ({points} steps from {finder.lr_min:g} to "
-            f"{finder.results['lr'][-1]:.3g}{', stopped: the loss diverged' if finder.stopped_early else ''})",
-            f"  run directory:   {run_dir}",
-            f"  curve:           {finder.png_path or os.path.join(finder.output_dir, 'lr_find.json')}  "
-            f"(tensorboard --logdir {run_dir}: Images tab)",
-            f"  suggestion:      lr={lr:.3g}" if lr else "  suggestion:      none (too few points: raise "
-                                                             "lr_find.num_training)",
-            *([f"  use it:          {use}"] if lr else [])]), name="taskfit.cli")
-    return {"run_dir": run_dir, "run_mode": "lr_find", "suggestion": lr, "override": f"{key}={lr:.3g}" if key and lr
-            else None, "metrics": {"lr_find/suggestion": lr} if lr else {}, "score": lr,
-            "monitor": "lr_find/suggestion",
-            "mode": "min", "kind": "final", "log_dir": finder.output_dir if finder else None, "test": None,
-            "best_checkpoint": None, "loggers": []}
+        use = (
+            f"taskfit {key}={lr:.3g}"
+            if key and lr
+            else "set the optimizer's lr to it in your task's config"
+        )
+        echo(
+            "\n".join(
+                [
+                    f"taskfit: lr_find in {time.perf_counter() - started:.1f} s "
+                    f"({points} steps from "
+                    f"{finder.lr_min:g} to "
+                    f"{finder.results['lr'][-1]:.3g}"
+                    f"{', stopped: the loss diverged' if finder.stopped_early else ''})",
+                    f"  run directory:   {run_dir}",
+                    "  curve:           "
+                    f"{finder.png_path or os.path.join(finder.output_dir, 'lr_find.json')}"
+                    "  (tensorboard "
+                    f"--logdir {run_dir}: Images tab)",
+                    f"  suggestion:      lr={lr:.3g}"
+                    if lr
+                    else "  suggestion:      none (too few points: raise lr_find.num_training)",
+                    *([f"  use it:          {use}"] if lr else []),
+                ]
+            ),
+            name="taskfit.cli",
+        )
+    return {
+        "run_dir": run_dir,
+        "run_mode": "lr_find",
+        "suggestion": lr,
+        "override": f"{key}={lr:.3g}" if key and lr else None,
+        "metrics": {"lr_find/suggestion": lr} if lr else {},
+        "score": lr,
+        "monitor": "lr_find/suggestion",
+        "mode": "min",
+        "kind": "final",
+        "log_dir": finder.output_dir if finder else None,
+        "test": None,
+        "best_checkpoint": None,
+        "loggers": [],
+    }

@@ -1,1 +1,2 @@
-"""A user's own package: TaskModules that live outside taskfit, trained with the `taskfit` command."""
+"""A user's own package: TaskModules that live outside taskfit, trained with the `taskfit`
+command."""

@@ -1,4 +1,5 @@
-"""SineTask: an MLP regressing y = sin(3x) from noisy samples. Synthetic data, no download, seconds on a CPU."""
+"""SineTask: an MLP regressing y = sin(3x) from noisy samples. Synthetic data, no download, seconds
+on a CPU."""
 from __future__ import annotations
 
 import functools
@@ -24,7 +25,9 @@ class SineTask(TaskModule):
 
     def __init__(self, hidden: int = 64, layers: int = 2, n_train: int = 2048, noise: float = 0.05,
                  batch_size: int = 64, optimizer=None, scheduler=None) -> None:
-        super().__init__(optimizer=optimizer or functools.partial(torch.optim.Adam, lr=1e-2), scheduler=scheduler)
+        super().__init__(
+            optimizer=optimizer or functools.partial(torch.optim.Adam, lr=1e-2), scheduler=scheduler
+        )
         self.batch_size = batch_size
         sizes = [1] + [hidden] * layers
         blocks = [m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), nn.Tanh())]
