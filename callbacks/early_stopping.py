@@ -36,21 +36,25 @@ class EarlyStopping(Callback):
     ends at the next step boundary (``Trainer(min_epochs=...)`` may defer it); the reason is printed
     once (rank 0) and kept in ``trainer.state.stop_reason`` and :attr:`stopping_reason_message`.
 
-    Args: monitor: the logged key to watch, e.g. ``"val/loss"`` or ``"val/acc"``. min_delta: the
-        least change that counts as an improvement. patience: how many checks without improvement
-        are tolerated. verbose: also print every check's result (Lightning's messages), not only the
-        stop. mode: ``"min"`` (lower is better) or ``"max"``. strict: a monitor that is not logged
-        at a check is an error; False: one warning, and no check. check_finite: stop as soon as the
-        value is NaN or infinite. stopping_threshold: stop as soon as the value is better than this
-        (the goal is reached). divergence_threshold: stop as soon as the value is worse than this
-        (the run has diverged). check_on_train_epoch_end: check at each training epoch's end (True)
-        or after each validation (False). log_rank_zero_only: under ddp, ``verbose`` prints on rank
-        0 only (else on every rank, prefixed).
+    Args:
+        monitor: the logged key to watch, e.g. ``"val/loss"`` or ``"val/acc"``.
+        min_delta: the least change that counts as an improvement.
+        patience: how many checks without improvement are tolerated.
+        verbose: also print every check's result (Lightning's messages), not only the stop.
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        strict: a monitor that is not logged at a check is an error; False: one warning, and no
+            check.
+        check_finite: stop as soon as the value is NaN or infinite.
+        stopping_threshold: stop as soon as the value is better than this (the goal is reached).
+        divergence_threshold: stop as soon as the value is worse than this (the run has diverged).
+        check_on_train_epoch_end: check at each training epoch's end (True) or after each validation
+            (False).
+        log_rank_zero_only: under ddp, ``verbose`` prints on rank 0 only (else on every rank,
+            prefixed).
 
     Attributes (Lightning's): ``wait_count``, ``best_score`` (a tensor), ``stopped_epoch`` (0 until
     it stops), ``stopping_reason`` (:class:`EarlyStoppingReason`), ``stopping_reason_message``. They
-    are saved in checkpoints.
-    """
+    are saved in checkpoints. """
 
     monitors_epoch_values = True  # checks what the epoch logged (hooks.hook_table)
 

@@ -34,15 +34,18 @@ class LearningRateMonitor(Callback):
 
     Reading ``param_groups`` is host-side: no device sync.
 
-    Args: logging_interval: None (Lightning's default): an optimizer whose scheduler steps per epoch
-        is logged at each epoch start, the others at every ``log_every_n_steps``; ``"step"``: all at
-        every ``log_every_n_steps`` (the value at global step ``s`` is the rate the next optimizer
-        step uses); ``"epoch"``: all at each epoch start (the rate that epoch starts with).
+    Args:
+        logging_interval: None (Lightning's default): an optimizer whose scheduler steps per epoch
+            is logged at each epoch start, the others at every ``log_every_n_steps``; ``"step"``:
+            all at every ``log_every_n_steps`` (the value at global step ``s`` is the rate the next
+            optimizer step uses); ``"epoch"``: all at each epoch start (the rate that epoch starts
+            with).
         log_momentum: also log the momentum (``momentum``, or ``betas[0]`` for Adam-like optimizers;
-        Lightning's names log 0 for an optimizer without either, as Lightning does).
-        log_weight_decay: also log the weight decay. log_key_prefix: a prefix for every name
-        (``"optim/"``: ``optim/lr-Adam``); Lightning's names only. names: ``"lightning"`` or
-        ``"vitals"``, as above.
+            Lightning's names log 0 for an optimizer without either, as Lightning does).
+        log_weight_decay: also log the weight decay.
+        log_key_prefix: a prefix for every name (``"optim/"``: ``optim/lr-Adam``); Lightning's names
+            only.
+        names: ``"lightning"`` or ``"vitals"``, as above.
     """
 
     @arguments_checked(docs="docs/logging.md")

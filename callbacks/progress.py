@@ -37,8 +37,10 @@ class ProgressBar(Callback):
     the pass's results. Validation, test and predict passes longer than ``EVAL_DELAY_S`` get a bar
     of their own.
 
-    Args: stream: where to write (default ``sys.stdout``). A non-terminal stream gets one line per
-        epoch. leave: keep each epoch's bar on screen.
+    Args:
+        stream: where to write (default ``sys.stdout``). A non-terminal stream gets one line per
+            epoch.
+        leave: keep each epoch's bar on screen.
     """
 
     order = 100  # after the callbacks that produce metrics

@@ -47,8 +47,9 @@ class ModelSummary(Callback):
     (``enable_model_summary=False`` turns it off); also logged to the ``taskfit`` logger (the
     ``taskfit`` command's taskfit.log).
 
-    Args: max_depth: how deep to list submodules, as Lightning's: 1 the task's children, -1 every
-        layer, 0 no summary.
+    Args:
+        max_depth: how deep to list submodules, as Lightning's: 1 the task's children, -1 every
+            layer, 0 no summary.
     """
 
     @arguments_checked(docs="docs/callbacks.md")

@@ -41,11 +41,13 @@ class ThroughputMonitor(Callback):
     training DataLoader's ``batch_size`` (all ranks together); ``summary`` holds the end-of-fit
     numbers.
 
-    Args: data_wait_warning: share of the time (0-1) spent waiting for data above which the summary
-        says the DataLoader is the bottleneck and suggests ``num_workers``/``pin_memory``...
+    Args:
+        data_wait_warning: share of the time (0-1) spent waiting for data above which the summary
+            says the DataLoader is the bottleneck and suggests ``num_workers``/``pin_memory``...
         min_data_wait_s: ...provided the fit waited at least this long in total (in a run of a few
-        seconds, fixed costs dominate and more workers would not help). verbose: print the summary
-        at fit end. stream: where to print (default ``sys.stdout``).
+            seconds, fixed costs dominate and more workers would not help).
+        verbose: print the summary at fit end.
+        stream: where to print (default ``sys.stdout``).
     """
 
     # at epoch end before ModelCheckpoint (1000): saving a checkpoint is not training time

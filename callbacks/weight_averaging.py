@@ -34,15 +34,18 @@ class WeightAveraging(Callback):
     ``torch.optim.swa_utils.AveragedModel``. Subclass and override :meth:`should_update` for another
     schedule.
 
-    Args: device: where the average is kept (None: beside the weights; ``"cpu"`` saves accelerator
-        memory and costs a device-to-host copy of the weights per update). use_buffers: average the
-        floating-point buffers too (BatchNorm's running statistics); False validates with the
-        model's current buffers. avg_fn: ``fn(averaged, current, num_averaged) -> tensor``, per
-        tensor (``torch.optim.swa_utils``'s). multi_avg_fn: ``fn(averaged_list, current_list,
-        num_averaged)``, in place (e.g. ``get_ema_multi_avg_fn``). save_average: checkpoints hold
-        the average as the model's weights (``module``; Lightning's layout, so that
-        ``ckpt_path="best"`` and ``load_from_checkpoint`` give the averaged model) and the training
-        weights in this callback's state; False: the other way round.
+    Args:
+        device: where the average is kept (None: beside the weights; ``"cpu"`` saves accelerator
+            memory and costs a device-to-host copy of the weights per update).
+        use_buffers: average the floating-point buffers too (BatchNorm's running statistics); False
+            validates with the model's current buffers.
+        avg_fn: ``fn(averaged, current, num_averaged) -> tensor``, per tensor
+            (``torch.optim.swa_utils``'s).
+        multi_avg_fn: ``fn(averaged_list, current_list, num_averaged)``, in place (e.g.
+            ``get_ema_multi_avg_fn``).
+        save_average: checkpoints hold the average as the model's weights (``module``; Lightning's
+            layout, so that ``ckpt_path="best"`` and ``load_from_checkpoint`` give the averaged
+            model) and the training weights in this callback's state; False: the other way round.
     """
 
     order = 800  # before ModelCheckpoint (1000): validation's swap is undone before it saves
@@ -225,14 +228,17 @@ class EMAWeightAveraging(WeightAveraging):
     ``update_every_n_steps`` optimizer steps, from ``update_starting_at_step`` and
     ``update_starting_at_epoch``.
 
-    Args: device: as for :class:`WeightAveraging`. use_buffers: as for :class:`WeightAveraging`.
+    Args:
+        device: as for :class:`WeightAveraging`.
+        use_buffers: as for :class:`WeightAveraging`.
         decay: the share of the average kept at each update (0.999: an average over ~1000 updates).
-        update_every_n_steps: update after every n-th optimizer step. update_starting_at_step: the
-        first optimizer step (0-based) to update after (None: 0). update_starting_at_epoch: the
-        first epoch (0-based) whose steps update (None: 0). warmup_steps: the decay rises linearly
-        from 0 to ``decay`` over this many updates (0: ``decay`` from the second update on), so that
-        an early average is not dominated by the initial weights. save_average: as for
-        :class:`WeightAveraging`.
+        update_every_n_steps: update after every n-th optimizer step.
+        update_starting_at_step: the first optimizer step (0-based) to update after (None: 0).
+        update_starting_at_epoch: the first epoch (0-based) whose steps update (None: 0).
+        warmup_steps: the decay rises linearly from 0 to ``decay`` over this many updates (0:
+            ``decay`` from the second update on), so that an early average is not dominated by the
+            initial weights.
+        save_average: as for :class:`WeightAveraging`.
     """
 
     @arguments_checked(docs="docs/tuning.md")
@@ -300,14 +306,18 @@ class StochasticWeightAveraging(WeightAveraging):
     ``swa_epoch_start`` the learning rate anneals to ``swa_lrs`` (``SWALR``, per epoch; the task's
     own schedulers pause) and the weights at the end of every epoch enter an equal average.
 
-    Args: swa_lrs: the SWA learning rate, for every parameter group (a float) or per group (a list).
+    Args:
+        swa_lrs: the SWA learning rate, for every parameter group (a float) or per group (a list).
         swa_epoch_start: the epoch SWA starts in: an int counts from 1 (Lightning's), a float in (0,
-        1] is that fraction of ``max_epochs``. annealing_epochs: epochs over which the learning rate
-        moves to ``swa_lrs``. annealing_strategy: ``"cos"`` or ``"linear"``. avg_fn: as for
-        :class:`WeightAveraging` (None: the equal average). device: as for :class:`WeightAveraging`.
+            1] is that fraction of ``max_epochs``.
+        annealing_epochs: epochs over which the learning rate moves to ``swa_lrs``.
+        annealing_strategy: ``"cos"`` or ``"linear"``.
+        avg_fn: as for :class:`WeightAveraging` (None: the equal average).
+        device: as for :class:`WeightAveraging`.
         use_buffers: as for :class:`WeightAveraging`; the BatchNorm statistics are averaged with the
-        weights (``AveragedModel(use_buffers=True)``) rather than recomputed by an extra epoch as
-        Lightning does. save_average: as for :class:`WeightAveraging`.
+            weights (``AveragedModel(use_buffers=True)``) rather than recomputed by an extra epoch
+            as Lightning does.
+        save_average: as for :class:`WeightAveraging`.
     """
 
     @arguments_checked(docs="docs/tuning.md")

@@ -50,11 +50,13 @@ def echo(
     """``message`` and a newline to ``stream or sys.stdout`` in one write, flushed, and the same
     text as a ``taskfit`` log record.
 
-    Args: message: the text (several lines are one record). stream: where the terminal copy goes
-        (default ``sys.stdout``, looked up now: redirections apply). level: the record's level
-        (``logging.WARNING`` for warnings, ``logging.ERROR`` for errors). name: the logger, a child
-        of ``taskfit`` (``"taskfit.progress"``); default ``taskfit``. terminal: False: the log
-        record only (the progress bar already showed the line).
+    Args:
+        message: the text (several lines are one record).
+        stream: where the terminal copy goes (default ``sys.stdout``, looked up now: redirections
+            apply).
+        level: the record's level (``logging.WARNING`` for warnings, ``logging.ERROR`` for errors).
+        name: the logger, a child of ``taskfit`` (``"taskfit.progress"``); default ``taskfit``.
+        terminal: False: the log record only (the progress bar already showed the line).
     """
     # one write of the line and its newline: ddp ranks sharing a stream never interleave mid-line
     if terminal:

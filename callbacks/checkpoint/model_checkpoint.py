@@ -33,30 +33,37 @@ class ModelCheckpoint(Callback):
     Lightning's arguments in Lightning's order, with its meanings (docs/checkpointing.md has the
     table and says where taskfit differs):
 
-    Args: dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``). filename: name
-        template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` gives
-        ``epoch=003-val_acc=0.91``. monitor: logged key that ranks the files (e.g. ``"val/loss"``;
-        ``"epoch"`` and ``"step"`` are always available); None keeps the newest. verbose: print each
-        monitored save, as Lightning logs it. save_last: keep ``last.ckpt``, the newest state
-        (``"link"``: the same; None/False: none). save_top_k: how many ranked files to keep (-1:
-        all, 0: none). save_on_exception: when fit raises, save the state it stopped in to a file
-        named by ``filename``, and ``last.ckpt`` (single-process runs; a preemption signal saves
-        ``last.ckpt`` at a step boundary anyway). save_weights_only: files hold the weights only
-        (inference; a resume needs a full checkpoint). mode: ``"min"`` or ``"max"``: which values of
-        ``monitor`` are better. auto_insert_metric_name: write ``name=`` before each field of
-        ``filename``. every_n_train_steps: save every N optimizer steps. train_time_interval: save
-        when this long (seconds or a ``timedelta``) has passed since the last save. every_n_epochs:
-        save every N-th epoch; None: every epoch unless a step or time trigger is given.
+    Args:
+        dirpath: folder of the files (default: ``<trainer.log_dir>/checkpoints``).
+        filename: name template (None: ``"{epoch}-{step}"``); ``"{epoch:03d}-{val/acc:.2f}"`` gives
+            ``epoch=003-val_acc=0.91``.
+        monitor: logged key that ranks the files (e.g. ``"val/loss"``; ``"epoch"`` and ``"step"``
+            are always available); None keeps the newest.
+        verbose: print each monitored save, as Lightning logs it.
+        save_last: keep ``last.ckpt``, the newest state (``"link"``: the same; None/False: none).
+        save_top_k: how many ranked files to keep (-1: all, 0: none).
+        save_on_exception: when fit raises, save the state it stopped in to a file named by
+            ``filename``, and ``last.ckpt`` (single-process runs; a preemption signal saves
+            ``last.ckpt`` at a step boundary anyway).
+        save_weights_only: files hold the weights only (inference; a resume needs a full
+            checkpoint).
+        mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
+        auto_insert_metric_name: write ``name=`` before each field of ``filename``.
+        every_n_train_steps: save every N optimizer steps.
+        train_time_interval: save when this long (seconds or a ``timedelta``) has passed since the
+            last save.
+        every_n_epochs: save every N-th epoch; None: every epoch unless a step or time trigger is
+            given.
         save_on_train_epoch_end: where epoch saves happen (None: as Lightning decides).
         enable_version_counter: a name taken by another file gets ``-v1``, ``-v2``... (False:
-        overwrite). min_epoch_interval: (taskfit) seconds since the last save below which an
-        unmonitored top-1 epoch save is skipped (0: every epoch).
+            overwrite).
+        min_epoch_interval: (taskfit) seconds since the last save below which an unmonitored top-1
+            epoch save is skipped (0: every epoch).
 
     After fit: ``best_model_path``, ``best_model_score``, ``best_k_models`` (monitored runs only, as
     Lightning), ``last_model_path``; :meth:`to_yaml` writes ``best_k_models``. Every rank runs this
     callback (a save gathers RNG states); only rank 0 touches files. A subclass may change
-    Lightning's name parts below.
-    """
+    Lightning's name parts below. """
 
     CHECKPOINT_JOIN_CHAR = "-"  # before a version: epoch=0-v1.ckpt
     CHECKPOINT_EQUALS_CHAR = "="  # after an inserted name: epoch=0

@@ -45,10 +45,12 @@ class CSVLogger(Logger):
     one column per logged key in the order keys first appeared; a row leaves the keys not logged at
     its step empty. Read it with ``pandas.read_csv(path)`` or ``csv.DictReader``.
 
-    Args: save_dir: the folder of the runs (None: ``Trainer(default_root_dir=...)``). name: a folder
-        below ``save_dir`` (None: none; Lightning's default is ``"lightning_logs"``). version: ``3``
-        writes ``version_3``; a string names the folder; None: the next free ``version_N``. prefix:
-        put ``<prefix>-`` before every column name.
+    Args:
+        save_dir: the folder of the runs (None: ``Trainer(default_root_dir=...)``).
+        name: a folder below ``save_dir`` (None: none; Lightning's default is ``"lightning_logs"``).
+        version: ``3`` writes ``version_3``; a string names the folder; None: the next free
+            ``version_N``.
+        prefix: put ``<prefix>-`` before every column name.
     """
 
     @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")

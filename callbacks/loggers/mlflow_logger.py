@@ -68,19 +68,25 @@ def _mlflow() -> Any:
 class MLFlowLogger(Logger):
     """Logs each fit as an MLflow run (rank 0).
 
-    Args: experiment_name: the MLflow experiment the runs go into (created if missing). run_name:
-        the run's name (None: the run directory as TensorBoard names it, e.g. ``lr=0.1/version_0``).
+    Args:
+        experiment_name: the MLflow experiment the runs go into (created if missing).
+        run_name: the run's name (None: the run directory as TensorBoard names it, e.g.
+            ``lr=0.1/version_0``).
         tracking_uri: where runs are stored: ``http://host:5000`` (a tracking server),
-        ``sqlite:///mlflow.db``, ``file:/path/mlruns``... None: ``$MLFLOW_TRACKING_URI``, else
-        ``save_dir``'s, else MLflow's default (``sqlite:///mlflow.db`` in the working directory:
-        what ``mlflow ui`` started there shows). tags: tags of every run, added to MLflow's own
-        (``resolve_tags``: source, user, git commit) and ``taskfit.log_dir`` (the run directory).
+            ``sqlite:///mlflow.db``, ``file:/path/mlruns``... None: ``$MLFLOW_TRACKING_URI``, else
+            ``save_dir``'s, else MLflow's default (``sqlite:///mlflow.db`` in the working directory:
+            what ``mlflow ui`` started there shows).
+        tags: tags of every run, added to MLflow's own (``resolve_tags``: source, user, git commit)
+            and ``taskfit.log_dir`` (the run directory).
         save_dir: a local folder for the runs when no tracking URI is given:
-        ``sqlite:///<save_dir>/mlflow.db``. log_model: at fit end, upload ModelCheckpoint's best and
-        last files as artifacts under ``checkpoints/``. prefix: put ``<prefix>-`` before every
-        metric name. artifact_location: where a new experiment keeps its artifacts (MLflow's default
-        otherwise). run_id: continue this existing run instead of starting one. flush_secs: send
-        buffered metrics when the last send is this old (also at epoch ends and the run's end).
+            ``sqlite:///<save_dir>/mlflow.db``.
+        log_model: at fit end, upload ModelCheckpoint's best and last files as artifacts under
+            ``checkpoints/``.
+        prefix: put ``<prefix>-`` before every metric name.
+        artifact_location: where a new experiment keeps its artifacts (MLflow's default otherwise).
+        run_id: continue this existing run instead of starting one.
+        flush_secs: send buffered metrics when the last send is this old (also at epoch ends and the
+            run's end).
     """
 
     # after ModelCheckpoint (1000): at fit end its last file is saved before the upload

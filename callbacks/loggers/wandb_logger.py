@@ -68,20 +68,27 @@ def _wandb() -> Any:
 class WandbLogger(Logger):
     """Logs each fit as a Weights & Biases run (rank 0).
 
-    Args: name: the run's display name (None: the run directory as TensorBoard names it, e.g.
-        ``lr=0.1/version_0``). save_dir: the folder W&B writes its ``wandb/`` folder into (None: the
-        run directory, ``trainer.log_dir``). version: the run id (Lightning's name for ``id``):
-        continue that run, or start one with that id. offline: write the run to local files only
-        (``wandb sync <folder>`` uploads it later). False: W&B's mode (``$WANDB_MODE``, else
-        online). dir: the same as ``save_dir`` (Lightning's alias; ``save_dir`` wins). id: the same
-        as ``version``. project: the W&B project (None: ``$WANDB_PROJECT``, else ``"taskfit"``).
+    Args:
+        name: the run's display name (None: the run directory as TensorBoard names it, e.g.
+            ``lr=0.1/version_0``).
+        save_dir: the folder W&B writes its ``wandb/`` folder into (None: the run directory,
+            ``trainer.log_dir``).
+        version: the run id (Lightning's name for ``id``): continue that run, or start one with that
+            id.
+        offline: write the run to local files only (``wandb sync <folder>`` uploads it later).
+            False: W&B's mode (``$WANDB_MODE``, else online).
+        dir: the same as ``save_dir`` (Lightning's alias; ``save_dir`` wins).
+        id: the same as ``version``.
+        project: the W&B project (None: ``$WANDB_PROJECT``, else ``"taskfit"``).
         log_model: at fit end, log ModelCheckpoint's best and last files as the artifact
-        ``model-<run id>`` (type ``model``, aliases ``best`` and ``latest``). prefix: put
-        ``<prefix>-`` before every metric name. tags: tags of the run. config: more entries of the
-        run's config, beside the hyperparameters. entity: the W&B user or team (None: your default
-        entity). group: W&B's run group (e.g. a sweep's name), passed to ``wandb.init``. notes: a
-        description of the run, passed to ``wandb.init``. job_type: W&B's job type (e.g.
-        ``"train"``), passed to ``wandb.init``.
+            ``model-<run id>`` (type ``model``, aliases ``best`` and ``latest``).
+        prefix: put ``<prefix>-`` before every metric name.
+        tags: tags of the run.
+        config: more entries of the run's config, beside the hyperparameters.
+        entity: the W&B user or team (None: your default entity).
+        group: W&B's run group (e.g. a sweep's name), passed to ``wandb.init``.
+        notes: a description of the run, passed to ``wandb.init``.
+        job_type: W&B's job type (e.g. ``"train"``), passed to ``wandb.init``.
     """
 
     # after ModelCheckpoint (1000): at fit end its last file is saved before the upload

@@ -168,6 +168,7 @@ class LearningRateMonitorConf:
     logging_interval: Optional[str] = None
     log_momentum: bool = False
     log_weight_decay: bool = False
+    log_key_prefix: Optional[str] = None
     names: str = "lightning"  # conf/callbacks/lr_monitor.yaml chooses "vitals" for the command
 
 

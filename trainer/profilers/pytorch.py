@@ -26,15 +26,18 @@ from .simple import SimpleProfiler
 class PyTorchProfiler(SimpleProfiler):
     """``torch.profiler.profile`` over a window of steps, a trace and an operator table per rank.
 
-    Args: dirpath: where the files go (None: ``<run dir>/profiler``). filename: also write the stage
-        tables to ``<dirpath>/<filename>.txt``. export_to_chrome: write the Chrome/Perfetto trace of
-        the window. row_limit: rows of the printed operator table (-1: all). sort_by_key: the
-        operator table's order (None: ``"cuda_time_total"`` with CUDA, else ``"cpu_time_total"``).
+    Args:
+        dirpath: where the files go (None: ``<run dir>/profiler``).
+        filename: also write the stage tables to ``<dirpath>/<filename>.txt``.
+        export_to_chrome: write the Chrome/Perfetto trace of the window.
+        row_limit: rows of the printed operator table (-1: all).
+        sort_by_key: the operator table's order (None: ``"cuda_time_total"`` with CUDA, else
+            ``"cpu_time_total"``).
         profiler_kwargs: passed to ``torch.profiler.profile`` (``schedule``, ``record_shapes``,
-        ``profile_memory``, ``with_stack``, ``with_flops``, ``activities``); the default schedule is
-        ``torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)``: one window, batches 2-4.
-        Whatever the schedule, the profiler stops after its first window (the one trace file holds
-        one window).
+            ``profile_memory``, ``with_stack``, ``with_flops``, ``activities``); the default
+            schedule is ``torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)``: one
+            window, batches 2-4. Whatever the schedule, the profiler stops after its first window
+            (the one trace file holds one window).
     """
 
     @arguments_checked(docs="docs/tuning.md")

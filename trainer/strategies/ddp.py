@@ -50,16 +50,21 @@ _FAILED = False  # an entry point raised in this process (under torchrun)
 class DDPStrategy(Strategy):
     """``torch.nn.parallel.DistributedDataParallel`` over ``devices`` processes (or torchrun's).
 
-    Args: accelerator: "cpu" (gloo), "cuda" (nccl) or "auto". devices: processes on this machine: a
-        count, a list of GPU indices, or "auto" (every GPU; 1 on a CPU). Under torchrun or SLURM the
-        launcher decides the count; a process that sees one GPU uses that one. timeout: seconds a
-        collective may wait for the other ranks before it fails (the process-group timeout). A rank
-        that *raises* stops the run at once; this bounds a rank that hangs. find_unused_parameters:
-        DDP's option for models whose forward skips some parameters (costs a graph walk).
+    Args:
+        accelerator: "cpu" (gloo), "cuda" (nccl) or "auto".
+        devices: processes on this machine: a count, a list of GPU indices, or "auto" (every GPU; 1
+            on a CPU). Under torchrun or SLURM the launcher decides the count; a process that sees
+            one GPU uses that one.
+        timeout: seconds a collective may wait for the other ranks before it fails (the
+            process-group timeout). A rank that *raises* stops the run at once; this bounds a rank
+            that hangs.
+        find_unused_parameters: DDP's option for models whose forward skips some parameters (costs a
+            graph walk).
         start_method: how ``launch`` starts workers: "forkserver" (the default where the platform
-        has it: a server process imports torch once and forks the workers from it, so a launch takes
-        well under a second after the first) or "spawn" (a fresh interpreter per worker). Both are
-        safe with CUDA and both need a picklable task; neither inherits the parent's memory.
+            has it: a server process imports torch once and forks the workers from it, so a launch
+            takes well under a second after the first) or "spawn" (a fresh interpreter per worker).
+            Both are safe with CUDA and both need a picklable task; neither inherits the parent's
+            memory.
     """
 
     name = "ddp"

@@ -59,19 +59,22 @@ class FSDPStrategy(DDPStrategy):
     """FSDP2 over ``devices`` processes (or torchrun's): parameters, gradients and optimizer states
     sharded.
 
-    Args: accelerator: "cpu" (gloo), "cuda" (nccl) or "auto". devices: processes on this machine, as
-        for ddp ("auto": every GPU; 1 on a CPU). auto_wrap_policy: which submodules become their own
-        FSDP unit (all-gathered and freed on their own), before the root takes the rest: a set of
-        module classes (default: ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``),
-        an int (every submodule holding at least that many parameters not already in a smaller
-        unit), a function ``module -> bool``, or an empty set (the root only).
+    Args:
+        accelerator: "cpu" (gloo), "cuda" (nccl) or "auto".
+        devices: processes on this machine, as for ddp ("auto": every GPU; 1 on a CPU).
+        auto_wrap_policy: which submodules become their own FSDP unit (all-gathered and freed on
+            their own), before the root takes the rest: a set of module classes (default:
+            ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``), an int (every
+            submodule holding at least that many parameters not already in a smaller unit), a
+            function ``module -> bool``, or an empty set (the root only).
         reshard_after_forward: free a unit's gathered parameters after its forward (and gather them
-        again in backward): less memory, one more all-gather per unit and step. mixed_precision:
-        "auto" (the Trainer's precision decides, precision.py's ``Precision.fsdp_policy``:
-        ``"bf16-mixed"`` gathers and computes in bfloat16 and reduces gradients in float32), None
-        (parameters as they are), or a ``MixedPrecisionPolicy``. cpu_offload: keep the shards,
-        gradients and optimizer states in CPU memory (CUDA only). timeout: as for
-        :class:`~taskfit.ddp.DDPStrategy`. start_method: as for :class:`~taskfit.ddp.DDPStrategy`.
+            again in backward): less memory, one more all-gather per unit and step.
+        mixed_precision: "auto" (the Trainer's precision decides, precision.py's
+            ``Precision.fsdp_policy``: ``"bf16-mixed"`` gathers and computes in bfloat16 and reduces
+            gradients in float32), None (parameters as they are), or a ``MixedPrecisionPolicy``.
+        cpu_offload: keep the shards, gradients and optimizer states in CPU memory (CUDA only).
+        timeout: as for :class:`~taskfit.ddp.DDPStrategy`.
+        start_method: as for :class:`~taskfit.ddp.DDPStrategy`.
     """
 
     name = "fsdp"

@@ -295,20 +295,27 @@ def lr_find(
     """Run a learning-rate range test on ``task`` with ``trainer``'s settings; ``task`` is left
     exactly as it was.
 
-    Args: trainer: the Trainer whose strategy, precision, accumulation, clipping and seed the test
-        uses. task: the TaskModule; its weights, buffers and the RNGs are restored afterwards.
-        min_lr: the lr of the first step. max_lr: the lr of step ``num_training`` (the last).
-        num_training: optimizer steps to take (the curve's points). mode: ``"exponential"`` (evenly
-        spaced on a log scale) or ``"linear"``. early_stop_threshold: stop once the smoothed loss
-        exceeds this many times its lowest value (None: never). update_attr: set the suggestion on
-        the task: its ``lr``/``learning_rate`` attribute (or ``attr_name``), the entry of that name
-        in ``task.hparams`` (Lightning's ``self.hparams.lr``), and the ``lr`` of its ``optimizer=``
-        factory, so that the next fit uses it. attr_name: the attribute to set with ``update_attr``
-        (default: ``lr`` or ``learning_rate``). output_dir: where the PNG, the TensorBoard event
-        file and the JSON go (None: ``<default_root_dir>/lr_find/version_N``). train_dataloaders:
-        the training data, as ``fit`` takes it (default: the task's). val_dataloaders: the
-        validation data, as ``fit`` takes it (unused: the test does not validate). datamodule: a
-        DataModule to take the data from, as ``fit`` takes it.
+    Args:
+        trainer: the Trainer whose strategy, precision, accumulation, clipping and seed the test
+            uses.
+        task: the TaskModule; its weights, buffers and the RNGs are restored afterwards.
+        min_lr: the lr of the first step.
+        max_lr: the lr of step ``num_training`` (the last).
+        num_training: optimizer steps to take (the curve's points).
+        mode: ``"exponential"`` (evenly spaced on a log scale) or ``"linear"``.
+        early_stop_threshold: stop once the smoothed loss exceeds this many times its lowest value
+            (None: never).
+        update_attr: set the suggestion on the task: its ``lr``/``learning_rate`` attribute (or
+            ``attr_name``), the entry of that name in ``task.hparams`` (Lightning's
+            ``self.hparams.lr``), and the ``lr`` of its ``optimizer=`` factory, so that the next fit
+            uses it.
+        attr_name: the attribute to set with ``update_attr`` (default: ``lr`` or ``learning_rate``).
+        output_dir: where the PNG, the TensorBoard event file and the JSON go (None:
+            ``<default_root_dir>/lr_find/version_N``).
+        train_dataloaders: the training data, as ``fit`` takes it (default: the task's).
+        val_dataloaders: the validation data, as ``fit`` takes it (unused: the test does not
+            validate).
+        datamodule: a DataModule to take the data from, as ``fit`` takes it.
 
     Returns:
         An :class:`LRFinder`; None under ``fast_dev_run`` (as Lightning).
