@@ -64,8 +64,9 @@ def loop_without(*pieces: str) -> Callable:
 
     source = textwrap.dedent(inspect.getsource(module.Trainer._fit))
     cuts = {"clock": [("st.data_wait_s += clock() - waited", "pass"), ("waited = clock()\n", "pass\n")],
-            "stop checks": [("if (run.preemption.should_break(st) and self._can_stop) or st.global_step >= max_steps:",
-                             "if st.should_stop:")]}
+            "stop checks": [("stop = run.preemption.should_break(st) and self._can_stop\n",
+                             "stop = False\n"),
+                            ("if stop or st.global_step >= max_steps:", "if st.should_stop:")]}
     for piece in pieces:
         for old, new in cuts[piece]:
             if old not in source:  # the loop changed: say so rather than time the unchanged loop

@@ -112,7 +112,8 @@ def test_overrides_reach_the_trainer_config_checkpoint_and_hparams_then_ckpt_pat
     state = load_ckpt(run / "version_0" / "checkpoints" / "last.ckpt")["loop"]["state"]
     assert state["global_step"] == 6
     steps = [e.step for e in read_events(run / "version_0").Scalars("train/loss")]
-    assert steps[-3:] == [4, 5, 6] and steps == sorted(set(steps)), "the resumed run did not continue after step 3"
+    # logged at Lightning's step (the batches that stepped before: 3, 4, 5 for steps 4 to 6)
+    assert steps[-3:] == [3, 4, 5] and steps == sorted(set(steps)), "the resumed run did not continue"
 
 
 def test_multirun_with_an_experiment_makes_one_run_per_value_and_a_summary(tmp_path):

@@ -117,7 +117,8 @@ def test_a_short_taskfit_run_has_loss_and_learning_rate_curves(tmp_path):
     run = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
     run.Reload()
     tags = run.Tags()["scalars"]
-    assert [e.step for e in run.Scalars("train/loss")] == [20, 40]
+    # at Lightning's step: the batches that stepped before each epoch's last (19 and 39)
+    assert [e.step for e in run.Scalars("train/loss")] == [19, 39]
     lr = next(tag for tag in tags if tag.startswith("vitals/lr/"))
     assert [e.step for e in run.Scalars(lr)] == [0, 20]  # its cosine steps per epoch: the rate each epoch starts with
 

@@ -329,16 +329,15 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                         self._validate()  # after the batch's hooks, as Lightning
                     # what is published from here on is at the count with this batch
                     st.log_at_previous = False
-                    # the batch stepped: step-interval ReduceLROnPlateau (it may read
+                    # the batch stepped: step-interval ReduceLROnPlateau (it may read a value
+                    # logged in this step), then leave the epoch?
                     if st.global_step != step:
-                        # a value logged in this step), then leave the epoch?
                         if run.schedulers.plateau_per_step:
                             run.schedulers.after_step(
                                 st.global_step, run.logs.monitored(st.metrics), plateau=True
                             )
-                        if (
-                            run.preemption.should_break(st) and self._can_stop
-                        ) or st.global_step >= max_steps:
+                        stop = run.preemption.should_break(st) and self._can_stop
+                        if stop or st.global_step >= max_steps:
                             completed = st.batches_done >= n
                             break
                     waited = clock()
