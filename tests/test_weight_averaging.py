@@ -14,7 +14,7 @@ from fsdp_tasks import MLPTask
 from taskfit import MisconfigurationError, Trainer, seed_everything
 from taskfit.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
 from taskfit.checkpoint import load_checkpoint
-from tasks import ClassifierTask, checkpointing_trainer, same_state
+from tasks import ClassifierTask, checkpointing_trainer, one_process_of_ddp, same_state
 from torch import nn
 from torch.optim.swa_utils import SWALR, AveragedModel, get_ema_multi_avg_fn
 
@@ -42,9 +42,9 @@ class Reference(Callback):
             self.model.update_parameters(task.net)
 
 
-def _fit(callbacks, epochs=3, **kwargs):
+def _fit(callbacks, epochs=3, task_cls=ClassifierTask, **kwargs):
     seed_everything(0)
-    task = ClassifierTask()
+    task = task_cls()
     trainer = Trainer(max_epochs=epochs, callbacks=callbacks, **{**QUIET, **kwargs})
     return task, trainer, trainer.fit(task)
 
@@ -160,7 +160,8 @@ def test_ddp_swa_equals_one_process_with_the_same_global_batch(tmp_path):
         return StochasticWeightAveraging(swa_lrs=0.02, swa_epoch_start=2, annealing_epochs=1)
 
     single_cb, ddp_cb = swa(), swa()
-    single, _, expected = _fit([single_cb], epochs=4)
+    # the one-process reference trains on ddp's data order (tasks.one_process_of_ddp)
+    single, _, expected = _fit([single_cb], epochs=4, task_cls=one_process_of_ddp(ClassifierTask))
     seed_everything(0)
     task = ClassifierTask(batch_size=8)  # x 2 ranks
     metrics = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=4, callbacks=[ddp_cb],
@@ -195,7 +196,9 @@ def test_fsdp_ema_averages_the_shards_and_resumes_exactly(tmp_path):
 
     def run(root, batch_size, strategy="single", callbacks=(), ckpt_path=None):
         seed_everything(0)
-        task, ema = MLPTask(batch_size=batch_size), EMAWeightAveraging(decay=0.7)
+        # batch 16 is one process on ddp's data order (tasks.one_process_of_ddp)
+        task_cls = one_process_of_ddp(MLPTask) if batch_size == 16 else MLPTask
+        task, ema = task_cls(batch_size=batch_size), EMAWeightAveraging(decay=0.7)
         saving = ModelCheckpoint(every_n_train_steps=2, every_n_epochs=None, save_top_k=-1)
         trainer = Trainer(strategy=strategy, max_epochs=2, accumulate_grad_batches=2, default_root_dir=str(root),
                           callbacks=[saving, ema, *callbacks], enable_progress_bar=False, enable_model_summary=False,
