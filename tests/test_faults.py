@@ -300,15 +300,23 @@ class KillsAWorker(Callback):
 
     def __init__(self) -> None:
         self.finished = False
+        self.before: set[int] = set()
+
+    def on_fit_start(self, trainer, task):
+        # children started before the loaders' workers (earlier tests' services) are not workers
+        self.before = _children()
 
     def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx):
         if batch_idx != 2:
             return
-        workers = [int(p) for p in os.listdir("/proc")
-                   if p.isdigit() and _parent(int(p)) == os.getpid()]
+        workers = sorted(_children() - self.before)
         os.kill(workers[0], 9)
         os.waitid(os.P_PID, workers[0], os.WEXITED | os.WNOWAIT)
         self.finished = True
+
+
+def _children() -> set[int]:
+    return {int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == os.getpid()}
 
 
 def _parent(pid: int) -> int | None:
