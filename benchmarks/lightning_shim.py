@@ -45,7 +45,7 @@ PUBLIC = {
     "lightning.pytorch.utilities.exceptions": ("taskfit",),
     "lightning.fabric.utilities.exceptions": ("taskfit",),
     "lightning.pytorch.strategies": ("taskfit",),
-    "lightning.pytorch.tuner": (__name__,),
+    "lightning.pytorch.tuner": ("taskfit.tools",),
 }
 PREFIXES = ("lightning.pytorch.callbacks.", "lightning.pytorch.loggers.", "lightning.pytorch.profilers.",
             "lightning.pytorch.tuner.")
@@ -55,6 +55,9 @@ RENAMES = {"LightningModule": "TaskModule", "LightningDataModule": "DataModule",
 WARNINGS = {"PossibleUserWarning": UserWarning, "LightningDeprecationWarning": DeprecationWarning}
 # Lightning modules run from the snapshot's source, their imports redirected too (the tests' helpers)
 FROM_SOURCE = {"lightning.pytorch.demos.boring_classes"}
+# Lightning modules whose functions a test patches (``mock.patch("...batch_size_scaling.is_oom_error")``):
+# the taskfit module that calls the function of that name, so that the patch reaches it
+PATCHED_IN = {"lightning.pytorch.tuner.batch_size_scaling": "taskfit.callbacks.batch_size_finder"}
 TOUCHED: list[str] = []  # placeholders used by the running test ("internal:..." or "missing:...")
 
 
@@ -170,6 +173,20 @@ def resolve(module: str, name: str) -> Any:
     return placeholder(f"{module}.{name}", "missing" if public else "internal")
 
 
+class _Forwarding(types.ModuleType):
+    """A Lightning module of PATCHED_IN: setting or deleting a public name (a test's mock.patch) does
+    it on the taskfit module instead."""
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if attr.startswith("__"):
+            super().__setattr__(attr, value)
+        else:
+            setattr(importlib.import_module(PATCHED_IN[canonical(self.__name__)]), attr, value)
+
+    def __delattr__(self, attr: str) -> None:
+        delattr(importlib.import_module(PATCHED_IN[canonical(self.__name__)]), attr)
+
+
 class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers Lightning's module names (see the module docstring)."""
 
@@ -179,10 +196,14 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec: Any) -> types.ModuleType:
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
         name = canonical(spec.name)
-        module.__getattr__ = lambda attr: resolve(name, attr)  # type: ignore[attr-defined]
+        module = (_Forwarding if name in PATCHED_IN else types.ModuleType)(spec.name)
+        module.__path__ = []
+        if name in PATCHED_IN:  # its names are the taskfit module's (a deleted one is gone)
+            module.__getattr__ = lambda attr: getattr(  # type: ignore[attr-defined]
+                importlib.import_module(PATCHED_IN[name]), attr)
+        else:
+            module.__getattr__ = lambda attr: resolve(name, attr)  # type: ignore[attr-defined]
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -202,22 +223,6 @@ def install() -> None:
     for name in [m for m in sys.modules if m.split(".")[0] in ROOTS]:
         del sys.modules[name]
     sys.meta_path.insert(0, Finder())
-
-
-class Tuner:
-    """Lightning's ``Tuner(trainer)``: ``lr_find`` is taskfit's ``lr_find(trainer, model, ...)``."""
-
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-
-    def lr_find(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        from taskfit.tools.lr_finder import lr_find
-
-        return lr_find(self.trainer, model, *args, **kwargs)
-
-    def scale_batch_size(self, *args: Any, **kwargs: Any) -> Any:
-        TOUCHED.append("missing:lightning.pytorch.tuner.Tuner.scale_batch_size")
-        raise MissingInTaskfit("lightning.pytorch.tuner.Tuner.scale_batch_size")
 
 
 # Requirements a CPU-only machine without Lightning cannot meet (RunIf's keywords)

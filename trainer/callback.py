@@ -59,6 +59,13 @@ def default_hook(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+class StopRun(Exception):
+    """Raised by a callback to end the running entry point at once, cleanly: ``teardown`` runs, no
+    ``on_exception`` hook fires, and ``fit``/``validate``/``test``/``predict`` return (fit: ``{}``,
+    the others: ``[]``/None) with the counters as they were. The Tuner's finders end its entry
+    point with it after their search (Lightning's ``_TunerExitException``)."""
+
+
 class Callback:
     """Base class: override the hooks you need. ``order`` sorts callbacks (lower runs first)."""
 

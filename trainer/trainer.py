@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from . import console
+from .callback import StopRun
 from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
 from .callbacks.loggers.logger import DUMMY_LOGGER
 from .checkpoint.files import CheckpointWriter
@@ -39,13 +40,14 @@ from .data.loaders import (
     set_epoch,
 )
 from .datamodule import DataModule, DataSource
+from .errors import MisconfigurationError
 from .init_args import run_hparams
 from .logs.buffer import LogBuffer
 from .loop import lifecycle, user_errors
 from .loop.cadence import accumulation_group, steps_per_epoch
 from .loop.checkpointing import load_run_state, no_training_state, preempt, run_state
 from .loop.checks import check_arguments, check_loss, check_manual, check_task
-from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
+from .loop.evaluation import evaluation_pass, load_eval_loader, run_entry, sanity_pass
 from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
 from .loop.preemption import normalize_signals, requeue_setting
 from .loop.run import Run
@@ -204,6 +206,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             return {}
         try:
             return self.strategy.launch(self._fit, task, data, ckpt_path)
+        except StopRun:  # a callback ended the fit after its work (the Tuner's finders)
+            return {}
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
             raise user_errors.explain(exc, self.run)
 
@@ -265,6 +269,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         check_strategy(self.precision_name, self.strategy)
         try:
             return self.strategy.launch(self._run_eval, fn, task, data, ckpt_path, *more)
+        except StopRun:  # a callback ended the pass after its work (the Tuner's finders)
+            return None if fn == "predict" else []
         except Exception as exc:  # the user's error: its message, plus where (loop/user_errors.py)
             raise user_errors.explain(exc, self.run)
 
@@ -593,6 +599,48 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         )
         with lifecycle.running(run, weights=ckpt_path):
             return run_entry(run, fn, keep)
+
+    # ---- what tools run: short runs on the task, loaders read again ------------------------------
+    def trial_trainer(self, callbacks: Sequence[Callback], **settings: Any) -> Trainer:
+        """A Trainer for a tool's short runs on this one's task (lr_find's range test,
+        BatchSizeFinder's trials): this Trainer's strategy, precision, accumulation, clipping, seed
+        and determinism, ``callbacks`` only, no sanity check, nothing written and nothing shown;
+        ``settings`` are Trainer arguments that replace those (``max_steps=3``)."""
+        arguments: dict[str, Any] = dict(
+            strategy=self.strategy,
+            precision=self.precision_name,
+            accumulate_grad_batches=self.accumulate_grad_batches,
+            gradient_clip_val=self.gradient_clip_val,
+            gradient_clip_algorithm=self.gradient_clip_algorithm,
+            deterministic=self.deterministic,
+            seed=self.seed,
+            channels_last=self.channels_last,
+            num_sanity_val_steps=0,
+            default_root_dir=self.default_root_dir,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            logger=False,
+            preempt_signals=(),
+        )
+        return Trainer(callbacks=list(callbacks), **{**arguments, **settings})
+
+    def reload_dataloaders(self) -> None:
+        """Build the running entry point's loaders again from their source (the task's or data
+        module's ``*_dataloader()`` methods), for a callback that changed what they read (the batch
+        size: BatchSizeFinder). From ``on_fit_start`` on, fit's new loaders serve the whole fit;
+        from ``on_train_epoch_start``, the next epoch's batches (an epoch's iterator exists once
+        it starts)."""
+        run = self.run
+        if run is None or run.state.status != "running":
+            raise MisconfigurationError(
+                "Trainer.reload_dataloaders() was called outside a run.",
+                "call it from a callback hook during fit/validate/test/predict (e.g. "
+                "on_fit_start); outside a run the next entry point reads the loaders anyway.")
+        if run.fn == "fit":
+            lifecycle.load_fit_loaders(run)
+        else:
+            load_eval_loader(run)
 
     # ---- hooks and published values --------------------------------------------------------------
     def call_hooks(self, hook: str, *args: Any) -> None:

@@ -65,10 +65,11 @@ def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
     """``validate``/``test`` (returns ``[metrics]``) or ``predict`` (the predictions) inside the
     run: the loader, ``on_<stage>_start``, the pass, ``on_<stage>_end``."""
     stage = STAGES[fn]
-    loader = eval_loader(run.data, fn, run.data_seed, run.strategy)
+    load_eval_loader(run)
     run.state.stage = stage
-    run.predict_dataloader = loader if fn == "predict" else None
     run.call_hooks(f"on_{HOOK[stage]}_start")
+    # (a callback may have loaded it again there: BatchSizeFinder's batch size)
+    loader = run.eval_dataloader
     if fn == "predict":
         result = predict_pass(run, loader, keep)
     else:
@@ -80,6 +81,14 @@ def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
     run.call_hooks(f"on_{HOOK[stage]}_end")
     run.state.stage = "idle"
     return result
+
+
+def load_eval_loader(run: Run) -> None:
+    """The loader of the run's ``validate``/``test``/``predict`` from its data source: before
+    ``on_<stage>_start``, and again when a callback changed what it reads
+    (``trainer.reload_dataloaders()``)."""
+    run.eval_dataloader = eval_loader(run.data, run.fn, run.data_seed, run.strategy)
+    run.predict_dataloader = run.eval_dataloader if run.fn == "predict" else None
 
 
 def per_loader(values: dict[str, float], idx: int, count: int) -> dict[str, float]:

@@ -65,6 +65,8 @@ class Run:
     moves_batches: bool = True
     # the strategy's batch_to_device, after a true precision's conversion (precision.batch_mover)
     batch_to_device: Callable[[Any], Any] | None = None
+    # the loader of a validate/test/predict run (loop/evaluation.py's load_eval_loader)
+    eval_dataloader: Any = None
     predict_dataloader: Any = None
     # ---- fit only (setup_fit) ----
     # the task's training_step steps its optimizers (automatic_optimization = False)

@@ -23,6 +23,7 @@ import torch
 
 from ... import callbacks
 from ...arguments import argument_error
+from ...data.loaders import parts
 from ...errors import MisconfigurationError
 from .trainer_arguments import ENTRY_POINT_ARGUMENTS, TRAINER_ARGUMENTS, lightning_values
 
@@ -149,6 +150,30 @@ class LightningNames:
     progress_bar_metrics = property(lambda self: {} if self.logs is None else {
         k: v for k, v in self.state.metrics.items() if k in self.logs.prog_bar},
         doc="The latest value of every key logged with ``prog_bar=True`` (floats).")
+
+    val_dataloaders = property(
+        lambda self: _as_given(
+            self.val_loader if self.state.fn == "fit" else _eval(self, "validate")),
+        doc="The validation loader of the current or last fit or validate (a list when several).")
+    test_dataloaders = property(lambda self: _as_given(_eval(self, "test")),
+                                doc="The loader of the current or last test (a list when several).")
+    predict_dataloaders = property(
+        lambda self: _as_given(_eval(self, "predict")),
+        doc="The loader of the current or last predict (a list when several).")
+
+
+def _eval(trainer: Any, fn: str) -> Any:
+    """The loader of the current or last run when it was ``fn``, else None."""
+    run = trainer.run
+    return run.eval_dataloader if run is not None and run.fn == fn else None
+
+
+def _as_given(loader: Any) -> Any:
+    """One loader as itself, several as a list (Lightning's ``trainer.val_dataloaders``)."""
+    if loader is None:
+        return None
+    loaders = parts(loader)
+    return loaders[0] if len(loaders) == 1 else list(loaders)
 
 
 def _named_base(obj: Any, name: str) -> bool:
