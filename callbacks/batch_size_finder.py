@@ -184,6 +184,9 @@ class BatchSizeFinder(Callback):
     """
 
     SUPPORTED_MODES = MODES
+    # first among the callbacks: the others' on_fit_start see the size found (the Tuner's run ends
+    # before them)
+    order = -100
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from taskfit.callbacks import BatchSizeFinder
 from taskfit.callbacks.batch_size_finder import is_oom_error, search
 from taskfit.tools import Tuner
 from tasks import ClassifierTask, classification_data, same_state
+from test_cli import _env, taskfit
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
 
@@ -271,3 +272,13 @@ def test_an_attribute_and_hparams_that_disagree_warn(tmp_path):
 def test_reload_dataloaders_outside_a_run_says_so():
     with pytest.raises(MisconfigurationError, match=r"reload_dataloaders\(\) was called outside a run"):
         Trainer(**QUIET).reload_dataloaders()
+
+
+def test_the_command_prints_the_size_and_the_override(tmp_path):
+    result = taskfit("mode=scale_batch_size", "scale_batch_size.max_trials=3", "scale_batch_size.mode=binsearch",
+                     f"paths.log_dir={tmp_path}", "trainer.enable_progress_bar=false", cwd=tmp_path, env=_env())
+    out = result.stdout
+    assert "Batch size 4 succeeded, trying batch size 8" in out
+    assert "batch size:      7\n" in out and "use it:          taskfit task.batch_size=7" in out, out
+    run_dir = next((tmp_path / "digits" / "runs").iterdir())
+    assert not any(p.name.startswith("version_") for p in run_dir.iterdir())  # no training run was started

@@ -36,7 +36,7 @@ from ..checkpoint.lookup import last_checkpoint
 from ..cluster import global_rank
 from ..errors import CheckpointError, MisconfigurationError, TaskfitError, find_in_chain
 from ..seed import seed_everything, seeds_workers
-from ..tools import lr_finder
+from ..tools import lr_finder, tuner
 from . import config_errors, modes, sweep
 from .config import check_targets, explain, locate
 
@@ -260,6 +260,9 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
             # a learning-rate range test; it prints its own report (trainer/tune.py)
             if mode == "lr_find":
                 return lr_finder.lr_find_command(trainer, task, config, run_dir)
+            # the batch size finder; it prints its own report (tools/tuner.py)
+            if mode == "scale_batch_size":
+                return tuner.scale_batch_size_command(trainer, task, config, run_dir)
             result = _fit(trainer, task, config, run_dir, ckpt_path) if mode == "fit" else \
                 _evaluate(trainer, task, config, run_dir, mode, ckpt_path, callbacks[-1])
     # a value the run rejected before saving anything (task.batch_size=-4): name its key

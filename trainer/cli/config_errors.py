@@ -31,6 +31,7 @@ ROOT_KEYS = (
     "test",
     "predict",
     "lr_find",
+    "scale_batch_size",
     "task",
     "trainer",
     "callbacks",

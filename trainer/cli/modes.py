@@ -18,7 +18,7 @@ from typing import Any
 from ..callbacks.loggers.tensorboard import guess_mode
 from ..errors import MisconfigurationError
 
-MODES = ("fit", "validate", "test", "predict", "lr_find")
+MODES = ("fit", "validate", "test", "predict", "lr_find", "scale_batch_size")
 EVALUATING = ("validate", "test", "predict")  # the modes that evaluate a checkpoint
 LOADERS = ("predict", "test", "val")  # what predict.dataloader may name
 
@@ -30,7 +30,8 @@ def check_mode(config: Mapping[str, Any]) -> str:
         raise MisconfigurationError(
             f"mode={mode!r} is not a mode of the taskfit command.",
             "use mode=fit (train; the default), mode=validate, mode=test or mode=predict with "
-            "ckpt_path=/path/to/file.ckpt, or mode=lr_find (a learning-rate range test).")
+            "ckpt_path=/path/to/file.ckpt, mode=lr_find (a learning-rate range test) or "
+            "mode=scale_batch_size (the batch size finder).")
     if mode == "predict":
         which = (config.get("predict") or {}).get("dataloader")
         if which is not None and which not in LOADERS:

@@ -401,30 +401,13 @@ def _bar_stream(trainer: Any) -> Any:
 def _finder_trainer(trainer: Any, test: RangeTest, num_training: int) -> Any:
     """A Trainer with ``trainer``'s step settings, ``test`` as its only callback (it draws the
     test's own bar, not an epoch's), nothing written, no validation."""
-    from ..trainer import Trainer
-
-    return Trainer(
+    return trainer.trial_trainer(
+        [test],
         max_steps=num_training,
-        strategy=trainer.strategy,
-        precision=trainer.precision_name,
-        accumulate_grad_batches=trainer.accumulate_grad_batches,
-        gradient_clip_val=trainer.gradient_clip_val,
-        gradient_clip_algorithm=trainer.gradient_clip_algorithm,
         limit_train_batches=trainer.limits["train"],
         limit_val_batches=0,
-        num_sanity_val_steps=0,
         log_every_n_steps=num_training + 1,
         overfit_batches=trainer.overfit_batches,
-        deterministic=trainer.deterministic,
-        seed=trainer.seed,
-        channels_last=trainer.channels_last,
-        callbacks=[test],
-        default_root_dir=trainer.default_root_dir,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        logger=False,
-        preempt_signals=(),
     )
 
 

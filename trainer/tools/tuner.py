@@ -9,11 +9,13 @@ built with it. ``lr_find`` is :func:`taskfit.tools.lr_find` with Lightning's sig
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..callbacks import Callback
 from ..callbacks.batch_size_finder import DISTRIBUTED_HINT, METHODS, BatchSizeFinder
+from ..console import echo
 from ..errors import MisconfigurationError
 from .lr_finder import LRFinder, lr_find
 
@@ -128,3 +130,41 @@ def _first_callback(trainer: Any, callback: Callback) -> Iterator[None]:
         # (fit may have given the Trainer a new list: the task's configure_callbacks)
         if callback in trainer.callbacks:
             trainer.callbacks.remove(callback)
+
+
+# ---- the taskfit command's mode=scale_batch_size -------------------------------------------------
+def scale_batch_size_command(
+    trainer: Any, task: Any, config: Mapping[str, Any], run_dir: str
+) -> dict[str, Any]:
+    """``taskfit mode=scale_batch_size``: the batch size finder on fit with the
+    ``scale_batch_size.*`` settings; prints the size and the override that uses it. Returns what
+    the sweep summary shows."""
+    settings = dict(config.get("scale_batch_size") or {})
+    started = time.perf_counter()
+    size = Tuner(trainer).scale_batch_size(task, **settings)
+    name = settings.get("batch_arg_name", "batch_size")
+    key = f"task.{name}" if name in config["task"] else None
+    if trainer.is_main:
+        use = f"taskfit {key}={size}" if key else f"set your task's {name} to it"
+        echo("\n".join([
+            f"taskfit: scale_batch_size in {time.perf_counter() - started:.1f} s "
+            f"(mode {settings.get('mode', 'power')})",
+            f"  run directory:   {run_dir}",
+            f"  batch size:      {size}",
+            *([f"  use it:          {use}"] if size is not None else []),
+        ]), name="taskfit.cli")
+    return {
+        "run_dir": run_dir,
+        "run_mode": "scale_batch_size",
+        "batch_size": size,
+        "override": f"{key}={size}" if key and size is not None else None,
+        "metrics": {"scale_batch_size/batch_size": size} if size is not None else {},
+        "score": size,
+        "monitor": "scale_batch_size/batch_size",
+        "mode": "max",
+        "kind": "final",
+        "log_dir": None,
+        "test": None,
+        "best_checkpoint": None,
+        "loggers": [],
+    }
