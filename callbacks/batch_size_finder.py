@@ -384,21 +384,20 @@ class _Search:
         """A short run of the entry point at batch size ``size``; False: it ran out of memory.
         The task's weights and the run's optimizers and schedulers are put back after it."""
         self._set(size)
-        inner = self.trainer.trial_trainer([], **self._limits())
+        # what the last trial left (its Trainer and run hold each other: only gc frees them)
+        free_memory()
         failed = False
         try:
             with warnings.catch_warnings():
                 # (the outer run warned about the same task and data already)
                 warnings.simplefilter("ignore", UserWarning)
-                self._run(inner)
+                self._run(self.trainer.trial_trainer([], **self._limits()))
         except RuntimeError as exc:
             if not is_oom_error(exc):
                 raise
             failed = True
         finally:
             self._restore()
-        if failed:
-            free_memory()
         return not failed
 
     def _limits(self) -> dict[str, Any]:

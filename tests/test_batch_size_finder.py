@@ -102,6 +102,21 @@ def test_tuner_finds_the_largest_size_that_fits(mode, expected, tmp_path, capsys
     assert trainer.global_step == -(-256 // expected)
 
 
+@pytest.mark.parametrize("fn", ["fit", "validate", "test", "predict"])
+def test_the_tuner_leaves_the_trainer_as_it_was(fn, tmp_path):
+    """Lightning's test_trainer_reset_correctly and test_tuner_with_evaluation_methods through the public API: the
+    callbacks, loggers, limits and counters as before, the weights too, nothing written; 4 trials: 2 ** 4."""
+    task = Bounded(limit=1000)
+    trainer = Trainer(max_epochs=1, max_steps=50, limit_val_batches=0.5, default_root_dir=str(tmp_path))
+    names = ["callbacks", "loggers", "global_step", "current_epoch", "max_steps", "max_epochs",
+             "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"]
+    before, weights = {n: copy.copy(getattr(trainer, n)) for n in names}, copy.deepcopy(task.state_dict())
+    assert Tuner(trainer).scale_batch_size(task, max_trials=4, method=fn) == task.batch_size == 16
+    assert {n: getattr(trainer, n) for n in names} == before
+    assert same_state(weights, task.state_dict())
+    assert not list(tmp_path.iterdir())
+
+
 class KeepsItsOptimizer(Bounded):
     """Builds its optimizer and scheduler once (momentum: optimizer state), with dropout (RNG in every step)."""
 

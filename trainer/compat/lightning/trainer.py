@@ -151,6 +151,14 @@ class LightningNames:
         k: v for k, v in self.state.metrics.items() if k in self.logs.prog_bar},
         doc="The latest value of every key logged with ``prog_bar=True`` (floats).")
 
+    limit_train_batches = property(lambda self: self.limits["train"],
+                                   doc='``limits["train"]`` (Lightning\'s name).')
+    limit_val_batches = property(lambda self: self.limits["val"],
+                                 doc='``limits["val"]`` (Lightning\'s name).')
+    limit_test_batches = property(lambda self: self.limits["test"],
+                                  doc='``limits["test"]`` (Lightning\'s name).')
+    limit_predict_batches = property(lambda self: self.limits["predict"],
+                                     doc='``limits["predict"]`` (Lightning\'s name).')
     val_dataloaders = property(
         lambda self: _as_given(
             self.val_loader if self.state.fn == "fit" else _eval(self, "validate")),
