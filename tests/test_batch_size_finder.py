@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from taskfit import DataModule, MisconfigurationError, Trainer, seed_everything
-from taskfit.callbacks import BatchSizeFinder
+from taskfit.callbacks import BatchSizeFinder, Callback
 from taskfit.callbacks.batch_size_finder import is_oom_error, search
 from taskfit.tools import Tuner
 from tasks import ClassifierTask, classification_data, same_state
@@ -166,6 +166,32 @@ def test_the_callback_searches_at_fit_start_then_fits_at_that_size(tmp_path):
     assert trainer.num_val_batches == [3]  # 96 / 32: the validation loader is rebuilt too, with its limit
 
 
+class SearchEachEpoch(BatchSizeFinder):
+    """Lightning's documented variant: search at every epoch's start instead of the fit's (e.g. after unfreezing a
+    backbone); records each training batch's size by epoch."""
+
+    def on_fit_start(self, trainer, task):
+        self.sizes = {}
+
+    def on_train_epoch_start(self, trainer, task):
+        self.scale_batch_size(trainer, task)
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx):
+        self.sizes.setdefault(trainer.current_epoch, []).append(batch[0].shape[0])
+
+
+def test_a_search_at_each_epoch_start_changes_that_epochs_batches(tmp_path):
+    class Shrink(Callback):
+        def on_train_epoch_end(self, trainer, task):
+            task.limit = 20  # the next epoch needs more memory per sample (the trials run no callback)
+
+    finder = SearchEachEpoch(steps_per_trial=1)
+    trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path), callbacks=[finder, Shrink()], **QUIET)
+    trainer.fit(Bounded(limit=40))
+    assert finder.sizes == {0: [32] * 8, 1: [16] * 16}
+    assert trainer.global_step == 24
+
+
 @pytest.mark.parametrize("fn", ["validate", "test", "predict"])
 def test_the_callback_searches_before_an_evaluation(fn, tmp_path):
     task = Bounded(limit=40)
@@ -284,9 +310,22 @@ def test_an_attribute_and_hparams_that_disagree_warn(tmp_path):
         Tuner(trainer).scale_batch_size(task, max_trials=1)  # they agree now: no warning
 
 
-def test_reload_dataloaders_outside_a_run_says_so():
+def test_reload_dataloaders_outside_a_run_or_mid_epoch_says_so(tmp_path):
     with pytest.raises(MisconfigurationError, match=r"reload_dataloaders\(\) was called outside a run"):
         Trainer(**QUIET).reload_dataloaders()
+
+    class SearchMidEpoch(BatchSizeFinder):
+        def on_fit_start(self, trainer, task):
+            pass
+
+        def on_train_batch_start(self, trainer, task, batch, batch_idx):
+            if batch_idx == 2:
+                self.scale_batch_size(trainer, task)
+
+    task = Bounded()
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), callbacks=[SearchMidEpoch(max_trials=2)], **QUIET)
+    with pytest.raises(MisconfigurationError, match=r"in the middle of a training epoch \(after its batch 1, "):
+        trainer.fit(task)
 
 
 def test_the_command_prints_the_size_and_the_override(tmp_path):

@@ -306,7 +306,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
-                if batches is None:  # epochs after the first: after on_train_epoch_start
+                # epochs after the first: after on_train_epoch_start (the first too when a
+                # callback reloaded the loaders there: run.batches is None then)
+                if batches is None or run.batches is None:
                     batches = self._epoch_batches()
                 for batch_idx, batch in enumerate(batches, st.batches_done):
                     # host time spent in the DataLoader (ThroughputMonitor)
@@ -628,19 +630,29 @@ class Trainer(LightningNames, metaclass=LightningArguments):
     def reload_dataloaders(self) -> None:
         """Build the running entry point's loaders again from their source (the task's or data
         module's ``*_dataloader()`` methods), for a callback that changed what they read (the batch
-        size: BatchSizeFinder). From ``on_fit_start`` on, fit's new loaders serve the whole fit;
-        from ``on_train_epoch_start``, the next epoch's batches (an epoch's iterator exists once
-        it starts)."""
+        size: BatchSizeFinder): in fit from ``on_fit_start`` or ``on_train_epoch_start`` (the
+        epoch's batches come from the new loader), in validate/test/predict from their
+        ``on_*_start``."""
         run = self.run
         if run is None or run.state.status != "running":
             raise MisconfigurationError(
                 "Trainer.reload_dataloaders() was called outside a run.",
                 "call it from a callback hook during fit/validate/test/predict (e.g. "
                 "on_fit_start); outside a run the next entry point reads the loaders anyway.")
-        if run.fn == "fit":
-            lifecycle.load_fit_loaders(run)
-        else:
+        if run.fn != "fit":
             load_eval_loader(run)
+            return
+        if self.state.batches_done:
+            raise MisconfigurationError(
+                "Trainer.reload_dataloaders() was called in the middle of a training epoch "
+                f"(after its batch {self.state.batches_done - 1}, e.g. in a fit resumed there): "
+                "the epoch's position belongs to the old loaders.",
+                "call it from on_fit_start or on_train_epoch_start of a fit that starts its "
+                "epoch from the beginning (resume a mid-epoch checkpoint without "
+                "BatchSizeFinder).")
+        lifecycle.load_fit_loaders(run)
+        # an epoch's batches from the new loader, made when the loop reads them
+        run.batches = None
 
     # ---- hooks and published values --------------------------------------------------------------
     def call_hooks(self, hook: str, *args: Any) -> None:
