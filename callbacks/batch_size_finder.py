@@ -37,6 +37,9 @@ _LOADERS = {"fit": "train_dataloader", "validate": "val_dataloaders", "test": "t
             "predict": "predict_dataloaders"}
 DISTRIBUTED_HINT = ("search in one process (devices=1), then run the distributed fit with the size "
                     "found (a per-process batch size).")
+# the DataSource method of the loader each entry point's search sizes
+_METHODS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
+            "predict": "predict_dataloader"}
 _PREFIX = {"fit": "train", "validate": "val", "test": "test", "predict": "predict"}
 # messages that mean "out of memory" (CUDA, the CPU allocator; cuDNN's when memory is short)
 _OOM_TEXTS = ("out of memory", "can't allocate memory", "CUDNN_STATUS_NOT_SUPPORTED")
@@ -218,12 +221,14 @@ class BatchSizeFinder(Callback):
         data = trainer.data
         if data is None:
             return
-        passed = [name for name, loader in data.passed.items() if loader is not None]
-        if passed:
+        # the loader the search sizes (fit: the training loader; a validation loader passed to fit
+        # keeps its own size)
+        searched = _METHODS[stage or "fit"]
+        if data.passed.get(searched) is not None:
             raise MisconfigurationError(
                 f"The Batch size finder cannot be used with dataloaders passed directly to "
-                f"`.{stage or 'fit'}()`: their batch size is fixed ({passed[0]} was passed).",
-                f"return the loader from {passed[0]}() of the task or a DataModule, built with "
+                f"`.{stage or 'fit'}()`: their batch size is fixed ({searched} was passed).",
+                f"return the loader from {searched}() of the task or a DataModule, built with "
                 f"its `{self.batch_arg_name}` attribute.")
         _warn_duplicate(task, self.batch_arg_name)
 
