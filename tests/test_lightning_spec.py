@@ -218,9 +218,7 @@ def test_lr_monitor_log_key_prefix(tmp_path):
     assert list(monitor.last_momentum_values) == momenta
 
 
-def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, caplog):
-    import logging
-
+def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, capsys):
     import pytest
 
     from taskfit.callbacks import StochasticWeightAveraging
@@ -242,12 +240,13 @@ def test_swa_sets_lightnings_initial_lr_and_says_what_it_replaces(tmp_path, capl
             seen.append([(g["lr"], g["initial_lr"], g["swa_lr"]) for g in groups])
 
     swa = StochasticWeightAveraging(swa_lrs=[0.01, 0.02])
-    # Lightning 2.6.6 (its test_swa_warns/test_swa_multiple_lrs): the warning, the log line, the
-    # groups' values
-    warns = pytest.warns(UserWarning, match="SWA is currently only supported every")
-    with caplog.at_level(logging.INFO), warns:
+    # Lightning 2.6.6 (its test_swa_warns/test_swa_multiple_lrs): the warning, the info line, the
+    # groups' values. The line is read on stdout, where echo prints it: a caplog read of the
+    # `taskfit` logger came back empty in one CI run, depending on the tests before it
+    # (test_cli_outputs.py checks that echo's lines reach that logger).
+    with pytest.warns(UserWarning, match="SWA is currently only supported every"):
         Trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[swa], **QUIET).fit(Groups())
-    assert "Swapping scheduler `StepLR` for `SWALR`" in caplog.text
+    assert "Swapping scheduler `StepLR` for `SWALR`" in capsys.readouterr().out
     assert seen == [[(0.1, 0.01, 0.01), (0.2, 0.02, 0.02)]]
 
 
