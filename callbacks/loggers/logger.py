@@ -243,7 +243,7 @@ class Logger(Callback):
                 f"{self.prefix}{PREFIX_SEPARATOR}{key}": value for key, value in metrics.items()
             }
         # Lightning's step for the value (state.py)
-        self.log_metrics(metrics, trainer.state.log_step)
+        self.log_metrics(metrics=metrics, step=trainer.state.log_step)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if self._active:

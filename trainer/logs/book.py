@@ -39,6 +39,28 @@ def stack_scalars(values: list[Any], device: torch.device) -> torch.Tensor:
     )
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """``value`` as Lightning's messages show it (``str``), cut to ``limit`` characters."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def unloggable(name: str, value: Any) -> MisconfigurationError:
+    """The error for a value ``self.log`` cannot record (None, a string, a dict, a list...):
+    taskfit's words, then Lightning's (its ValueError's text: people search for it)."""
+    hint = ("log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once per "
+            "pass).")
+    kind = type(value).__name__
+    if isinstance(value, dict) and any(isinstance(v, dict) for v in value.values()):
+        return MisconfigurationError(f"self.log({name!r}, ...) got a {kind}; expected a scalar "
+                                     f"tensor or a number. `self.log({name}, {_shown(value)})` "
+                                     "was called, but nested dictionaries cannot be logged.",
+                                     hint)
+    return MisconfigurationError(f"self.log({name!r}, ...) got a {kind}; expected a scalar tensor "
+                                 f"or a number. `self.log({name}, {_shown(value)})` was called, "
+                                 f"but `{kind}` values cannot be logged.", hint)
+
+
 class Series:
     """One logged key: the values since the last fold (tensors stay tensors) and the folded running
     total.
@@ -209,6 +231,12 @@ class LogBook:
         ``val_loss``; ``"val/acc"`` groups it."""
         epoch_hook = self.epoch_level or self.late is not None
         if add_dataloader_idx:
+            if "/dataloader_idx_" in name:
+                raise MisconfigurationError(
+                    f"You called `self.log` with the key `{name}` but it should not contain "
+                    "information about `dataloader_idx` when `add_dataloader_idx=True`.",
+                    "log the plain name (the loader's suffix is added when there are several), "
+                    "or pass add_dataloader_idx=False to name each loader's key yourself.")
             name += self.suffix
         key = name + EPOCH_HOOK if epoch_hook else name
         batch_size = options.pop("batch_size", None)
@@ -217,7 +245,8 @@ class LogBook:
             if value.numel() != 1:
                 raise MisconfigurationError(
                     f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; only "
-                    "scalars can be logged.",
+                    f"scalars can be logged. `self.log({name}, {_shown(value)})` was called, but "
+                    "the tensor must have a single element.",
                     "log a reduced value, e.g. `self.log(name, value.mean())`.")
             value = value.detach().reshape(())
         # a torchmetrics Metric
@@ -243,11 +272,7 @@ class LogBook:
                 self.late.add(key)
             return
         elif not isinstance(value, (int, float)):
-            raise MisconfigurationError(
-                f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor "
-                "or a number.",
-                "log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once "
-                "per pass).")
+            raise unloggable(name, value)
         self.add(key, value, opts, batch_size, name)
 
     def add(self, key: str, value: Any, options: LogOptions, batch_size: int | None = None,
@@ -261,7 +286,7 @@ class LogBook:
             )
             self._register(options, series.step_name, series.epoch_name)
         elif series.options is not options:
-            check_same(name or key, series.options, options)
+            check_same(name or key, series.options, options, self.where(key))
         series.add(
             value,
             1.0
@@ -272,6 +297,13 @@ class LogBook:
         )
         if self.late is not None:
             self.late.add(key)
+
+    def where(self, key: str) -> str:
+        """The pass a key is logged in, as Lightning's messages name its hook."""
+        if key.endswith(EPOCH_HOOK):
+            return "an epoch-level hook"
+        return {"train": "training_step", "val": "validation_step", "sanity": "validation_step",
+                "test": "test_step"}.get(self.stage, self.stage)
 
     def _register(self, options: LogOptions, step_name: str | None, epoch_name: str | None) -> None:
         """A new key: its names claim a built-in one (the loss: never mixed), the bar, the loggers,
