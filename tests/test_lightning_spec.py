@@ -7,13 +7,16 @@ recorded next to each assertion.
 """
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import re
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from taskfit import DataModule, TaskModule, Trainer
+from taskfit import DataModule, MisconfigurationError, TaskModule, Trainer
 from taskfit.state import TrainerFn, TrainerStatus
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -277,3 +280,169 @@ def test_from_datasets_passes_batch_size_to_an_init_that_takes_it_and_never_shuf
     # an IterableDataset is not shuffled (Lightning: shuffle=not iterable); DataLoader refuses it
     (batch,) = list(DataModule.from_datasets(Stream(), batch_size=4).train_dataloader())
     assert batch.shape == (4, 2)
+
+
+# ---- self.log's refusals in Lightning's words (its test_train_loop_logging.py), HINTs kept ---------
+class Plain(Boring):
+    """Boring with a plain SGD (no scheduler monitoring a validation key)."""
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class LogsInTrainingStep(Plain):
+    """Logs ``value`` with ``options`` in training_step (Lightning's test_log_invalid_raises)."""
+
+    def __init__(self, value, **options) -> None:
+        super().__init__()
+        self.value, self.options = value, options
+
+    def training_step(self, batch, batch_idx):
+        self.log("foo", self.value, **self.options)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("value", [None, {"a": None}, {"a": 1}, {"a": {"b": 1}}, "foo", [1, 2, 3],
+                                   (1, 2, 3), [[1, 2], 3]])
+def test_a_value_self_log_cannot_record_is_refused_in_lightnings_words(tmp_path, value):
+    trainer = Trainer(fast_dev_run=1, default_root_dir=tmp_path, **QUIET)
+    # Lightning 2.6.6 raises ValueError "`self.log(foo, {value})` was called, but `{type}` values
+    # cannot be logged" (nested dicts: "but nested dictionaries cannot be logged")
+    with pytest.raises(ValueError, match=re.escape(f"self.log(foo, {value})` was called")) as info:
+        trainer.fit(LogsInTrainingStep(value))
+    assert isinstance(info.value, MisconfigurationError)
+    assert str(info.value).startswith("self.log('foo', ...) got a ") and "\n  HINT: " in str(info.value)
+    assert ("nested dictionaries" if value == {"a": {"b": 1}} else f"`{type(value).__name__}` values") \
+        in str(info.value)
+
+
+@pytest.mark.parametrize("options, lightning", [
+    (dict(on_step=False, on_epoch=False), "`self.log(on_step=False, on_epoch=False)` is not useful"),
+    (dict(reduce_fx=torch.argmax), "Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported"),
+])
+def test_options_lightning_refuses_are_refused_with_its_phrase(tmp_path, options, lightning):
+    with pytest.raises(MisconfigurationError, match=re.escape(lightning)) as info:
+        Trainer(fast_dev_run=1, default_root_dir=tmp_path, **QUIET).fit(
+            LogsInTrainingStep(1.0, **options))
+    assert "\n  HINT: " in str(info.value)
+
+
+def _short(tmp_path) -> Trainer:
+    """A new Trainer for each fit (a finished one trains nothing again, as Lightning's)."""
+    return Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                   default_root_dir=tmp_path, **QUIET)
+
+
+def test_lightnings_other_self_log_refusals(tmp_path):
+
+    class Twice(Plain):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", -1, prog_bar=False)
+            self.log("foo", -1, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+    # Lightning 2.6.6: "You called `self.log(foo, ...)` twice in `training_step` with different
+    # arguments. This is not allowed"
+    with pytest.raises(MisconfigurationError,
+                       match=r"prog_bar=False then True\. You called `self.log\(foo, \.\.\.\)` twice "
+                             r"in `training_step` with different arguments"):
+        _short(tmp_path).fit(Twice())
+    # "You called `self.log` with the key `foo/dataloader_idx_0` but it should not contain
+    # information about `dataloader_idx` when `add_dataloader_idx=True`"
+    with pytest.raises(MisconfigurationError, match=r"`self.log` with the key `foo/dataloader_idx_0`"):
+        _short(tmp_path).fit(_logs_key("foo/dataloader_idx_0"))
+    trainer = _short(tmp_path)
+    trainer.fit(_logs_key("foo/dataloader_idx_0", add_dataloader_idx=False))  # named by the user
+    assert "foo/dataloader_idx_0" in trainer.callback_metrics
+
+    class Vector(Plain):
+        def on_train_start(self):
+            self.log("foo", torch.tensor([1.0, 2.0]))
+
+    # "`self.log(foo, tensor([1., 2.]))` was called, but the tensor must have a single element."
+    with pytest.raises(ValueError, match=r"`self.log\(foo, tensor\(\[1\., 2\.\]\)\)` was called, "
+                                         r"but the tensor must have a single element"):
+        _short(tmp_path).fit(Vector())
+
+
+def _logs_key(key, **options):
+    class LogsKey(Plain):
+        def training_step(self, batch, batch_idx):
+            self.log(key, 1.0, **options)
+            return super().training_step(batch, batch_idx)
+
+    return LogsKey()
+
+
+def test_a_torchmetrics_metric_must_be_an_attribute_as_lightning_requires(tmp_path):
+    torchmetrics = pytest.importorskip("torchmetrics")
+    # Lightning 2.6.6: "Could not find the `LightningModule` attribute for the `torchmetrics.Metric`
+    # logged. You can fix this by setting an attribute for the metric in your `LightningModule`."
+    class Inline(Plain):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", torchmetrics.MeanMetric())
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(MisconfigurationError, match="fix this by setting an attribute for the metric"):
+        _short(tmp_path).fit(Inline())
+
+    class HasOne(Inline):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bar = torchmetrics.MeanMetric()
+
+    # "... by calling `self.log(foo, ..., metric_attribute=name)` where `name` is one of ['bar']"
+    with pytest.raises(MisconfigurationError,
+                       match=r"`self.log\(foo, \.\.\., metric_attribute=name\)` where `name` is one of "
+                             r"\['bar'\]"):
+        _short(tmp_path).fit(HasOne())
+
+    class Attribute(Plain):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mean = torchmetrics.MeanMetric()
+
+        def training_step(self, batch, batch_idx):
+            self.mean.update(batch.sum())
+            self.log("mean", self.mean, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    trainer = _short(tmp_path)
+    trainer.fit(Attribute())
+    assert "mean" in trainer.callback_metrics
+
+
+# ---- the progress bar's get_metrics (Lightning's override point) ---------------------------------
+def test_progress_bar_get_metrics_is_lightnings_and_an_override_chooses_what_it_shows(tmp_path):
+    from taskfit.callbacks import CSVLogger, ProgressBar
+
+    class Logs(Plain):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", float(self.current_epoch), on_step=False, on_epoch=True, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+    seen = {}
+
+    class NoVersion(ProgressBar):
+        def get_metrics(self, trainer, pl_module):
+            items = super().get_metrics(trainer, pl_module)
+            seen["base"] = dict(items)
+            items.pop("v_num", None)
+            return items
+
+        def on_train_end(self, trainer, pl_module):
+            seen["end"] = self.get_metrics(trainer, pl_module)
+            seen["trainer"] = self.trainer
+
+    bar = NoVersion(stream=io.StringIO())
+    trainer = Trainer(max_epochs=2, limit_train_batches=1, limit_val_batches=0, callbacks=[bar],
+                      logger=CSVLogger(str(tmp_path)), enable_checkpointing=False,
+                      enable_model_summary=False)
+    trainer.fit(Logs())
+    # Lightning 2.6.6: {"v_num": 0, "foo": 1.0} at on_train_end (v_num: the logger's version)
+    assert seen["base"] == {"v_num": 0, "foo": 1.0} and seen["end"] == {"foo": 1.0}
+    assert seen["trainer"] is trainer
+    with pytest.raises(TypeError, match="should be attached to a Trainer"):
+        ProgressBar().trainer
+    # what the bar shows is the override's: no v_num
+    assert "foo=1" in bar.stream.getvalue() and "v_num" not in bar.stream.getvalue()

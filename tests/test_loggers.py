@@ -109,7 +109,9 @@ def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
                       callbacks=[recorder], **QUIET)
     trainer.fit(task)
     path = tmp_path / "version_0" / "metrics.csv"
-    assert logger.metrics_path == str(path) and logger.log_dir == trainer.log_dir and logger.experiment is None
+    assert logger.metrics_path == str(path) and logger.log_dir == trainer.log_dir
+    # Lightning's ExperimentWriter: the file, and no row left unwritten after the fit
+    assert logger.experiment.metrics_file_path == str(path) and logger.experiment.metrics == []
     header, rows = read_csv(path)
     expected: dict[int, dict[str, float]] = {}
     for step, values in recorder.calls:
@@ -533,6 +535,7 @@ def test_loggers_work_outside_a_run_as_lightnings(tmp_path):
     events = EventAccumulator(board.log_dir)
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("x")] == [(5, 3.0)] and events.Graph() is not None
-    with pytest.warns(UserWarning, match=r"no graph written: give input_array or set model.example_input_array"):
+    with pytest.warns(UserWarning, match=r"Could not log computational graph to TensorBoard: The "
+                                         r"`model.example_input_array` attribute is not set"):
         board.log_graph(torch.nn.Linear(2, 1))
     assert CSVLogger().log_dir is None  # no save_dir: the Trainer's default_root_dir decides, at fit

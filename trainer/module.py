@@ -22,6 +22,20 @@ from .optim import gradient_clipper, plain_scheduler_step
 # second), which `import taskfit` should not pay. torch.optim defers it the same way, with this
 # helper; where a torch lacks it, the public decorator (and the import at once).
 _EAGER = getattr(torch, "_disable_dynamo", torch.compiler.disable)
+# graph_tracing() is on: torch.jit reads every attribute of the module (Lightning's
+# _jit_is_scripting), and the properties that need a run answer empty instead of raising
+_TRACING = [False]
+
+
+@contextlib.contextmanager
+def graph_tracing() -> Iterator[None]:
+    """While a module's graph is traced (``SummaryWriter.add_graph``), outside a run too:
+    ``torch.jit`` reads every attribute, and :attr:`TaskModule.stage_metrics` is then empty."""
+    before, _TRACING[0] = _TRACING[0], True
+    try:
+        yield
+    finally:
+        _TRACING[0] = before
 
 
 class TaskModule(nn.Module):
@@ -446,6 +460,8 @@ class TaskModule(nn.Module):
         """This stage's copies of ``configure_metrics()`` (``{name: Metric}``): in your own
         validation_step/test_step call ``self.stage_metrics["acc"].update(preds, targets)``; the
         Trainer computes, logs and resets them."""
+        if self.trainer is None and _TRACING[0]:
+            return {}
         trainer = self._running_trainer("self.stage_metrics")
         return trainer.metrics.get(
             {"sanity": "val"}.get(trainer.state.stage, trainer.state.stage), {}
