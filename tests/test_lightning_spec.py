@@ -282,7 +282,7 @@ def test_from_datasets_passes_batch_size_to_an_init_that_takes_it_and_never_shuf
     assert batch.shape == (4, 2)
 
 
-# ---- self.log's refusals in Lightning's words (its test_train_loop_logging.py), HINTs kept ---------
+# ---- self.log's refusals in Lightning's words (its test_train_loop_logging.py), HINTs kept -----
 class Plain(Boring):
     """Boring with a plain SGD (no scheduler monitoring a validation key)."""
 
@@ -311,14 +311,17 @@ def test_a_value_self_log_cannot_record_is_refused_in_lightnings_words(tmp_path,
     with pytest.raises(ValueError, match=re.escape(f"self.log(foo, {value})` was called")) as info:
         trainer.fit(LogsInTrainingStep(value))
     assert isinstance(info.value, MisconfigurationError)
-    assert str(info.value).startswith("self.log('foo', ...) got a ") and "\n  HINT: " in str(info.value)
-    assert ("nested dictionaries" if value == {"a": {"b": 1}} else f"`{type(value).__name__}` values") \
-        in str(info.value)
+    message = str(info.value)
+    assert message.startswith("self.log('foo', ...) got a ") and "\n  HINT: " in message
+    nested = value == {"a": {"b": 1}}
+    assert ("nested dictionaries" if nested else f"`{type(value).__name__}` values") in message
 
 
 @pytest.mark.parametrize("options, lightning", [
-    (dict(on_step=False, on_epoch=False), "`self.log(on_step=False, on_epoch=False)` is not useful"),
-    (dict(reduce_fx=torch.argmax), "Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported"),
+    (dict(on_step=False, on_epoch=False),
+     "`self.log(on_step=False, on_epoch=False)` is not useful"),
+    (dict(reduce_fx=torch.argmax),
+     "Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported"),
 ])
 def test_options_lightning_refuses_are_refused_with_its_phrase(tmp_path, options, lightning):
     with pytest.raises(MisconfigurationError, match=re.escape(lightning)) as info:
@@ -344,12 +347,14 @@ def test_lightnings_other_self_log_refusals(tmp_path):
     # Lightning 2.6.6: "You called `self.log(foo, ...)` twice in `training_step` with different
     # arguments. This is not allowed"
     with pytest.raises(MisconfigurationError,
-                       match=r"prog_bar=False then True\. You called `self.log\(foo, \.\.\.\)` twice "
-                             r"in `training_step` with different arguments"):
+                       match=r"prog_bar=False then True\. You called "
+                             r"`self.log\(foo, \.\.\.\)` twice in `training_step` with different "
+                             r"arguments"):
         _short(tmp_path).fit(Twice())
     # "You called `self.log` with the key `foo/dataloader_idx_0` but it should not contain
     # information about `dataloader_idx` when `add_dataloader_idx=True`"
-    with pytest.raises(MisconfigurationError, match=r"`self.log` with the key `foo/dataloader_idx_0`"):
+    with pytest.raises(MisconfigurationError,
+                       match=r"`self.log` with the key `foo/dataloader_idx_0`"):
         _short(tmp_path).fit(_logs_key("foo/dataloader_idx_0"))
     trainer = _short(tmp_path)
     trainer.fit(_logs_key("foo/dataloader_idx_0", add_dataloader_idx=False))  # named by the user
@@ -383,7 +388,8 @@ def test_a_torchmetrics_metric_must_be_an_attribute_as_lightning_requires(tmp_pa
             self.log("foo", torchmetrics.MeanMetric())
             return super().training_step(batch, batch_idx)
 
-    with pytest.raises(MisconfigurationError, match="fix this by setting an attribute for the metric"):
+    with pytest.raises(MisconfigurationError,
+                       match="fix this by setting an attribute for the metric"):
         _short(tmp_path).fit(Inline())
 
     class HasOne(Inline):
@@ -393,8 +399,8 @@ def test_a_torchmetrics_metric_must_be_an_attribute_as_lightning_requires(tmp_pa
 
     # "... by calling `self.log(foo, ..., metric_attribute=name)` where `name` is one of ['bar']"
     with pytest.raises(MisconfigurationError,
-                       match=r"`self.log\(foo, \.\.\., metric_attribute=name\)` where `name` is one of "
-                             r"\['bar'\]"):
+                       match=r"`self.log\(foo, \.\.\., metric_attribute=name\)` where `name` "
+                             r"is one of \['bar'\]"):
         _short(tmp_path).fit(HasOne())
 
     class Attribute(Plain):

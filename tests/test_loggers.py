@@ -539,3 +539,105 @@ def test_loggers_work_outside_a_run_as_lightnings(tmp_path):
                                          r"`model.example_input_array` attribute is not set"):
         board.log_graph(torch.nn.Linear(2, 1))
     assert CSVLogger().log_dir is None  # no save_dir: the Trainer's default_root_dir decides, at fit
+
+
+def test_csv_logger_outside_a_run_flushes_every_n_steps_as_lightnings(tmp_path):
+    """Lightning 2.6.6's CSVLogger without a Trainer (its tests/loggers/test_csv.py): rows wait in
+    ``experiment.metrics`` until a step s with (s + 1) % flush_logs_every_n_steps == 0; header step + keys (no
+    epoch column), tensors written as numbers, ``log_hyperparams()`` without params writes hparams.yaml."""
+    import torch
+    from taskfit.callbacks import ExperimentWriter
+
+    table = CSVLogger(tmp_path, flush_logs_every_n_steps=2)
+    path = Path(table.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+    table.log_metrics({"a": torch.tensor(0.5), "n": torch.tensor(1)}, step=0)
+    assert table.experiment.metrics == [{"a": 0.5, "n": 1, "step": 0}] and not path.exists()
+    table.log_metrics({"a": 1}, step=1)  # (1 + 1) % 2 == 0: written
+    assert table.experiment.metrics == [] and table.experiment.metrics_file_path == str(path)
+    with open(path, newline="") as fh:
+        assert [dict(r) for r in csv.DictReader(fh)] == [{"step": "0", "a": "0.5", "n": "1"},
+                                                         {"step": "1", "a": "1", "n": ""}]
+    table.experiment.log_metrics({"c": 3.0})  # Lightning's writer: the next row, written at save()
+    table.save()
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["step", "a", "n", "c"] and rows[-1] == {"step": "2", "a": "", "n": "", "c": "3.0"}
+    table.log_hyperparams()
+    assert yaml.safe_load((path.parent / ExperimentWriter.NAME_HPARAMS_FILE).read_text()) == {}
+
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(flush_logs_every_n_steps=0\) is not valid"):
+        CSVLogger(tmp_path, flush_logs_every_n_steps=0)
+    # in a run each step's row is written when the step is complete, whatever the setting
+    logger = CSVLogger(tmp_path / "run", flush_logs_every_n_steps=1000)
+    Trainer(max_epochs=1, log_every_n_steps=1, logger=logger, **QUIET).fit(RegressionTask(n=16, val_n=8))
+    with open(logger.metrics_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0])[:2] == ["step", "epoch"] and [r["step"] for r in rows] == ["0", "1"]
+
+
+def test_tensorboard_default_hp_metric_is_off_and_lightnings_minus_one_when_asked(tmp_path):
+    """taskfit writes no hp_metric placeholder by default (issue 48); default_hp_metric=True writes Lightning's -1
+    at the hyperparameters' step, as an HParams column; log_hyperparams(params, metrics) logs the given metrics."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    def read(logger):
+        events = EventAccumulator(logger.log_dir)
+        events.Reload()
+        columns = []
+        for content in events.PluginTagToContent("hparams").values():
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            if data.HasField("experiment"):
+                columns += [m.name.tag for m in data.experiment.metric_infos]
+        scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+        return scalars, columns
+
+    off = TensorBoardLogger(tmp_path, name="off")
+    Trainer(max_epochs=1, logger=off, **QUIET).fit(RegressionTask(n=16, val_n=8))
+    scalars, columns = read(off)
+    assert "hp_metric" not in scalars and "hp_metric" not in columns and "val/loss" in columns
+
+    on = TensorBoardLogger(tmp_path, name="on", default_hp_metric=True)
+    Trainer(max_epochs=1, logger=on, **QUIET).fit(RegressionTask(n=16, val_n=8))
+    scalars, columns = read(on)
+    # Lightning 2.6.6: hp_metric -1.0 at step 0, and an HParams metric column hp_metric
+    assert scalars["hp_metric"] == [(0, -1.0)] and "hp_metric" in columns and "val/loss" in columns
+
+    alone = TensorBoardLogger(tmp_path, name="alone")
+    alone.log_hyperparams({"lr": 0.1}, {"abc": 0.5})  # positional, as Lightning's tests call it
+    alone.finalize("success")
+    assert read(alone)[0]["abc"] == [(0, 0.5)]
+    with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(default_hp_metric='yes'\) is not valid"):
+        TensorBoardLogger(tmp_path, default_hp_metric="yes")
+
+
+def test_log_graph_of_a_task_outside_a_run_and_lightnings_warnings(tmp_path):
+    """Lightning's TensorBoardLogger.log_graph(model, input_array) works on a LightningModule outside a run (torch.jit
+    reads every attribute: taskfit's stage_metrics must not raise then); a dict input is not traced, with Lightning's
+    warning."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = TensorBoardLogger(tmp_path, log_graph=True)
+    task = RegressionTask()
+    board.log_graph(task, torch.zeros(2, 4))
+    with pytest.warns(UserWarning, match=r"Could not log computational graph to TensorBoard: .* can't be traced"):
+        board.log_graph(task, {"x": 1})
+    board.finalize("success")
+    events = EventAccumulator(board.log_dir)
+    events.Reload()
+    assert events.Graph() is not None
+
+
+def test_loggers_get_log_metrics_with_lightnings_keywords(tmp_path):
+    """Lightning calls ``logger.log_metrics(metrics=..., step=...)``: a logger written for it with keyword-only
+    parameters works."""
+    calls = []
+
+    class KeywordsOnly(Logger):
+        def log_metrics(self, *, metrics, step):
+            calls.append((step, dict(metrics)))
+
+    Trainer(max_epochs=1, log_every_n_steps=1, logger=KeywordsOnly(), default_root_dir=str(tmp_path),
+            **QUIET).fit(RegressionTask(n=16, val_n=8))
+    assert calls and all(isinstance(step, int) for step, _ in calls)

@@ -160,8 +160,8 @@ class TensorBoardLogger(Logger):
     ) -> None:
         self._where(save_dir, name, version, prefix)
         if not isinstance(default_hp_metric, bool):
-            raise MisconfigurationError(f"TensorBoardLogger(default_hp_metric={default_hp_metric!r})"
-                                        " is not valid.",
+            raise MisconfigurationError("TensorBoardLogger(default_hp_metric="
+                                        f"{default_hp_metric!r}) is not valid.",
                                         "pass True (write hp_metric=-1 with the hyperparameters, "
                                         "as Lightning does) or False (taskfit's default).")
         self.default_hp_metric = default_hp_metric
