@@ -90,6 +90,7 @@ class Series:
         options: LogOptions = LEGACY,
         key: str = "",
         builtin: tuple[str | None, str | None] | None = None,
+        suffix: str = "",
     ) -> None:
         self.pending: list[Any] = []
         self.weights: list[float] | None = None
@@ -99,7 +100,9 @@ class Series:
         self.weight = 0.0
         self._last: Any = None
         self.options = options
-        self.step_name, self.epoch_name = builtin if builtin is not None else options.names(key)
+        self.step_name, self.epoch_name = (
+            builtin if builtin is not None else options.names(key, suffix)
+        )
         # the loop's own loss; hidden: a user's key took it
         self.builtin, self.hidden = builtin is not None, False
 
@@ -183,10 +186,10 @@ class StepSeries:
 
     __slots__ = ("_last", "options", "step_name", "epoch_name", "builtin", "hidden", "pending")
 
-    def __init__(self, options: LogOptions, key: str) -> None:
+    def __init__(self, options: LogOptions, key: str, suffix: str = "") -> None:
         self._last: Any = None
         self.options, self.builtin, self.hidden, self.pending = options, False, False, ()
-        self.step_name, self.epoch_name = options.names(key)
+        self.step_name, self.epoch_name = options.names(key, suffix)
 
     @property
     def last(self) -> Any:
@@ -218,6 +221,9 @@ class LogBook:
         self.epoch_level = False
         # keys logged after the pass's values were computed (its epoch-end hooks)
         self.late: set[str] | None = None
+        # published name -> the loader it was first logged in (None: none, an epoch-end hook):
+        # each loader's validate/test result holds its own keys, as Lightning's
+        self.loaders: dict[str, int | None] = {}
 
     @property
     def suffix(self) -> str:
@@ -230,6 +236,8 @@ class LogBook:
         options. The name is published as given (Lightning's meaning): ``"val_loss"`` stays
         ``val_loss``; ``"val/acc"`` groups it."""
         epoch_hook = self.epoch_level or self.late is not None
+        # the loader's suffix goes after _step/_epoch, as Lightning's names
+        base, suffix = name, self.suffix if add_dataloader_idx else ""
         if add_dataloader_idx:
             if "/dataloader_idx_" in name:
                 raise MisconfigurationError(
@@ -251,7 +259,7 @@ class LogBook:
             value = value.detach().reshape(())
         # a torchmetrics Metric
         elif all(hasattr(value, a) for a in ("update", "compute", "reset")):
-            step_name, epoch_name = opts.names(name)
+            step_name, epoch_name = opts.names(base, suffix)
             if key not in self.metric_objects:
                 self._register(opts, step_name, epoch_name)
             # computed (torchmetrics syncs ranks) once per pass
@@ -265,7 +273,7 @@ class LogBook:
             ):
                 series = self.series.get(key)
                 if series is None:
-                    series = self.series[key] = StepSeries(opts, name)
+                    series = self.series[key] = StepSeries(opts, base, suffix)
                     series.epoch_name = None  # the epoch value is the metric's compute()
                 series.add(batch_value.detach().reshape(()))
             if self.late is not None:
@@ -273,20 +281,22 @@ class LogBook:
             return
         elif not isinstance(value, (int, float)):
             raise unloggable(name, value)
-        self.add(key, value, opts, batch_size, name)
+        self.add(key, value, opts, batch_size, base, suffix)
 
     def add(self, key: str, value: Any, options: LogOptions, batch_size: int | None = None,
-            name: str | None = None) -> None:
-        """``value`` into the series of ``key``, published as ``name`` (default: the key)."""
+            name: str | None = None, suffix: str = "") -> None:
+        """``value`` into the series of ``key``, published as ``name`` (default: the key) with the
+        loader's ``suffix``."""
         series = self.series.get(key)
         if series is None:
             name = key if name is None else name
             series = self.series[key] = (
-                Series(options, name) if options.on_epoch else StepSeries(options, name)
+                Series(options, name, suffix=suffix) if options.on_epoch
+                else StepSeries(options, name, suffix)
             )
             self._register(options, series.step_name, series.epoch_name)
         elif series.options is not options:
-            check_same(name or key, series.options, options, self.where(key))
+            check_same(name + suffix if name else key, series.options, options, self.where(key))
         series.add(
             value,
             1.0
@@ -309,6 +319,8 @@ class LogBook:
         """A new key: its names claim a built-in one (the loss: never mixed), the bar, the loggers,
         the alias."""
         names = {step_name, epoch_name} - {None}
+        for name in names:
+            self.loaders.setdefault(name, self.dataloader_idx)
         builtin = self.series.get(LOSS + self.suffix)
         if builtin is not None and (names & {builtin.step_name, builtin.epoch_name} or self._exact):
             # the user's self.log of the loss key (or, exact, of any key) replaces the loss
@@ -366,6 +378,7 @@ class LogBook:
     def reset(self) -> None:
         self.series.clear()
         self.metric_objects.clear()
+        self.loaders.clear()
         self.late = None
 
     def compute_metrics(self, keys: Any = None) -> dict[str, Any]:

@@ -29,11 +29,13 @@ class LogOptions:
     prog_bar: bool = False
     rank_zero_only: bool = False
 
-    def names(self, key: str) -> tuple[str | None, str | None]:
-        """The published names: ``(step name, epoch name)``, None where it is not logged."""
+    def names(self, key: str, suffix: str = "") -> tuple[str | None, str | None]:
+        """The published names: ``(step name, epoch name)``, None where it is not logged;
+        ``suffix`` (a loader's ``/dataloader_idx_<i>``) goes last, as Lightning's
+        ``val_loss_epoch/dataloader_idx_0``."""
         both = self.on_step and self.on_epoch
-        return ((f"{key}_step" if both else key) if self.on_step else None,
-                (f"{key}_epoch" if both else key) if self.on_epoch else None)
+        return ((f"{key}_step" if both else key) + suffix if self.on_step else None,
+                (f"{key}_epoch" if both else key) + suffix if self.on_epoch else None)
 
 
 def log_options(
