@@ -452,3 +452,66 @@ def test_progress_bar_get_metrics_is_lightnings_and_an_override_chooses_what_it_
         ProgressBar().trainer
     # what the bar shows is the override's: no v_num
     assert "foo=1" in bar.stream.getvalue() and "v_num" not in bar.stream.getvalue()
+
+
+# ---- several loaders' results and Lightning's callback_metrics (test_eval_loop_logging.py) -------
+class TwoTestLoaders(Plain):
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("test_loss", self(batch).sum(), on_step=True, on_epoch=True)
+        self.log("common", 789.0)
+        self.log(f"no_idx_{dataloader_idx}", 321.0 * (dataloader_idx + 1), add_dataloader_idx=False)
+        self.log_dict({"a_class": 123.0} if dataloader_idx == 0 else {"b_class": 456.0},
+                      add_dataloader_idx=False)
+
+    def on_test_epoch_end(self):
+        self.log("foobar", 3.0)
+
+    def test_dataloader(self):
+        return [DataLoader(torch.randn(4, 32), batch_size=2) for _ in range(2)]
+
+
+def test_each_loaders_result_holds_what_was_logged_while_it_ran(tmp_path):
+    trainer = Trainer(default_root_dir=tmp_path, **QUIET)
+    results = trainer.test(TwoTestLoaders())
+    # Lightning 2.6.6: the suffix after _epoch; add_dataloader_idx=False keys in their loader's
+    # result only; what on_test_epoch_end logs in each
+    assert results[0].keys() == {"test_loss_epoch/dataloader_idx_0", "common/dataloader_idx_0",
+                                 "no_idx_0", "a_class", "foobar"}
+    assert results[1].keys() == {"test_loss_epoch/dataloader_idx_1", "common/dataloader_idx_1",
+                                 "no_idx_1", "b_class", "foobar"}
+    assert results[1]["no_idx_1"] == 642.0 and results[0]["a_class"] == 123.0
+    # the step values are logged, not callback metrics (Lightning's callback_metrics)
+    assert "test_loss_step/dataloader_idx_0" in trainer.logged_metrics
+    assert "test_loss_step/dataloader_idx_0" not in trainer.callback_metrics
+    assert "test_loss_step/dataloader_idx_0" in trainer.state.metrics  # taskfit's own view keeps it
+
+
+def test_callback_metrics_hold_the_tasks_keys_only_once_it_logs_training_values(tmp_path):
+    from taskfit.callbacks import CSVLogger
+
+    class Logs(Plain):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("a", out, on_step=True, on_epoch=True)
+            return out
+
+        def validation_step(self, batch, batch_idx):
+            self.log("b", self(batch).sum(), on_step=True, on_epoch=True)
+
+        def configure_optimizers(self):
+            # an epoch scheduler: the built-in monitor publishes its learning rate at the epoch's
+            # start, before the task's first self.log
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1)]
+
+    trainer = Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=2, log_every_n_steps=1,
+                      logger=CSVLogger(str(tmp_path)), enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Logs())
+    # Lightning 2.6.6 (its test__validation_step__log): logged {a_step, a_epoch, b_step, b_epoch},
+    # callback {a, a_step, a_epoch, b, b_epoch}
+    assert set(trainer.logged_metrics) == {"a_step", "a_epoch", "b_step", "b_epoch"}
+    assert set(trainer.callback_metrics) == {"a", "a_step", "a_epoch", "b", "b_epoch"}
+    assert any(k.startswith("vitals/lr") for k in trainer.state.metrics)
+    with open(os.path.join(trainer.log_dir, "metrics.csv")) as fh:
+        assert "vitals/" in fh.readline()  # the loggers still get taskfit's measurements
