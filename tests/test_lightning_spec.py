@@ -515,3 +515,12 @@ def test_callback_metrics_hold_the_tasks_keys_only_once_it_logs_training_values(
     assert any(k.startswith("vitals/lr") for k in trainer.state.metrics)
     with open(os.path.join(trainer.log_dir, "metrics.csv")) as fh:
         assert "vitals/" in fh.readline()  # the loggers still get taskfit's measurements
+
+
+def test_a_loader_method_set_to_none_turns_that_loader_off(tmp_path):
+    task = Plain()
+    task.val_dataloader = None  # Lightning's tests' idiom: no validation
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(task)
+    # Lightning 2.6.6: the fit trains its epoch without validating (no sanity check either)
+    assert trainer.current_epoch == 1 and "x" not in trainer.callback_metrics
