@@ -641,3 +641,13 @@ def test_loggers_get_log_metrics_with_lightnings_keywords(tmp_path):
     Trainer(max_epochs=1, log_every_n_steps=1, logger=KeywordsOnly(), default_root_dir=str(tmp_path),
             **QUIET).fit(RegressionTask(n=16, val_n=8))
     assert calls and all(isinstance(step, int) for step, _ in calls)
+
+
+@pytest.mark.parametrize("cls", [CSVLogger, TensorBoardLogger])
+def test_a_url_save_dir_is_refused_not_made_a_local_folder(tmp_path, monkeypatch, cls):
+    """Lightning's loggers write through fsspec ("memory://", "s3://"); taskfit's write local folders: a URL is one
+    clear error, not a folder named "memory:" in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MisconfigurationError, match=rf"{cls.__name__}\(save_dir='memory://logs'\) is a URL"):
+        cls(save_dir="memory://logs")
+    assert list(tmp_path.iterdir()) == []

@@ -81,6 +81,13 @@ class Logger(Callback):
             raise MisconfigurationError(f"{cls}(save_dir={save_dir!r}) is not a folder path.",
                                         f'pass a folder, e.g. {cls}("logs"), or None '
                                         '(Trainer(default_root_dir=...)).')
+        if save_dir is not None and self.has_directory and re.match(r"[A-Za-z][\w+.-]+://",
+                                                                     os.fspath(save_dir)):
+            raise MisconfigurationError(f"{cls}(save_dir={save_dir!r}) is a URL: taskfit's {cls} "
+                                        "writes to a local folder (Lightning's remote file systems "
+                                        "through fsspec are not supported).",
+                                        'pass a local folder (save_dir="logs") and copy it to the '
+                                        "remote storage after the run, or mount that storage.")
         if name is not None and (not isinstance(name, str) or os.path.isabs(name)):
             raise MisconfigurationError(f"{cls}(name={name!r}) is not valid.",
                                         'pass a folder name below save_dir, e.g. name="exp", or '
