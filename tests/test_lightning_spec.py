@@ -463,6 +463,9 @@ class TwoTestLoaders(Plain):
         self.log_dict({"a_class": 123.0} if dataloader_idx == 0 else {"b_class": 456.0},
                       add_dataloader_idx=False)
 
+        # one name from both loaders: one value, the mean over both (taskfit; Lightning refuses it)
+        self.log("shared", 1.0 + dataloader_idx, add_dataloader_idx=False)
+
     def on_test_epoch_end(self):
         self.log("foobar", 3.0)
 
@@ -476,10 +479,11 @@ def test_each_loaders_result_holds_what_was_logged_while_it_ran(tmp_path):
     # Lightning 2.6.6: the suffix after _epoch; add_dataloader_idx=False keys in their loader's
     # result only; what on_test_epoch_end logs in each
     assert results[0].keys() == {"test_loss_epoch/dataloader_idx_0", "common/dataloader_idx_0",
-                                 "no_idx_0", "a_class", "foobar"}
+                                 "no_idx_0", "a_class", "foobar", "shared"}
     assert results[1].keys() == {"test_loss_epoch/dataloader_idx_1", "common/dataloader_idx_1",
-                                 "no_idx_1", "b_class", "foobar"}
+                                 "no_idx_1", "b_class", "foobar", "shared"}
     assert results[1]["no_idx_1"] == 642.0 and results[0]["a_class"] == 123.0
+    assert results[0].pop("shared") == results[1].pop("shared") == 1.5  # in every loader's result
     # the step values are logged, not callback metrics (Lightning's callback_metrics)
     assert "test_loss_step/dataloader_idx_0" in trainer.logged_metrics
     assert "test_loss_step/dataloader_idx_0" not in trainer.callback_metrics

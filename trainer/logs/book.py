@@ -295,8 +295,15 @@ class LogBook:
                 else StepSeries(options, name, suffix)
             )
             self._register(options, series.step_name, series.epoch_name)
-        elif series.options is not options:
-            check_same(name + suffix if name else key, series.options, options, self.where(key))
+        else:
+            if series.options is not options:
+                check_same(name + suffix if name else key, series.options, options,
+                           self.where(key))
+            if self.dataloader_idx is not None and not suffix:
+                # one name from several loaders (add_dataloader_idx=False): every loader's result
+                for published in (series.step_name, series.epoch_name):
+                    if self.loaders.get(published) not in (None, self.dataloader_idx):
+                        self.loaders[published] = None
         series.add(
             value,
             1.0
