@@ -651,3 +651,20 @@ def test_a_url_save_dir_is_refused_not_made_a_local_folder(tmp_path, monkeypatch
     with pytest.raises(MisconfigurationError, match=rf"{cls.__name__}\(save_dir='memory://logs'\) is a URL"):
         cls(save_dir="memory://logs")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_trainer_log_dir_before_fit_is_where_the_run_goes_and_save_dir_expands_home_and_variables(
+        tmp_path, monkeypatch):
+    """Lightning's trainer.log_dir before fit is the first logger's log_dir; "~" and "$VAR" in save_dir expand."""
+    logger = TensorBoardLogger(tmp_path)
+    trainer = Trainer(max_epochs=1, logger=logger, **QUIET)
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "version_0")  # Lightning 2.6.6: the same
+    assert not (tmp_path / "version_0").exists()  # nothing written before the run
+    trainer.fit(RegressionTask(n=16))
+    assert trainer.log_dir == str(tmp_path / "version_0")
+    assert Trainer(logger=False, default_root_dir=str(tmp_path / "r"), **QUIET).log_dir == str(tmp_path / "r" / "version_0")
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LOGS_ROOT", str(tmp_path / "var"))
+    assert CSVLogger("~/logs").log_dir == str(tmp_path / "home" / "logs" / "version_0")
+    assert TensorBoardLogger("$LOGS_ROOT/tb").log_dir == str(tmp_path / "var" / "tb" / "version_0")

@@ -102,7 +102,9 @@ class Logger(Callback):
             raise MisconfigurationError(f"{cls}(prefix={prefix!r}) is not valid.",
                                         'pass a string; prefix="fold1" logs fold1-train/loss... '
                                         '("" for none).')
-        self._save_dir = os.fspath(save_dir) if save_dir is not None else None
+        # "~/logs" and "$SCRATCH/logs" as Lightning's loggers expand them (not a folder named "~")
+        self._save_dir = (os.path.expandvars(os.path.expanduser(os.fspath(save_dir)))
+                          if save_dir is not None else None)
         self._name, self._version, self.prefix = name or None, version, prefix
 
     # ---- what a logger writes: override these ----------------------------------------------------
