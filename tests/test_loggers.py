@@ -668,3 +668,15 @@ def test_trainer_log_dir_before_fit_is_where_the_run_goes_and_save_dir_expands_h
     monkeypatch.setenv("LOGS_ROOT", str(tmp_path / "var"))
     assert CSVLogger("~/logs").log_dir == str(tmp_path / "home" / "logs" / "version_0")
     assert TensorBoardLogger("$LOGS_ROOT/tb").log_dir == str(tmp_path / "var" / "tb" / "version_0")
+
+
+@pytest.mark.parametrize("cls", [CSVLogger, TensorBoardLogger])
+def test_a_run_opened_before_fit_is_the_one_fit_continues(tmp_path, cls):
+    """Lightning's logger.experiment (or log_hyperparams) before fit fixes the version: fit writes there too."""
+    logger = cls(tmp_path)
+    assert logger.experiment is not None and (tmp_path / "version_0").is_dir()
+    trainer = Trainer(max_epochs=1, logger=logger, **QUIET)
+    assert trainer.log_dir == str(tmp_path / "version_0")
+    trainer.fit(RegressionTask(n=16))
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "version_0")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["version_0"]

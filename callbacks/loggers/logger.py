@@ -212,7 +212,10 @@ class Logger(Callback):
 
     def directory(self, default_root_dir: str | None) -> str:
         """Where a new run of this logger goes: ``<save_dir or
-        default_root_dir>/<name>/<version>``."""
+        default_root_dir>/<name>/<version>``; the run opened outside a Trainer (``experiment``
+        or ``log_metrics`` before fit), if any: the fit continues it, as Lightning's does."""
+        if self._run_dir is not None and self._for is None:
+            return self._run_dir
         root = os.path.abspath(
             self._save_dir or default_root_dir or os.path.join(os.getcwd(), "taskfit_logs")
         )
