@@ -246,10 +246,12 @@ class ExperimentWriter:
 
     @property
     def log_dir(self) -> str | None:
+        """The run directory (the logger's ``log_dir``)."""
         return self._logger.log_dir
 
     @property
     def metrics_file_path(self) -> str | None:
+        """``<log_dir>/metrics.csv``."""
         return self._logger.metrics_path
 
     @property
@@ -268,6 +270,7 @@ class ExperimentWriter:
         self._logger._add(metrics_dict, step)
 
     def log_hparams(self, params: dict[str, Any]) -> None:
+        """``hparams.yaml`` (the logger's ``log_hyperparams``)."""
         self._logger.log_hyperparams(params)
 
     def save(self) -> None:
