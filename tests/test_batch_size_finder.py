@@ -235,6 +235,24 @@ def test_a_datamodule_holds_the_size(tmp_path):
     assert Tuner(trainer).scale_batch_size(task, datamodule=data) == 16  # 32 ran out of memory
 
 
+def test_the_trials_run_none_of_the_tasks_callbacks(tmp_path):
+    """configure_callbacks() joins the real run only (a ModelCheckpoint there would write in every trial)."""
+    starts = []
+
+    class Spy(Callback):
+        def on_fit_start(self, trainer, task):
+            starts.append(trainer.global_step)
+
+    class WithCallbacks(Bounded):
+        def configure_callbacks(self):
+            return [Spy()]
+
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), callbacks=[BatchSizeFinder(max_trials=3)],
+                      **QUIET)
+    trainer.fit(WithCallbacks())
+    assert starts == [0] and trainer.global_step == 256 // 8
+
+
 def test_an_error_that_is_not_out_of_memory_is_raised_and_the_size_put_back(tmp_path):
     class Broken(Bounded):
         def forward(self, inputs):

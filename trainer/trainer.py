@@ -176,6 +176,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         self._fitted: tuple[int, int, int] | None = None  # (and state.stepped_batches)
         # writes checkpoint files off the training thread
         self.checkpoint_writer = CheckpointWriter()
+        # the task's configure_callbacks() join each run's callbacks (not in trial_trainer's runs)
+        self._task_callbacks = True
 
     def init_module(self, empty_init: bool | None = None) -> Any:
         """``with trainer.init_module(empty_init=True): task = MyTask()``: layers on the meta device
@@ -282,7 +284,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         epoch, step, stepped = self._fitted if ckpt_path is None and self._fitted else (0, 0, 0)
         self.state = TrainerState(epoch=epoch, global_step=step, stepped_batches=stepped)
         # the task's configure_callbacks()
-        self.callbacks = merge_task_callbacks(self.callbacks, task)
+        if self._task_callbacks:
+            self.callbacks = merge_task_callbacks(self.callbacks, task)
         self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state,
                                            log_dir=None, policies=self._checkpoint_policies())
         with lifecycle.running(run):
@@ -585,7 +588,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                   keep: bool = True, verbose: bool = True) -> list[Any] | None:
         """One pass of ``validate``/``test`` (returns ``[metrics]``; ``verbose``: the results table
         printed) or ``predict`` (returns the predictions if ``keep``)."""
-        self.callbacks = merge_task_callbacks(self.callbacks, task)
+        if self._task_callbacks:
+            self.callbacks = merge_task_callbacks(self.callbacks, task)
         # callback_metrics hold this pass's values only, as Lightning's after validate/test
         if fn != "predict":
             self.state.metrics.clear()
@@ -607,8 +611,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):
     def trial_trainer(self, callbacks: Sequence[Callback], **settings: Any) -> Trainer:
         """A Trainer for a tool's short runs on this one's task (lr_find's range test,
         BatchSizeFinder's trials): this Trainer's strategy, precision, accumulation, clipping, seed
-        and determinism, ``callbacks`` only, no sanity check, nothing written and nothing shown;
-        ``settings`` are Trainer arguments that replace those (``max_steps=3``)."""
+        and determinism, ``callbacks`` only (not the task's ``configure_callbacks()``), no sanity
+        check, nothing written and nothing shown; ``settings`` are Trainer arguments that replace
+        those (``max_steps=3``)."""
         arguments: dict[str, Any] = dict(
             strategy=self.strategy,
             precision=self.precision_name,
@@ -626,7 +631,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             logger=False,
             preempt_signals=(),
         )
-        return Trainer(callbacks=list(callbacks), **{**arguments, **settings})
+        trainer = Trainer(callbacks=list(callbacks), **{**arguments, **settings})
+        trainer._task_callbacks = False
+        return trainer
 
     def reload_dataloaders(self) -> None:
         """Build the running entry point's loaders again from their source (the task's or data
