@@ -329,6 +329,13 @@ class _Search:
     def __init__(self, finder: BatchSizeFinder, trainer: Any, task: Any) -> None:
         self.finder, self.trainer, self.task = finder, trainer, task
         self.fn = str(trainer.state.fn)
+        if self.fn == "fit" and trainer.state.batches_done:
+            raise MisconfigurationError(
+                "BatchSizeFinder cannot search in the middle of a training epoch (after its batch "
+                f"{trainer.state.batches_done - 1}, e.g. in a fit resumed there): the epoch's "
+                "position belongs to the old batch size.",
+                "search from on_fit_start or on_train_epoch_start; resume a mid-epoch checkpoint "
+                "without BatchSizeFinder, with the batch size the first run found.")
         self.datamodule = trainer.datamodule
         # (the loaders exist now: several evaluation loaders are refused first, as Lightning's)
         self.data_length = self._data_length()

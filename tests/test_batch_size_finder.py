@@ -340,9 +340,20 @@ def test_reload_dataloaders_outside_a_run_or_mid_epoch_says_so(tmp_path):
             if batch_idx == 2:
                 self.scale_batch_size(trainer, task)
 
+    class ReloadMidEpoch(Callback):
+        def on_train_batch_start(self, trainer, task, batch, batch_idx):
+            if batch_idx == 3:
+                trainer.reload_dataloaders()
+
     task = Bounded()
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), callbacks=[SearchMidEpoch(max_trials=2)], **QUIET)
-    with pytest.raises(MisconfigurationError, match=r"in the middle of a training epoch \(after its batch 1, "):
+    with pytest.raises(MisconfigurationError, match=r"BatchSizeFinder cannot search in the middle of a training "
+                                                    r"epoch \(after its batch 1, "):
+        trainer.fit(task)
+    assert not [size for size in task.seen if size != 4]  # no trial ran
+    trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), callbacks=[ReloadMidEpoch()], **QUIET)
+    with pytest.raises(MisconfigurationError, match=r"reload_dataloaders\(\) was called in the middle of a "
+                                                    r"training epoch \(after its batch 2, "):
         trainer.fit(task)
 
 
