@@ -409,8 +409,8 @@ class Checkpointer:
             self._epoch_save(policy)
 
     def fit_end(self, policy: CheckpointPolicy) -> None:
+        # (still fitting: an error in a later on_fit_end saves, as in Lightning)
         run, sched = self.run, self._of(policy)
-        sched.fitting = False
         step = run.state.global_step
         if step != sched.saved_step and not run.config.fast_dev_run:
             # The ranked file too: best_model_path must be the final state
