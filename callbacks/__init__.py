@@ -40,8 +40,8 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",
-           "is_task_hook", "load_callback_states", "merge_task_callbacks", "run_directory",
-           "warn_uncalled", "with_defaults", *LAZY]
+           "is_task_hook", "load_callback_states", "merge_task_callbacks",
+           "refuse_checkpoint_callbacks", "run_directory", "warn_uncalled", "with_defaults", *LAZY]
 
 
 def __getattr__(name: str) -> Any:
@@ -95,6 +95,20 @@ def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointin
             if not any(issubclass(t, cls) for t in present):
                 callbacks.append(cls(**DEFAULT_ARGUMENTS.get(name, {})))
     return sorted(callbacks, key=lambda cb: cb.order)
+
+
+def refuse_checkpoint_callbacks(callbacks: Any) -> None:
+    """``Trainer(enable_checkpointing=False)`` with a ModelCheckpoint among ``callbacks``: one of the
+    two settings would do nothing (Lightning refuses it with the phrase kept here)."""
+    given = [callbacks] if isinstance(callbacks, Callback) else callbacks
+    checkpoint = __getattr__("ModelCheckpoint")
+    found = isinstance(given, (list, tuple)) and any(isinstance(cb, checkpoint) for cb in given)
+    if found:
+        raise MisconfigurationError(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` "
+            "in callbacks list.",
+            "remove the ModelCheckpoint to save nothing, or leave enable_checkpointing at True "
+            "to save with it.")
 
 
 def _loggers(logger: Any) -> list[Logger]:

@@ -159,3 +159,15 @@ def test_load_checkpoint_reads_the_state_under_lightnings_key(tmp_path):
     cb = ModelCheckpoint(dirpath=tmp_path, monitor="abc")
     Trainer(max_epochs=1, callbacks=[cb], logger=False, **QUIET).fit(Scored())
     assert load_checkpoint(cb.best_model_path)["callbacks"][cb.state_key]["best_model_score"] == 1.0
+
+
+def test_enable_checkpointing_false_with_a_model_checkpoint_is_refused(tmp_path):
+    # Lightning 2.6.6: MisconfigurationException "Trainer was configured with
+    # `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list."
+    for callbacks in ([ModelCheckpoint()], ModelCheckpoint()):
+        with pytest.raises(MisconfigurationError, match="`enable_checkpointing=False` but found "
+                                                        "`ModelCheckpoint`") as info:
+            Trainer(enable_checkpointing=False, callbacks=callbacks, default_root_dir=tmp_path)
+        assert "HINT: remove the ModelCheckpoint" in str(info.value)
+    # fast_dev_run turns checkpointing off by itself: not the user's contradiction
+    Trainer(fast_dev_run=1, callbacks=[ModelCheckpoint()], default_root_dir=tmp_path)
