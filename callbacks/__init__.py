@@ -98,8 +98,8 @@ def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointin
 
 
 def refuse_checkpoint_callbacks(callbacks: Any) -> None:
-    """``Trainer(enable_checkpointing=False)`` with a ModelCheckpoint among ``callbacks``: one of the
-    two settings would do nothing (Lightning refuses it with the phrase kept here)."""
+    """``Trainer(enable_checkpointing=False)`` with a ModelCheckpoint among ``callbacks``: one of
+    the two settings would do nothing (Lightning refuses it with the phrase kept here)."""
     given = [callbacks] if isinstance(callbacks, Callback) else callbacks
     checkpoint = __getattr__("ModelCheckpoint")
     found = isinstance(given, (list, tuple)) and any(isinstance(cb, checkpoint) for cb in given)
