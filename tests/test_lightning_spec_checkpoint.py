@@ -171,3 +171,29 @@ def test_enable_checkpointing_false_with_a_model_checkpoint_is_refused(tmp_path)
         assert "HINT: remove the ModelCheckpoint" in str(info.value)
     # fast_dev_run turns checkpointing off by itself: not the user's contradiction
     Trainer(fast_dev_run=1, callbacks=[ModelCheckpoint()], default_root_dir=tmp_path)
+
+
+class Steps(Scored):
+    """Ten batches an epoch, no validation."""
+
+    def train_dataloader(self):
+        return DataLoader(torch.randn(10, 32), batch_size=1)
+
+    def val_dataloader(self):
+        return None
+
+
+def test_the_checkpoint_a_fit_resumed_from_is_never_rotated_out(tmp_path):
+    def fit(max_steps, ckpt_path=None):
+        cb = ModelCheckpoint(dirpath=tmp_path, monitor="step", mode="max", save_top_k=2,
+                             every_n_train_steps=2, save_last=False)
+        trainer = Trainer(max_steps=max_steps, callbacks=[cb], logger=False, **QUIET)
+        trainer.fit(Steps(), ckpt_path=ckpt_path)
+
+    fit(5)
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    fit(8, str(tmp_path / "epoch=0-step=4.ckpt"))
+    # Lightning 2.6.6 (test_resume_and_old_checkpoint_files_remain): the same three files; the
+    # file resumed from is kept although step 4 left the top 2
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt",
+                                            "epoch=0-step=8.ckpt"]
