@@ -197,3 +197,18 @@ def test_the_checkpoint_a_fit_resumed_from_is_never_rotated_out(tmp_path):
     # file resumed from is kept although step 4 left the top 2
     assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt",
                                             "epoch=0-step=8.ckpt"]
+
+
+def test_two_model_checkpoints_with_one_state_key_are_refused(tmp_path):
+    # Lightning 2.6.6: RuntimeError "Found more than one stateful callback of type
+    # `ModelCheckpoint`. ... HINT: The `callback.state_key` must be unique among all callbacks in
+    # the Trainer." (two ModelCheckpoint(monitor="x") with different dirpaths)
+    same = [ModelCheckpoint(dirpath=tmp_path / "a", monitor="x"),
+            ModelCheckpoint(dirpath=tmp_path / "b", monitor="x")]
+    with pytest.raises(MisconfigurationError, match="more than one stateful callback of type "
+                                                    "`ModelCheckpoint`") as info:
+        Trainer(callbacks=same, logger=False)
+    assert "state_key` must be unique" in str(info.value) and "HINT: " in str(info.value)
+    # their own triggers: two keys, both kept
+    Trainer(callbacks=[ModelCheckpoint(monitor="x"), ModelCheckpoint(every_n_train_steps=5)],
+            logger=False)
