@@ -212,3 +212,14 @@ def test_two_model_checkpoints_with_one_state_key_are_refused(tmp_path):
     # their own triggers: two keys, both kept
     Trainer(callbacks=[ModelCheckpoint(monitor="x"), ModelCheckpoint(every_n_train_steps=5)],
             logger=False)
+
+
+def test_a_url_dirpath_is_refused_and_a_file_url_is_its_path(tmp_path):
+    # Lightning 2.6.6 keeps 'memory://x/y' and writes through fsspec; taskfit would have written a
+    # local folder named "memory:" (Lightning's test_model_checkpoint_save_last_as_link_not_local)
+    for url in ("s3://bucket/ckpts", "memory://not-local-test-path"):
+        with pytest.raises(MisconfigurationError, match="is a URL: taskfit writes checkpoints to a "
+                                                        "local or mounted folder") as info:
+            ModelCheckpoint(dirpath=url, save_last="link")
+        assert "HINT: mount the storage" in str(info.value)
+    assert ModelCheckpoint(dirpath=f"file://{tmp_path}").dirpath == str(tmp_path)

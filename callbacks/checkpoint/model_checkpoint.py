@@ -24,7 +24,8 @@ from ...arguments import arguments_checked
 from ...callback import Callback
 from ...checkpoint.sharded import checkpoint_exists
 from ...errors import MisconfigurationError
-from .policy import Ranking, check_arguments, format_filename, seconds, versioned
+from .policy import (Ranking, check_arguments, format_filename, local_folder, seconds,
+                     versioned)
 
 __all__ = ["ModelCheckpoint", "format_filename"]
 
@@ -115,9 +116,7 @@ class ModelCheckpoint(Callback):
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             # Lightning: no trigger given means every epoch; a step or time trigger replaces it
             every_n_epochs = 1
-        self.dirpath_arg = (
-            os.path.abspath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
-        )
+        self.dirpath_arg = local_folder(dirpath) if dirpath is not None else None
         self.dirpath: str | None = self.dirpath_arg
         self.filename, self.monitor, self.mode, self.save_top_k = stem, monitor, mode, save_top_k
         self.verbose, self.save_last, self.save_weights_only = (

@@ -87,6 +87,26 @@ def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_l
     return stem
 
 
+_URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def local_folder(dirpath: str | os.PathLike) -> str:
+    """``dirpath`` as an absolute local path (``~`` expanded, ``file://`` dropped). A URL of another
+    file system (``s3://``, ``memory://``...) is refused: it would otherwise name a local folder
+    ``s3:`` (Lightning writes there through fsspec)."""
+    text = os.fspath(dirpath)
+    scheme = _URL.match(text)
+    if scheme and scheme.group(1).lower() != "file":
+        raise MisconfigurationError(
+            f"ModelCheckpoint(dirpath={text!r}) is a URL: taskfit writes checkpoints to a local or "
+            "mounted folder only (Lightning writes to any fsspec file system).",
+            "mount the storage (s3fs, gcsfuse, NFS...) and pass its local path, or copy the files "
+            "after fit (best_model_path, last_model_path).")
+    if scheme:
+        text = text[len(scheme.group(0)):]
+    return os.path.abspath(os.path.expanduser(text))
+
+
 def _template_problem(stem: str) -> str | None:
     """What is wrong with the ``{...}`` fields of a file name template (an unclosed or stray brace,
     an empty name, a format spec ``format`` refuses), or None."""
