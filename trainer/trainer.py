@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from . import console
-from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
+from .callbacks import (Callback, Logger, ModelCheckpoint, refuse_checkpoint_callbacks,
+                        with_defaults)
 from .callbacks.loggers.logger import DUMMY_LOGGER
 from .checkpoint.files import CheckpointWriter
 from .checkpoint.rng import isolated_rng
@@ -146,6 +147,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             fast_dev_run=int(fast_dev_run), preempt_signals=signals,
             requeue=requeue_setting(requeue, signals),
             command_config=dict(config) if config is not None else None)
+        if enable_checkpointing is False:
+            refuse_checkpoint_callbacks(callbacks)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
             self.trainer_config = self.trainer_config.for_fast_dev_run()
             enable_checkpointing = logger = False
