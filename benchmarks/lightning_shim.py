@@ -39,7 +39,7 @@ PUBLIC = {
     "lightning.pytorch.trainer.trainer": ("taskfit",),
     "lightning.pytorch.trainer.states": ("taskfit.state",),
     "lightning.pytorch.callbacks": ("taskfit.callbacks",),
-    "lightning.pytorch.loggers": ("taskfit.callbacks", "taskfit.logs.logger"),
+    "lightning.pytorch.loggers": ("taskfit.callbacks", "taskfit.callbacks.loggers.logger"),
     "lightning.pytorch.profilers": ("taskfit.profilers",),
     "lightning.pytorch.utilities": ("taskfit", "taskfit.init_args"),
     "lightning.pytorch.utilities.exceptions": ("taskfit",),

@@ -15,6 +15,7 @@ argument checks come from compat/lightning/trainer.py.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import time
 import warnings
@@ -44,7 +45,13 @@ from .logs.buffer import LogBuffer
 from .loop import lifecycle, user_errors
 from .loop.cadence import accumulation_group, steps_per_epoch
 from .loop.checkpointing import load_run_state, no_training_state, preempt, run_state
-from .loop.checks import check_arguments, check_loss, check_manual, check_task
+from .loop.checks import (
+    check_arguments,
+    check_loss,
+    check_manual,
+    check_task,
+    val_check_duration,
+)
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
 from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
 from .loop.preemption import normalize_signals, requeue_setting
@@ -84,6 +91,17 @@ def _configured(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.trainer_config, name), replace, doc=doc)
 
 
+def _limit(stage: str) -> property:
+    """``trainer.limit_<stage>_batches`` (Lightning's attribute): ``limits[stage]`` of the
+    configuration; assigning it replaces that limit for the next run, as ``_configured`` does."""
+    def replace(self: Trainer, value: Any) -> None:
+        limits = dataclasses.replace(self.trainer_config.limits, **{stage: value})
+        self.trainer_config = dataclasses.replace(self.trainer_config, limits=limits)
+    return property(lambda self: self.trainer_config.limits[stage], replace,
+                    doc=f"``Trainer(limit_{stage}_batches=...)``: batches (int) or a fraction "
+                        "(float) of each loader.")
+
+
 # compat/lightning/trainer.py: Lightning's names, Trainer(num_nodes=2) and Trainer(max_epoch=3) as
 # one catalogued error, precision=None and max_steps=-1
 class Trainer(LightningNames, metaclass=LightningArguments):
@@ -106,7 +124,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
         limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
+        val_check_interval: int | float | str | datetime.timedelta | Mapping[str, float] = 1.0,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int = 2,
         log_every_n_steps: int = 50,
@@ -142,6 +160,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                         limit_predict_batches)
         self.trainer_config = TrainerConfig.from_arguments(
             locals(), precision=precision_name, activation_checkpointing=policy, limits=limits,
+            val_check_interval=val_check_duration(val_check_interval) or val_check_interval,
             fast_dev_run=int(fast_dev_run), preempt_signals=signals,
             requeue=requeue_setting(requeue, signals),
             command_config=dict(config) if config is not None else None)
@@ -296,6 +315,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             # the first epoch's iterator, before on_train_start, as Lightning's
             batches = self._epoch_batches()
             self._epoch_hooks("on_train_start")
+            run.val_schedule.start()  # a duration val_check_interval counts from here
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
@@ -322,10 +342,11 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                         # at state.log_step: the count before this batch, as Lightning
                         self._log_interval()
                     st.batches_done = batch_idx + 1
+                    st.total_batches += 1
                     # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
                     for fn in on_end:
                         fn(self, task, outputs, batch, batch_idx)
-                    if validating and run.val_schedule.due(st.epoch, batch_idx):
+                    if validating and run.val_schedule.due(st.epoch, batch_idx, st.total_batches):
                         self._validate()  # after the batch's hooks, as Lightning
                     # what is published from here on is at the count with this batch
                     st.log_at_previous = False
@@ -570,6 +591,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         run.publish(evaluation_pass(run, "val", run.val_loader, math.inf))
         run.preemption.agree(self.state)
         run.call_hooks("on_validation_end")
+        run.val_schedule.validated()
         self.state.stage = "train"
 
     def _run_eval(self, fn: str, task: TaskModule, data: DataSource, ckpt_path: str | None,
@@ -677,8 +699,13 @@ class Trainer(LightningNames, metaclass=LightningArguments):
     deterministic = _configured("deterministic", "torch.use_deterministic_algorithms during runs.")
     limits = _configured("limits", '``limit_*_batches`` by stage: ``trainer.limits["val"]``.')
     overfit_batches = _configured("overfit_batches", "``Trainer(overfit_batches=...)``.")
-    val_check_interval = _configured("val_check_interval",
-                                     "Validation within an epoch: a fraction or batches.")
+    val_check_interval = _configured(
+        "val_check_interval", "Validation within an epoch: a fraction, batches or a duration "
+                              "(a datetime.timedelta).")
+    limit_train_batches = _limit("train")
+    limit_val_batches = _limit("val")
+    limit_test_batches = _limit("test")
+    limit_predict_batches = _limit("predict")
     check_val_every_n_epoch = _configured("check_val_every_n_epoch", "Validation every n epochs.")
     num_sanity_val_steps = _configured("num_sanity_val_steps",
                                        "Validation batches of the sanity check.")

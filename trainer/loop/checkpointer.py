@@ -337,11 +337,13 @@ class Checkpointer:
                 "taskfit.consolidate <checkpoint> <file> (TaskModule.load_from_checkpoint reads "
                 "it).",
             )
-        problem = strategy.broadcast(_unwritable(folder) if strategy.is_main else None)
-        # Before the first step, on every rank: not after an epoch of training
-        if problem:
-            raise _unwritable_error(folder, problem)
-        self._hold(folder)
+        # fast_dev_run writes nothing, not even the folder (Lightning's)
+        if not run.config.fast_dev_run:
+            problem = strategy.broadcast(_unwritable(folder) if strategy.is_main else None)
+            # Before the first step, on every rank: not after an epoch of training
+            if problem:
+                raise _unwritable_error(folder, problem)
+            self._hold(folder)
         if not run.state.resumed:
             policy.start_ranking()
         step = run.state.global_step

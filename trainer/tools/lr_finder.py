@@ -322,9 +322,9 @@ def lr_find(
     """
     _check(min_lr, max_lr, num_training, mode, early_stop_threshold)
     if trainer.fast_dev_run:
-        warnings.warn("Skipping the learning-rate finder: Trainer(fast_dev_run=...) is set. HINT: "
-                      "build a Trainer without fast_dev_run for "
-                      "lr_find.", UserWarning, stacklevel=2)
+        warnings.warn("Skipping learning rate finder since `fast_dev_run` is enabled. HINT: "
+                      "build a Trainer without fast_dev_run for lr_find.", UserWarning,
+                      stacklevel=2)
         return None
     if update_attr:
         _lr_target(task, attr_name)  # before the work: a task without an lr to set fails now

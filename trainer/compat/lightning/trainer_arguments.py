@@ -177,3 +177,32 @@ ENTRY_POINT_ARGUMENTS = {
     "storage_options": "checkpoints are written to local or mounted paths; copy them elsewhere "
                        "after saving.",
 }
+
+
+_LIMIT_NOTES = ("limit_train_batches", "limit_val_batches", "limit_test_batches",
+                "limit_predict_batches", "overfit_batches", "val_check_interval")
+
+
+def batch_limit_notes(given: dict[str, Any]) -> list[str]:
+    """Lightning's informational line for each ``limit_*_batches``, ``overfit_batches`` and
+    ``val_check_interval`` passed as ``1`` or ``1.0`` (``given``: the arguments as passed; a
+    default left out says nothing), since an int and a float of the same value mean different
+    things there. ``fast_dev_run`` sets the limits itself: only ``overfit_batches`` speaks then, as
+    in Lightning."""
+    notes = []
+    for name in _LIMIT_NOTES:
+        value = given.get(name)
+        if given.get("fast_dev_run") and name != "overfit_batches":
+            continue
+        if type(value) is int and value == 1:
+            what = {"limit_train_batches": "1 batch per epoch will be used.",
+                    "val_check_interval": "validation will run after every batch."}
+            notes.append(f"`Trainer({name}=1)` was configured so "
+                         f"{what.get(name, '1 batch will be used.')}")
+        elif type(value) is float and value == 1.0:
+            what = {"limit_train_batches": "100% of the batches per epoch will be used",
+                    "val_check_interval": "validation will run at the end of the training epoch"}
+            notes.append(f"`Trainer({name}=1.0)` was configured so "
+                         f"{what.get(name, '100% of the batches will be used')}.")
+    return notes
+
