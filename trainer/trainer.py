@@ -399,16 +399,25 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         return self.max_steps is not None and step >= self.max_steps
 
     def _max_epochs_reached_at(self, epoch: int) -> bool:
-        return self.max_epochs is not None and epoch >= self.max_epochs
+        # max_epochs=-1: no epoch limit (Lightning's)
+        return self.max_epochs is not None and self.max_epochs != -1 and epoch >= self.max_epochs
 
     def _default_max_epochs(self) -> None:
-        """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning."""
+        """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning.
+        ``max_epochs=-1`` without ``max_steps``: a fit without an end of its own, said once."""
         if self.max_epochs is None and self.max_steps is None:
             self.trainer_config = dataclasses.replace(self.trainer_config, max_epochs=1000)
             if self.strategy.rank == 0:
                 warnings.warn("Trainer: max_epochs was not set, so fit stops after 1000 epochs "
                               "(Lightning's default). HINT: pass Trainer(max_epochs=N) or "
                               "max_steps=N.", stacklevel=5)
+        elif self.max_epochs == -1 and self.max_steps is None and self.strategy.rank == 0:
+            ends = ("its EarlyStopping stops it, " if self.early_stopping_callbacks else
+                    "a callback sets trainer.should_stop = True, ")
+            console.echo(f"Trainer(max_epochs=-1) without max_steps: this fit has no epoch or step "
+                         f"limit and trains until {ends}or it is interrupted (Ctrl-C, or SIGTERM, "
+                         "which saves a checkpoint that fit(task, ckpt_path='last') continues).",
+                         name="taskfit.trainer")
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
         """Automatic optimization, one batch, in a hand-written loop's order: zero_grad at a
@@ -685,7 +694,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
     activation_checkpointing = _configured(
         "activation_checkpointing", "The checked activation checkpointing policy.")
     max_epochs = _configured("max_epochs",
-                             "The epochs a fit runs at most (None: no limit, or max_steps).")
+                             "The epochs a fit runs at most (-1: no limit; None: 1000 unless "
+                             "max_steps is set).")
     max_steps = _configured("max_steps",
                             "The optimizer steps a fit takes at most (None: no limit).")
     min_epochs = _configured("min_epochs", "should_stop waits for this many epochs.")
@@ -802,7 +812,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         )
         batches = limit_batches(length(loader), self.limits["train"])
         per_epoch = steps_per_epoch(batches, self.accumulate_grad_batches)
-        epochs = float("inf") if self.max_epochs is None else self.max_epochs * per_epoch
+        epochs = float("inf") if self.max_epochs in (None, -1) else self.max_epochs * per_epoch
         return epochs if self.max_steps is None else min(epochs, self.max_steps)
 
     # ---- the run's state, as checkpoints hold it -------------------------------------------------

@@ -97,8 +97,12 @@ def _signature(method: str) -> str:
 def check_arguments(args: dict[str, Any]) -> None:
     """The Trainer's arguments (``args``: its keyword arguments by name), before anything is
     built."""
+    # Lightning's max_epochs=-1: no epoch limit (the Trainer says when nothing else ends the fit)
+    epochs = args["max_epochs"]
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or
+                               epochs < -1):
+        raise _fail("max_epochs", epochs, "an integer >= 0, -1 (no epoch limit) or None")
     for name, minimum in (
-        ("max_epochs", 0),
         ("max_steps", 0),
         ("min_epochs", 0),
         ("min_steps", 0),
@@ -142,8 +146,9 @@ def check_arguments(args: dict[str, Any]) -> None:
         raise MisconfigurationError(
             "`val_check_interval` should be an integer or a time-based duration (str "
             "'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) when "
-            f"`check_val_every_n_epoch=None`: {args['val_check_interval']} is a fraction of an "
-            "epoch, but check_val_every_n_epoch=None counts batches across epochs.",
+            "`check_val_every_n_epoch=None`. Trainer(val_check_interval="
+            f"{args['val_check_interval']}) is a fraction of an epoch, but "
+            "check_val_every_n_epoch=None counts batches across epochs.",
             "pass an int val_check_interval (validate every N training batches), a duration, or "
             "check_val_every_n_epoch=1.")
     check_choice("gradient_clip_algorithm", args["gradient_clip_algorithm"], ("norm", "value"))

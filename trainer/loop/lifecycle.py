@@ -199,8 +199,8 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
         run.val_loader, run.num_val_batches = None, []
     run.val_schedule = ValidationSchedule(
         config.val_check_interval, config.check_val_every_n_epoch, run.num_train_batches,
-        run.val_loader is not None, broadcast=strategy.broadcast if strategy.world_size > 1 else None,
-        sync_every=config.log_every_n_steps)
+        run.val_loader is not None, sync_every=config.log_every_n_steps,
+        broadcast=strategy.broadcast if strategy.world_size > 1 else None)
     run.before_step_work = run.precision.scales_loss or bool(hooks["on_before_optimizer_step"])
     run.zero_grad = with_hooks(
         run,

@@ -8,8 +8,8 @@ ported code still passes (``gpus``, ``resume_from_checkpoint``...). tests/test_l
 holds Lightning 2.6.6's argument list and checks that each is taken or in this table.
 
 :func:`lightning_values` lets the Trainer take the values Lightning documents as "the default" or
-"no limit": ``None`` for the arguments that have a default here, ``max_steps=-1``, ``max_epochs=-1``
-with ``max_steps``, ``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``.
+"no limit": ``None`` for the arguments that have a default here, ``max_steps=-1``,
+``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``.
 trainer.py in this folder applies both (the Trainer's metaclass) and the entry points' Lightning
 keywords.
 """
@@ -138,14 +138,6 @@ def lightning_values(init: Callable[..., None], kwargs: dict[str, Any]) -> dict[
             kwargs[name] = defaults[name]
     if kwargs.get("max_steps") == -1:  # Lightning's default: no step limit
         kwargs["max_steps"] = None
-    if kwargs.get("max_epochs") == -1:  # Lightning: no epoch limit, i.e. endless without max_steps
-        if kwargs.get("max_steps") is None:
-            raise MisconfigurationError(
-                "Trainer(max_epochs=-1) without max_steps asks for a fit that never ends; taskfit "
-                "does not train without a "
-                "limit.", "pass max_steps=N, or a number of epochs; a run stopped by SIGTERM "
-                "saves a checkpoint that fit(task, ckpt_path='last') continues.")
-        kwargs["max_epochs"] = None
     if kwargs.get("num_sanity_val_steps") == -1:  # Lightning: every validation batch
         kwargs["num_sanity_val_steps"] = sys.maxsize
     if kwargs.get("accelerator") == "gpu":  # Lightning: CUDA, or Apple's MPS
