@@ -444,23 +444,32 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         else:
             loss, outputs = step_loss(out, run.task, False), batch_outputs(out)
         if loss is None:
-            # the task skips this batch (Lightning's meaning): no backward, no step
-            return outputs
-        if not run.loss_checked:
-            source = "training_step" if defines(run.task, "training_step") else "loss"
-            check_loss(loss, run.task, True, source)
-            run.loss_checked = True
-        # kept as a tensor, converted at the log interval (no sync here)
-        run.logs.add_loss(outputs["loss"], samples)
-        if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
-            # a sync per step, opted into; this group's gradients so far go with the step
-            st.skipped_steps += 1
-            run.optimizer.zero_grad(set_to_none=True)
-            return outputs
-        # loss.backward() (+ the backward hooks, if any)
-        run.backward(loss if group == 1 else loss / group)
-        if not steps:
-            return outputs
+            # The task skips this batch (Lightning's meaning): no backward; the batch still ends
+            # its group as any other, so the optimizer steps on the gradients the group has (none:
+            # the parameters stay as they are) and global_step counts it, as Lightning's
+            if not steps:
+                return outputs
+            if run.precision.scales_loss:
+                # a GradScaler has nothing to unscale: its step is skipped (Lightning's too), and
+                # counted as a skipped step is
+                st.global_step += 1
+                return outputs
+        else:
+            if not run.loss_checked:
+                source = "training_step" if defines(run.task, "training_step") else "loss"
+                check_loss(loss, run.task, True, source)
+                run.loss_checked = True
+            # kept as a tensor, converted at the log interval (no sync here)
+            run.logs.add_loss(outputs["loss"], samples)
+            if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
+                # a sync per step, opted into; this group's gradients so far go with the step
+                st.skipped_steps += 1
+                run.optimizer.zero_grad(set_to_none=True)
+                return outputs
+            # loss.backward() (+ the backward hooks, if any)
+            run.backward(loss if group == 1 else loss / group)
+            if not steps:
+                return outputs
         if run.before_step_work:
             # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
             run.before_optimizer_step(run.optimizer)

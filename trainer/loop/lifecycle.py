@@ -90,6 +90,8 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
     ``teardown(stage)`` after a normal end; on the way out restore what changed (``on_exception``
     after an error). Yields the run."""
     config, strategy, task = run.config, run.strategy, run.task
+    # a run inside another's hook (a finder's trial): the task goes back to the outer run after
+    outer = task.trainer
     strategy.setup_environment()
     if config.seed is not None:
         seed_everything(config.seed, workers=seeds_workers())  # as a seed_everything call set it
@@ -111,7 +113,10 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
             restore_sigchld()
             if run.fn == "fit" and config.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
-            task.trainer = None  # (a data module keeps its trainer after the run, as Lightning's)
+            # (a data module keeps its trainer after the run, as Lightning's)
+            task.trainer = outer
+            if outer is not None and run.data.datamodule is not None:
+                run.data.datamodule.trainer = outer
 
 
 def _attach(run: Run, weights: str | None) -> Run:

@@ -122,6 +122,9 @@ class LightningNames:
         lambda self: self.strategy.local_rank, doc="This process's rank on its machine."
     )
     is_global_zero = property(lambda self: self.strategy.is_main, doc="Rank 0 (``is_main``).")
+    val_dataloaders = property(
+        lambda self: self.val_loader,
+        doc="The fit's validation loader(s) (a loader, or the list/dict passed), or None.")
     num_training_batches = property(
         lambda self: self.num_train_batches, doc="Training batches per epoch."
     )
