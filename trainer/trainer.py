@@ -126,6 +126,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         limit_predict_batches: int | float = 1.0,
         val_check_interval: int | float | str | datetime.timedelta | Mapping[str, float] = 1.0,
         check_val_every_n_epoch: int | None = 1,
+        reload_dataloaders_every_n_epochs: int = 0,
         num_sanity_val_steps: int = 2,
         log_every_n_steps: int = 50,
         fast_dev_run: bool | int = False,
@@ -312,11 +313,15 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             every_batch = run.manual or config.accumulate_grad_batches == 1
             if config.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
+            reload_every = config.reload_dataloaders_every_n_epochs
             # the first epoch's iterator, before on_train_start, as Lightning's
             batches = self._epoch_batches()
             self._epoch_hooks("on_train_start")
             run.val_schedule.start()  # a duration val_check_interval counts from here
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
+                if reload_every and st.epoch - run.loaders_epoch >= reload_every:
+                    # the task's (data module's) *_dataloader() again, before the epoch's hooks
+                    lifecycle.load_fit_loaders(run, resuming=True)
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
@@ -726,6 +731,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):
     limit_test_batches = _limit("test")
     limit_predict_batches = _limit("predict")
     check_val_every_n_epoch = _configured("check_val_every_n_epoch", "Validation every n epochs.")
+    reload_dataloaders_every_n_epochs = _configured(
+        "reload_dataloaders_every_n_epochs", "The fit's loaders are built again every n epochs "
+                                             "(0: once per fit).")
     num_sanity_val_steps = _configured("num_sanity_val_steps",
                                        "Validation batches of the sanity check.")
     log_every_n_steps = _configured("log_every_n_steps",

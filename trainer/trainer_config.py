@@ -62,6 +62,7 @@ class TrainerConfig:
     # a duration ("DD:HH:MM:SS", a dict) is held as a datetime.timedelta
     val_check_interval: int | float | datetime.timedelta
     check_val_every_n_epoch: int | None
+    reload_dataloaders_every_n_epochs: int
     num_sanity_val_steps: int
     log_every_n_steps: int
     fast_dev_run: int

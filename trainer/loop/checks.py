@@ -111,6 +111,7 @@ def check_arguments(args: dict[str, Any]) -> None:
         ("num_sanity_val_steps", 0),
         ("log_every_n_steps", 1),
         ("seed", 0),
+        ("reload_dataloaders_every_n_epochs", 0),
     ):
         check_count(
             name,

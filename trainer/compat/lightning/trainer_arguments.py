@@ -53,10 +53,6 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "sync_batchnorm": "convert the model yourself for ddp: self.net = "
                       "torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.net) in your "
                       "TaskModule's __init__ or configure_model.",
-    "reload_dataloaders_every_n_epochs": "the loaders are built once per fit; change what an epoch "
-                                         "sees in the dataset itself (e.g. in "
-                                         "on_train_epoch_start, with num_workers=0 or "
-                                         "non-persistent workers).",
     "enable_autolog_hparams": "taskfit's loggers always record the task's hyperparameters "
                               "(docs/logging.md); leave the argument out.",
     "model_registry": "not available: copy trainer.checkpoint_callback.best_model_path to your "
@@ -102,8 +98,7 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "truncated_bptt_steps": "split the sequence in your own training_step (Lightning 2 removed it "
                             "too).",
     "distributed_backend": "strategy='ddp', 'dp' or 'fsdp'.",
-    "reload_dataloaders_every_epoch": "the loaders are built once per fit; change what an epoch "
-                                      "sees in the dataset itself (e.g. in on_train_epoch_start).",
+    "reload_dataloaders_every_epoch": "reload_dataloaders_every_n_epochs=1, as in Lightning 2.",
 }
 
 # Lightning's value for "the default" or "no limit" -> taskfit's: the arguments whose default is not
