@@ -261,7 +261,10 @@ class Checkpointer:
     # ---- one live run per folder -----------------------------------------------------------------
     def hold_folders(self) -> None:
         """Before a fit reads the checkpoint to resume: hold the folders given as ``dirpath`` (a
-        live run that holds one is refused here, before its files are read)."""
+        live run that holds one is refused here, before its files are read). fast_dev_run writes
+        nothing: no folder."""
+        if self.run.config.fast_dev_run:
+            return
         for policy in self.policies:
             if policy.dirpath_arg is not None:
                 self._hold(policy.dirpath_arg)
