@@ -71,7 +71,9 @@ def test_counting_across_epochs_without_a_loader_length_counts_the_batches_train
     # Lightning's total_batch_idx (its test_validation_check_interval_exceed_data_length_correct)
     schedule = ValidationSchedule(3, None, INF, has_val=True)
     assert not schedule.at_exhaustion
-    assert [total for total in range(1, 13) if schedule.due(0, total - 1, total)] == [3, 6, 9, 12]
+    assert [b + 1 for b in range(12) if schedule.due(0, b)] == [3, 6, 9, 12]
+    schedule.start_epoch(5)  # an epoch of 5 batches ended: counted on from there
+    assert [b + 1 for b in range(7) if schedule.due(1, b)] == [1, 4, 7]
 
 
 @pytest.mark.parametrize("value, seconds", [

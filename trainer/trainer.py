@@ -347,11 +347,10 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                         # at state.log_step: the count before this batch, as Lightning
                         self._log_interval()
                     st.batches_done = batch_idx + 1
-                    st.total_batches += 1
                     # outputs: Lightning's mapping with "loss" (steps.batch_outputs)
                     for fn in on_end:
                         fn(self, task, outputs, batch, batch_idx)
-                    if validating and run.val_schedule.due(st.epoch, batch_idx, st.total_batches):
+                    if validating and run.val_schedule.due(st.epoch, batch_idx):
                         self._validate()  # after the batch's hooks, as Lightning
                     # what is published from here on is at the count with this batch
                     st.log_at_previous = False
@@ -562,6 +561,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         st, run = self.state, self.run
         st.stage, st.log_at_previous = "train", False
         self._epoch_hooks("on_train_epoch_start")  # (each submodule keeps its mode: loop/modes.py)
+        run.val_schedule.start_epoch(st.batches_before_epoch)
         return run.train_dataloader, run.num_train_batches, run.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
@@ -580,6 +580,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         self._epoch_hooks("on_train_epoch_end")
         logs.train.reset_metrics()
         if completed:
+            st.batches_before_epoch += st.batches_done
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
             logs.new_epoch(st.global_step)
 

@@ -46,6 +46,8 @@ class ValidationSchedule:
         self.broadcast, self.sync_every = broadcast, sync_every
         # (epoch, batch_idx, due): a duration's decision, asked again by the checkpoint manager
         self._decided: tuple[int, int, bool] = (-1, -1, False)
+        # the batches of the fit's earlier epochs (start_epoch): counted across epochs
+        self.before = 0
         if isinstance(val_check_interval, datetime.timedelta):
             self.seconds, self.every = val_check_interval.total_seconds(), float("inf")
             return
@@ -73,16 +75,20 @@ class ValidationSchedule:
             self.every_n_epochs is None or (epoch + 1) % self.every_n_epochs == 0
         )
 
-    def due(self, epoch: int, batch_idx: int, total: int = 0) -> bool:
+    def start_epoch(self, batches_before: int) -> None:
+        """An epoch starts after ``batches_before`` batches of the fit's earlier epochs (what
+        ``check_val_every_n_epoch=None`` counts from when the loader has no length)."""
+        self.before = batches_before
+
+    def due(self, epoch: int, batch_idx: int) -> bool:
         """Validation is due after batch ``batch_idx`` of ``epoch`` (asked only in epochs that
-        validate); ``total``: the batches trained in this fit so far, this one included (counted
-        across epochs when the loader has no length)."""
+        validate)."""
         if self.seconds is not None:
             return self._time_due(epoch, batch_idx)
         if self.every_n_epochs is not None:
             count = batch_idx + 1
         else:
-            count = total if self.n == float("inf") else epoch * self.n + batch_idx + 1
+            count = (self.before if self.n == float("inf") else epoch * self.n) + batch_idx + 1
         return count % self.every == 0
 
     def _time_due(self, epoch: int, batch_idx: int) -> bool:
