@@ -376,3 +376,17 @@ def test_a_duration_under_ddp_validates_on_every_rank_alike(tmp_path):
     trainer.fit(SleepyStep(n=64, batch_size=4, val_n=16))  # 8 batches per rank and epoch
     counts = [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)]
     assert counts[0] == counts[1] and 1 <= counts[0] <= 8  # rank 0 decides, every 2 batches
+
+
+def test_a_resumed_fit_reloads_at_the_epochs_the_uninterrupted_one_does(tmp_path):
+    first = Growing()
+    Trainer(max_epochs=3, reload_dataloaders_every_n_epochs=2, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+            enable_progress_bar=False, enable_model_summary=False, logger=False).fit(first)
+    resumed = Growing()
+    trainer = Trainer(max_epochs=5, reload_dataloaders_every_n_epochs=2, num_sanity_val_steps=0,
+                      default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False,
+                      logger=False)
+    trainer.fit(resumed, ckpt_path="last")
+    # built when the fit starts (its epoch counter is restored after), then again at epoch 4, as epochs 0, 2, 4
+    assert [a for a in resumed.asked if a[0] == "train"] == [("train", 0), ("train", 4)]
+    assert trainer.current_epoch == 5

@@ -319,8 +319,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             self._epoch_hooks("on_train_start")
             run.val_schedule.start()  # a duration val_check_interval counts from here
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
-                if reload_every and st.epoch - run.loaders_epoch >= reload_every:
-                    # the task's (data module's) *_dataloader() again, before the epoch's hooks
+                # every n-th epoch counted from 0 (a resumed fit reloads where the uninterrupted one
+                # did), not twice in an epoch: the *_dataloader() methods again, before its hooks
+                if reload_every and st.epoch % reload_every == 0 and st.epoch != run.loaders_epoch:
                     lifecycle.load_fit_loaders(run, resuming=True)
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
