@@ -50,6 +50,8 @@ class ValidationSchedule:
         self.before = 0
         if isinstance(val_check_interval, datetime.timedelta):
             self.seconds, self.every = val_check_interval.total_seconds(), float("inf")
+            # asked after every batch of a validating epoch: the clock's rule, chosen once
+            self.due = self._time_due  # type: ignore[method-assign]
             return
         if isinstance(val_check_interval, float):
             self.every = float("inf") if num_train_batches == float("inf") else \
@@ -82,9 +84,7 @@ class ValidationSchedule:
 
     def due(self, epoch: int, batch_idx: int) -> bool:
         """Validation is due after batch ``batch_idx`` of ``epoch`` (asked only in epochs that
-        validate)."""
-        if self.seconds is not None:
-            return self._time_due(epoch, batch_idx)
+        validate). A duration's rule is :meth:`_time_due`."""
         if self.every_n_epochs is not None:
             count = batch_idx + 1
         else:
