@@ -390,3 +390,11 @@ def test_a_resumed_fit_reloads_at_the_epochs_the_uninterrupted_one_does(tmp_path
     # built when the fit starts (its epoch counter is restored after), then again at epoch 4, as epochs 0, 2, 4
     assert [a for a in resumed.asked if a[0] == "train"] == [("train", 0), ("train", 4)]
     assert trainer.current_epoch == 5
+
+
+def test_the_lr_finder_callback_under_ddp_says_to_run_lr_find_before_fit():
+    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1, callbacks=[LearningRateFinder()],
+                      **QUIET)
+    with pytest.raises(MisconfigurationError, match=r"LearningRateFinder runs its range test in one process; this "
+                                                    r"fit has 2[\s\S]*HINT: call taskfit.tools.lr_find"):
+        trainer.fit(RegressionTask(n=32))
