@@ -176,6 +176,10 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname.split(".")[0] not in ROOTS:
             return None
+        # only Lightning's modules: `mock.patch("lightning.pytorch.loggers.TensorBoardLogger.x")`
+        # must find the class (an attribute), not a module made up under its name
+        if GIT_DIR and not is_module(canonical(fullname)):
+            return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec: Any) -> types.ModuleType:

@@ -55,6 +55,10 @@ class LogBuffer:
         self.aliases: dict[str, str] = {}
         # the last evaluation pass's on_step names (not in its result)
         self.eval_step_names: set[str] = set()
+        # the last evaluation pass's names -> the loader each was logged in (LogBook.loaders)
+        self.eval_loaders: dict[str, int | None] = {}
+        # every evaluation pass's on_step names: not in Lightning's callback_metrics
+        self.eval_step_seen: set[str] = set()
         self.train = LogBook("train", self)
         self.current = self.train
         self.new_epoch(0)
@@ -125,6 +129,19 @@ class LogBuffer:
         # the epoch value wins
         named = sorted((k.endswith("_epoch"), k) for k in values if k in self.aliases)
         return {**values, **{self.aliases[k]: values[k] for _, k in named}}
+
+    def lightning_views(self, values: dict[str, float]) -> tuple[dict[str, float],
+                                                                  dict[str, float]]:
+        """Lightning's ``callback_metrics`` and ``logged_metrics`` of the published ``values``
+        (``state.metrics``): the task's keys only once it logs its own training values (no
+        ``vitals/*``, also those published before its first self.log), and no evaluation step
+        value among the callback metrics (Lightning keeps them from the loggers only)."""
+        if self.own_values_only:
+            values = {k: v for k, v in values.items() if not k.startswith(VITALS)}
+        logged = self.logger_view(values)
+        if self.eval_step_seen:
+            values = {k: v for k, v in values.items() if k not in self.eval_step_seen}
+        return values, logged
 
     def logger_view(self, values: dict[str, float]) -> dict[str, float]:
         """``values`` without those logged with ``logger=False`` (and without the plain aliases of
