@@ -38,6 +38,7 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "StochasticWeightAveraging": ".weight_averaging",
     "BaseFinetuning": ".finetuning",
     "BackboneFinetuning": ".finetuning",
+    "LearningRateFinder": ".lr_finder",
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",

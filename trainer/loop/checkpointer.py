@@ -263,7 +263,10 @@ class Checkpointer:
     # ---- one live run per folder -----------------------------------------------------------------
     def hold_folders(self) -> None:
         """Before a fit reads the checkpoint to resume: hold the folders given as ``dirpath`` (a
-        live run that holds one is refused here, before its files are read)."""
+        live run that holds one is refused here, before its files are read). fast_dev_run writes
+        nothing: no folder."""
+        if self.run.config.fast_dev_run:
+            return
         for policy in self.policies:
             if policy.dirpath_arg is not None:
                 self._hold(policy.dirpath_arg)
@@ -340,11 +343,13 @@ class Checkpointer:
                 "taskfit.consolidate <checkpoint> <file> (TaskModule.load_from_checkpoint reads "
                 "it).",
             )
-        problem = strategy.broadcast(_unwritable(folder) if strategy.is_main else None)
-        # Before the first step, on every rank: not after an epoch of training
-        if problem:
-            raise _unwritable_error(folder, problem)
-        self._hold(folder)
+        # fast_dev_run writes nothing, not even the folder (Lightning's)
+        if not run.config.fast_dev_run:
+            problem = strategy.broadcast(_unwritable(folder) if strategy.is_main else None)
+            # Before the first step, on every rank: not after an epoch of training
+            if problem:
+                raise _unwritable_error(folder, problem)
+            self._hold(folder)
         if not run.state.resumed:
             policy.start_ranking()
         step = run.state.global_step
