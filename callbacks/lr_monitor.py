@@ -37,9 +37,9 @@ class LearningRateMonitor(Callback):
     Args:
         logging_interval: None (Lightning's default): an optimizer whose scheduler steps per epoch
             is logged at each epoch start, the others at every ``log_every_n_steps``; ``"step"``:
-            all at every ``log_every_n_steps`` (the value at global step ``s`` is the rate the next
-            optimizer step uses); ``"epoch"``: all at each epoch start (the rate that epoch starts
-            with).
+            all at every ``log_every_n_steps``; ``"epoch"``: all at each epoch start (the rate that
+            epoch starts with). A value at step ``s`` is the rate the optimizer step from ``s`` to
+            ``s + 1`` uses, read before it (and before its scheduler step), as Lightning's.
         log_momentum: also log the momentum (``momentum``, or ``betas[0]`` for Adam-like optimizers;
             Lightning's names log 0 for an optimizer without either, as Lightning does).
         log_weight_decay: also log the weight decay.
@@ -65,6 +65,8 @@ class LearningRateMonitor(Callback):
         self.logging_interval, self.log_momentum, self.log_weight_decay, self.names = \
             logging_interval, log_momentum, log_weight_decay, names
         self.log_key_prefix = log_key_prefix or ""
+        # the step the rates were last logged at, at a batch's start (on_log_interval logs the rest)
+        self._logged_at: int | None = None
         # (optimizer, group, name)
         self._keys: dict[str, list[tuple[Any, int, str]]] = {"step": [], "epoch": []}
         self._counts: list[int] = []  # each optimizer's parameter groups when they were named
@@ -185,8 +187,19 @@ class LearningRateMonitor(Callback):
                 out[key] = self.last_weight_decay_values[key] = float(group["weight_decay"])
         return out
 
-    def on_log_interval(self, trainer: Any, task: Any) -> None:
+    def on_logged_batch_start(self, trainer: Any, task: Any) -> None:
+        """The rates this batch's optimizer step uses, before it and its scheduler step, at the
+        step its values are logged at (Lightning's ``on_train_batch_start``)."""
         if self._keys["step"]:
+            self._logged_at = trainer.state.log_step
+            trainer.log_metrics(self.values(trainer, "step"))
+
+    def on_log_interval(self, trainer: Any, task: Any) -> None:
+        """An epoch shorter than ``log_every_n_steps`` logs its last step at its end (taskfit's
+        curves of a short run): the vitals log the rate there too. Lightning's names log where
+        Lightning's monitor does, only."""
+        if (self.names == "vitals" and self._keys["step"]
+                and self._logged_at != trainer.state.log_step):
             trainer.log_metrics(self.values(trainer, "step"))
 
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:
