@@ -421,23 +421,34 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         else:
             loss, outputs = step_loss(out, run.task, False), batch_outputs(out)
         if loss is None:
-            # the task skips this batch (Lightning's meaning): no backward, no step
-            return outputs
-        if not run.loss_checked:
-            source = "training_step" if defines(run.task, "training_step") else "loss"
-            check_loss(loss, run.task, True, source)
-            run.loss_checked = True
-        # kept as a tensor, converted at the log interval (no sync here)
-        run.logs.add_loss(outputs["loss"], samples)
-        if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
-            # a sync per step, opted into; this group's gradients so far go with the step
-            st.skipped_steps += 1
-            run.optimizer.zero_grad(set_to_none=True)
-            return outputs
-        # loss.backward() (+ the backward hooks, if any)
-        run.backward(loss if group == 1 else loss / group)
-        if not steps:
-            return outputs
+            # no backward for this batch (Lightning's meaning), but it counts as one of its
+            # accumulation group, whose last batch steps with the gradients the group has (none:
+            # the step changes no weight) and counts the step, as Lightning's
+            if not steps:
+                return outputs
+            if run.precision.scales_loss:
+                # Lightning's 16-mixed neither unscales nor steps the optimizer after a batch
+                # without a loss; the step counts, the schedulers step
+                st.global_step += 1
+                if run.schedulers.per_step:
+                    run.schedulers.after_step(st.global_step, st.metrics)
+                return outputs
+        else:
+            if not run.loss_checked:
+                source = "training_step" if defines(run.task, "training_step") else "loss"
+                check_loss(loss, run.task, True, source)
+                run.loss_checked = True
+            # kept as a tensor, converted at the log interval (no sync here)
+            run.logs.add_loss(outputs["loss"], samples)
+            if run.config.nonfinite_loss == "skip" and not torch.isfinite(loss):
+                # a sync per step, opted into; this group's gradients so far go with the step
+                st.skipped_steps += 1
+                run.optimizer.zero_grad(set_to_none=True)
+                return outputs
+            # loss.backward() (+ the backward hooks, if any)
+            run.backward(loss if group == 1 else loss / group)
+            if not steps:
+                return outputs
         if run.before_step_work:
             # a GradScaler to unscale, or on_before_optimizer_step hooks (else: no call)
             run.before_optimizer_step(run.optimizer)
