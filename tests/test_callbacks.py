@@ -211,6 +211,24 @@ def test_lr_monitor_logs_lightnings_rates_with_a_per_step_scheduler(tmp_path, se
     assert [v for _, v in logged(trainer, "lr-SGD/weights-momentum")] == pytest.approx([0.9] * len(lightning))
 
 
+class Unscheduled(RegressionTask):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("interval, steps", [(None, [0, 2, 4, 5, 8, 8, 11]), ("step", [2, 5, 8, 11]),
+                                             ("epoch", [0, 4, 8])])
+def test_lr_monitor_logs_an_optimizer_without_scheduler_when_lightnings_does(tmp_path, interval, steps):
+    """Lightning 2.6.6 (`pip install lightning==2.6.6`, the same SGD without a scheduler, 3 epochs of 4 batches,
+    log_every_n_steps=3; its metrics.csv rows of lr-SGD): without logging_interval such an optimizer is logged at every
+    epoch start (0, 4, 8) and every logged step's batch start (2, 5, 8, 11)."""
+    monitor = LearningRateMonitor(logging_interval=interval)
+    trainer = Trainer(max_epochs=3, log_every_n_steps=3, default_root_dir=str(tmp_path), callbacks=[monitor], **QUIET)
+    trainer.fit(Unscheduled(n=32, batch_size=8))
+    assert logged(trainer, "lr-SGD") == [(s, pytest.approx(0.1)) for s in steps]
+    assert monitor.lrs == {"lr-SGD": pytest.approx([0.1] * len(steps))}
+
+
 def test_lr_monitor_vitals_log_the_rates_lightnings_names_do(tmp_path):
     """The monitor taskfit adds (names="vitals") logs at the same steps, the same rates: each step's own."""
     trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),

@@ -46,6 +46,8 @@ class LogBuffer:
         self.exact = exact
         # the task logged a training value with self.log (this run)
         self.logged_training = False
+        # vitals/* reached callback_metrics before the task's first self.log (exact views only)
+        self._vitals_shown = False
         # With a GradScaler (16-mixed) overflowing steps are skipped by it: not an error.
         self.raise_nonfinite = nonfinite_loss == "raise" and not scales_loss
         self.prog_bar: set[str] = set()  # published names logged with prog_bar=True (any stage)
@@ -114,6 +116,20 @@ class LogBuffer:
         return self.exact and self.logged_training
 
     # ---- what is published where: callbacks (state.metrics), loggers (on_log), the progress bar --
+    def show(self, metrics: dict[str, Any], values: dict[str, float]) -> None:
+        """``values`` into ``metrics`` (``state.metrics``: ``trainer.callback_metrics``), as
+        :meth:`callback_view` gives them. Once the task logs values of its own, the ``vitals/*``
+        published before its first ``self.log`` (a learning rate read at the first batch's start)
+        leave ``metrics``: its keys only, as Lightning's."""
+        if self._vitals_shown and self.own_values_only:
+            for key in [k for k in metrics if k.startswith(VITALS)]:
+                del metrics[key]
+            self._vitals_shown = False
+        shown = self.callback_view(values)
+        if self.exact and not self.logged_training and not self._vitals_shown:
+            self._vitals_shown = any(k.startswith(VITALS) for k in shown)
+        metrics.update(shown)
+
     def callback_view(self, values: dict[str, float]) -> dict[str, float]:
         """``values`` plus Lightning's plain ``<key>`` for a key logged both per step and per epoch
         (the latest); taskfit's ``vitals/*`` only while the task does not log values of its own

@@ -121,7 +121,7 @@ def evaluation_pass(
     kept = modes.capture(run.task)
     values = evaluate(run, stage, module, loader, limit)
     if not sanity:
-        run.state.metrics.update(logs.callback_view(values))
+        logs.show(run.state.metrics, values)
     book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
     run.call_hooks(f"on_{name}_epoch_end")
     values.update(logs.late_values(book))
