@@ -39,7 +39,7 @@ PUBLIC = {
     "lightning.pytorch.trainer.trainer": ("taskfit",),
     "lightning.pytorch.trainer.states": ("taskfit.state",),
     "lightning.pytorch.callbacks": ("taskfit.callbacks",),
-    "lightning.pytorch.loggers": ("taskfit.callbacks", "taskfit.logs.logger"),
+    "lightning.pytorch.loggers": ("taskfit.callbacks", "taskfit.callbacks.loggers.logger"),
     "lightning.pytorch.profilers": ("taskfit.profilers",),
     "lightning.pytorch.utilities": ("taskfit", "taskfit.init_args"),
     "lightning.pytorch.utilities.exceptions": ("taskfit",),
@@ -175,6 +175,10 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname.split(".")[0] not in ROOTS:
+            return None
+        # only Lightning's modules: `mock.patch("lightning.pytorch.loggers.TensorBoardLogger.x")`
+        # must find the class (an attribute), not a module made up under its name
+        if GIT_DIR and not is_module(canonical(fullname)):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 

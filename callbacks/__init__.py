@@ -30,6 +30,7 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "PredictionWriter": ".prediction_writer",
     "BasePredictionWriter": ".prediction_writer",
     "CSVLogger": ".loggers.csv_logger",
+    "ExperimentWriter": ".loggers.csv_logger",
     "MLFlowLogger": ".loggers.mlflow_logger",
     "WandbLogger": ".loggers.wandb_logger",
     "WeightAveraging": ".weight_averaging",

@@ -57,6 +57,19 @@ class ProgressBar(Callback):
         self._interactive = False
         self._start = 0.0
         self._total: int | None = None  # the batches of the current epoch (None: unknown)
+        self._trainer: Any = None
+
+    def setup(self, trainer: Any, task: Any, stage: str) -> None:
+        self._trainer = trainer
+
+    @property
+    def trainer(self) -> Any:
+        """The Trainer this bar is attached to (Lightning's ``ProgressBar.trainer``)."""
+        if self._trainer is None:
+            raise TypeError(f"The progress bar `{type(self).__name__}` should be attached to a "
+                            "Trainer instance (it is once a fit, validate, test or predict "
+                            "starts).")
+        return self._trainer
 
     def _out(self) -> TextIO:
         return self.stream or sys.stdout
@@ -111,6 +124,11 @@ class ProgressBar(Callback):
         the bar redraws."""
         loss = trainer.logs.last_loss if trainer.state.fn == "fit" else None
         shown = {} if loss is None else {"loss": f"{float(loss):.4g}"}
+        if type(self).get_metrics is not ProgressBar.get_metrics:
+            # a subclass chose what the bar shows (Lightning's override point)
+            custom = self.get_metrics(trainer, trainer.task)
+            return {**shown, **{k: f"{v:.4g}" if isinstance(v, float) else str(v)
+                                for k, v in custom.items()}}
         wanted = _shown_keys(trainer)
         self._order += [key for key in self._logged if key in wanted and key not in self._order]
         for key in self._order:
@@ -119,6 +137,18 @@ class ProgressBar(Callback):
                     f"{self._logged[key]:.4g}"
                 )
         return shown
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        """Lightning's ``get_metrics``: ``v_num`` (the loggers' version, a string's last 4
+        characters) and ``trainer.progress_bar_metrics``. A subclass that overrides it chooses what
+        the bar shows beside the loss (e.g. ``items.pop("v_num", None)``)."""
+        items: dict[str, Any] = {}
+        versions = list(dict.fromkeys(lg.version for lg in trainer.loggers))
+        version = versions[0] if len(versions) == 1 else "_".join(map(str, versions))
+        if version not in ("", None):
+            items["v_num"] = version[-4:] if isinstance(version, str) else version
+        items.update(trainer.progress_bar_metrics)
+        return items
 
     # ---- validation, test, predict: a bar for long passes, a table of results --------------------
     def on_validation_start(self, trainer: Any, task: Any) -> None:

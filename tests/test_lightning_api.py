@@ -402,8 +402,8 @@ def test_self_log_options_give_lightnings_names_and_values():
                  "t/f": 3.1667, "t/g": 0.5, "v/ep": 7.0, "v/l": 101.5, "v/s": 101.5, "v/s_epoch": 101.5}
     where, step, callback, logged_keys, bar = snaps.seen[4]
     assert (where, step) == ("train_epoch_end", 3)
-    # taskfit also keeps v/s_step (the last validation batch's value) in callback_metrics; Lightning only logs it
-    assert {k: v for k, v in callback.items() if k != "v/s_step"} == epoch_end and callback["v/s_step"] == 102.5
+    # as Lightning: v/s_step (the last validation batch's value) is logged, not a callback metric (issue 46)
+    assert callback == epoch_end and trainer.state.metrics["v/s_step"] == 102.5
     assert logged_keys == ["t/a", "t/b_epoch", "t/b_step", "t/c", "t/d", "t/f", "t/g", "v/ep", "v/l", "v/s_epoch",
                            "v/s_step"]
     assert bar == {"t/b_epoch": 2.5, "t/b_step": 4.5, "t/e": 4.5, "v/s_epoch": 101.5, "v/s_step": 102.5}

@@ -72,10 +72,8 @@ def test_the_run_directory_follows_the_first_logger_as_in_lightning(tmp_path, mo
 
 
 def test_lightning_arguments_taskfit_does_not_take_get_the_catalogued_error():
-    cases = [(lambda: TensorBoardLogger("logs", default_hp_metric=False), "TensorBoardLogger", "default_hp_metric",
-              "HParams tab shows"),
-             (lambda: CSVLogger("logs", flush_logs_every_n_steps=10), "CSVLogger", "flush_logs_every_n_steps",
-              "as soon as the step is complete"),
+    cases = [(lambda: TensorBoardLogger("logs", purge_step=3), "TensorBoardLogger", "purge_step",
+              "purges the steps it redoes"),
              (lambda: MLFlowLogger(synchronous=True), "MLFlowLogger", "synchronous", "in batches"),
              (lambda: MLFlowLogger(checkpoint_path_prefix="x"), "MLFlowLogger", "checkpoint_path_prefix",
               "checkpoints/ artifacts"),
@@ -90,8 +88,8 @@ def test_lightning_arguments_taskfit_does_not_take_get_the_catalogued_error():
     with pytest.raises(MisconfigurationError, match=r"CSVLogger\(\) got an unknown argument 'save_dr'[\s\S]*"
                                                     r"did you mean save_dir\?"):
         CSVLogger(save_dr="logs")
-    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(\) takes at most 4 positional arguments"):
-        CSVLogger("logs", "exp", 0, "", "extra")
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(\) takes at most 5 positional arguments"):
+        CSVLogger("logs", "exp", 0, "", 100, "extra")
     with pytest.raises(MisconfigurationError, match=r"CSVLogger\(version=-1\) is not valid"):
         CSVLogger(version=-1)
     with pytest.raises(MisconfigurationError, match=r"LearningRateMonitor\(logging_interval='batch'\) is not valid"):

@@ -109,7 +109,9 @@ def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
                       callbacks=[recorder], **QUIET)
     trainer.fit(task)
     path = tmp_path / "version_0" / "metrics.csv"
-    assert logger.metrics_path == str(path) and logger.log_dir == trainer.log_dir and logger.experiment is None
+    assert logger.metrics_path == str(path) and logger.log_dir == trainer.log_dir
+    # Lightning's ExperimentWriter: the file, and no row left unwritten after the fit
+    assert logger.experiment.metrics_file_path == str(path) and logger.experiment.metrics == []
     header, rows = read_csv(path)
     expected: dict[int, dict[str, float]] = {}
     for step, values in recorder.calls:
@@ -533,6 +535,148 @@ def test_loggers_work_outside_a_run_as_lightnings(tmp_path):
     events = EventAccumulator(board.log_dir)
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("x")] == [(5, 3.0)] and events.Graph() is not None
-    with pytest.warns(UserWarning, match=r"no graph written: give input_array or set model.example_input_array"):
+    with pytest.warns(UserWarning, match=r"Could not log computational graph to TensorBoard: The "
+                                         r"`model.example_input_array` attribute is not set"):
         board.log_graph(torch.nn.Linear(2, 1))
     assert CSVLogger().log_dir is None  # no save_dir: the Trainer's default_root_dir decides, at fit
+
+
+def test_csv_logger_outside_a_run_flushes_every_n_steps_as_lightnings(tmp_path):
+    """Lightning 2.6.6's CSVLogger without a Trainer (its tests/loggers/test_csv.py): rows wait in
+    ``experiment.metrics`` until a step s with (s + 1) % flush_logs_every_n_steps == 0; header step + keys (no
+    epoch column), tensors written as numbers, ``log_hyperparams()`` without params writes hparams.yaml."""
+    import torch
+    from taskfit.callbacks import ExperimentWriter
+
+    table = CSVLogger(tmp_path, flush_logs_every_n_steps=2)
+    path = Path(table.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+    table.log_metrics({"a": torch.tensor(0.5), "n": torch.tensor(1)}, step=0)
+    assert table.experiment.metrics == [{"a": 0.5, "n": 1, "step": 0}] and not path.exists()
+    table.log_metrics({"a": 1}, step=1)  # (1 + 1) % 2 == 0: written
+    assert table.experiment.metrics == [] and table.experiment.metrics_file_path == str(path)
+    with open(path, newline="") as fh:
+        assert [dict(r) for r in csv.DictReader(fh)] == [{"step": "0", "a": "0.5", "n": "1"},
+                                                         {"step": "1", "a": "1", "n": ""}]
+    table.experiment.log_metrics({"c": 3.0})  # Lightning's writer: the next row, written at save()
+    table.save()
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["step", "a", "n", "c"] and rows[-1] == {"step": "2", "a": "", "n": "", "c": "3.0"}
+    table.log_hyperparams()
+    assert yaml.safe_load((path.parent / ExperimentWriter.NAME_HPARAMS_FILE).read_text()) == {}
+
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(flush_logs_every_n_steps=0\) is not valid"):
+        CSVLogger(tmp_path, flush_logs_every_n_steps=0)
+    # in a run each step's row is written when the step is complete, whatever the setting
+    logger = CSVLogger(tmp_path / "run", flush_logs_every_n_steps=1000)
+    Trainer(max_epochs=1, log_every_n_steps=1, logger=logger, **QUIET).fit(RegressionTask(n=16, val_n=8))
+    with open(logger.metrics_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0])[:2] == ["step", "epoch"] and [r["step"] for r in rows] == ["0", "1"]
+
+
+def test_tensorboard_default_hp_metric_is_off_and_lightnings_minus_one_when_asked(tmp_path):
+    """taskfit writes no hp_metric placeholder by default (issue 48); default_hp_metric=True writes Lightning's -1
+    at the hyperparameters' step, as an HParams column; log_hyperparams(params, metrics) logs the given metrics."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    def read(logger):
+        events = EventAccumulator(logger.log_dir)
+        events.Reload()
+        columns = []
+        for content in events.PluginTagToContent("hparams").values():
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            if data.HasField("experiment"):
+                columns += [m.name.tag for m in data.experiment.metric_infos]
+        scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+        return scalars, columns
+
+    off = TensorBoardLogger(tmp_path, name="off")
+    Trainer(max_epochs=1, logger=off, **QUIET).fit(RegressionTask(n=16, val_n=8))
+    scalars, columns = read(off)
+    assert "hp_metric" not in scalars and "hp_metric" not in columns and "val/loss" in columns
+
+    on = TensorBoardLogger(tmp_path, name="on", default_hp_metric=True)
+    Trainer(max_epochs=1, logger=on, **QUIET).fit(RegressionTask(n=16, val_n=8))
+    scalars, columns = read(on)
+    # Lightning 2.6.6: hp_metric -1.0 at step 0, and an HParams metric column hp_metric
+    assert scalars["hp_metric"] == [(0, -1.0)] and "hp_metric" in columns and "val/loss" in columns
+
+    alone = TensorBoardLogger(tmp_path, name="alone")
+    alone.log_hyperparams({"lr": 0.1}, {"abc": 0.5})  # positional, as Lightning's tests call it
+    alone.finalize("success")
+    assert read(alone)[0]["abc"] == [(0, 0.5)]
+    with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(default_hp_metric='yes'\) is not valid"):
+        TensorBoardLogger(tmp_path, default_hp_metric="yes")
+
+
+def test_log_graph_of_a_task_outside_a_run_and_lightnings_warnings(tmp_path):
+    """Lightning's TensorBoardLogger.log_graph(model, input_array) works on a LightningModule outside a run (torch.jit
+    reads every attribute: taskfit's stage_metrics must not raise then); a dict input is not traced, with Lightning's
+    warning."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = TensorBoardLogger(tmp_path, log_graph=True)
+    task = RegressionTask()
+    board.log_graph(task, torch.zeros(2, 4))
+    with pytest.warns(UserWarning, match=r"Could not log computational graph to TensorBoard: .* can't be traced"):
+        board.log_graph(task, {"x": 1})
+    board.finalize("success")
+    events = EventAccumulator(board.log_dir)
+    events.Reload()
+    assert events.Graph() is not None
+
+
+def test_loggers_get_log_metrics_with_lightnings_keywords(tmp_path):
+    """Lightning calls ``logger.log_metrics(metrics=..., step=...)``: a logger written for it with keyword-only
+    parameters works."""
+    calls = []
+
+    class KeywordsOnly(Logger):
+        def log_metrics(self, *, metrics, step):
+            calls.append((step, dict(metrics)))
+
+    Trainer(max_epochs=1, log_every_n_steps=1, logger=KeywordsOnly(), default_root_dir=str(tmp_path),
+            **QUIET).fit(RegressionTask(n=16, val_n=8))
+    assert calls and all(isinstance(step, int) for step, _ in calls)
+
+
+@pytest.mark.parametrize("cls", [CSVLogger, TensorBoardLogger])
+def test_a_url_save_dir_is_refused_not_made_a_local_folder(tmp_path, monkeypatch, cls):
+    """Lightning's loggers write through fsspec ("memory://", "s3://"); taskfit's write local folders: a URL is one
+    clear error, not a folder named "memory:" in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MisconfigurationError, match=rf"{cls.__name__}\(save_dir='memory://logs'\) is a URL"):
+        cls(save_dir="memory://logs")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_trainer_log_dir_before_fit_is_where_the_run_goes_and_save_dir_expands_home_and_variables(
+        tmp_path, monkeypatch):
+    """Lightning's trainer.log_dir before fit is the first logger's log_dir; "~" and "$VAR" in save_dir expand."""
+    logger = TensorBoardLogger(tmp_path)
+    trainer = Trainer(max_epochs=1, logger=logger, **QUIET)
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "version_0")  # Lightning 2.6.6: the same
+    assert not (tmp_path / "version_0").exists()  # nothing written before the run
+    trainer.fit(RegressionTask(n=16))
+    assert trainer.log_dir == str(tmp_path / "version_0")
+    assert Trainer(logger=False, default_root_dir=str(tmp_path / "r"), **QUIET).log_dir == str(tmp_path / "r" / "version_0")
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LOGS_ROOT", str(tmp_path / "var"))
+    assert CSVLogger("~/logs").log_dir == str(tmp_path / "home" / "logs" / "version_0")
+    assert TensorBoardLogger("$LOGS_ROOT/tb").log_dir == str(tmp_path / "var" / "tb" / "version_0")
+
+
+@pytest.mark.parametrize("cls", [CSVLogger, TensorBoardLogger])
+def test_a_run_opened_before_fit_is_the_one_fit_continues(tmp_path, cls):
+    """Lightning's logger.experiment (or log_hyperparams) before fit fixes the version: fit writes there too."""
+    logger = cls(tmp_path)
+    assert logger.experiment is not None and (tmp_path / "version_0").is_dir()
+    trainer = Trainer(max_epochs=1, logger=logger, **QUIET)
+    assert trainer.log_dir == str(tmp_path / "version_0")
+    trainer.fit(RegressionTask(n=16))
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "version_0")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["version_0"]

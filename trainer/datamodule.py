@@ -222,15 +222,20 @@ class DataSource:
     def _get(self, method: str) -> Any:
         if self.passed.get(method) is not None:
             return self.passed[method]
-        return getattr(self.datamodule if self.datamodule is not None else self.task, method)()
+        # Lightning's `model.val_dataloader = None`: no such loader
+        fn = getattr(self.datamodule if self.datamodule is not None else self.task, method)
+        return None if fn is None else fn()
 
     def defines(self, method: str) -> bool:
         """The loader of ``method`` is passed, or the data module's or task's own method (not the
-        base's None)."""
+        base's None, nor an attribute set to None as Lightning's ``model.val_dataloader = None``
+        turns it off)."""
         if self.passed.get(method) is not None:
             return True
-        owner = type(self.datamodule if self.datamodule is not None else self.task)
-        return getattr(owner, method, None) is not getattr(TaskModule, method)
+        source = self.datamodule if self.datamodule is not None else self.task
+        if getattr(source, method, None) is None:
+            return False
+        return getattr(type(source), method, None) is not getattr(TaskModule, method)
 
     def provides(self, method: str) -> bool:
         """The loader of ``method`` comes from somewhere other than the task (check_task then does

@@ -22,6 +22,20 @@ from .optim import gradient_clipper, plain_scheduler_step
 # second), which `import taskfit` should not pay. torch.optim defers it the same way, with this
 # helper; where a torch lacks it, the public decorator (and the import at once).
 _EAGER = getattr(torch, "_disable_dynamo", torch.compiler.disable)
+# graph_tracing() is on: torch.jit reads every attribute of the module (Lightning's
+# _jit_is_scripting), and the properties that need a run answer empty instead of raising
+_TRACING = [False]
+
+
+@contextlib.contextmanager
+def graph_tracing() -> Iterator[None]:
+    """While a module's graph is traced (``SummaryWriter.add_graph``), outside a run too:
+    ``torch.jit`` reads every attribute, and :attr:`TaskModule.stage_metrics` is then empty."""
+    before, _TRACING[0] = _TRACING[0], True
+    try:
+        yield
+    finally:
+        _TRACING[0] = before
 
 
 class TaskModule(nn.Module):
@@ -212,6 +226,9 @@ class TaskModule(nn.Module):
         epoch values once per epoch). ``sync_dist``: epoch values are always reduced over ranks,
         step values never (docs/taskmodule.md).
         """
+        if metric_attribute is None and isinstance(value, nn.Module) and all(
+                hasattr(value, a) for a in ("update", "compute", "reset")):
+            self._check_metric_attribute(name, value)
         trainer = self.trainer
         if trainer is None:
             raise MisconfigurationError(
@@ -232,6 +249,30 @@ class TaskModule(nn.Module):
             enable_graph=enable_graph,
             sync_dist_group=sync_dist_group,
         )
+
+    def _check_metric_attribute(self, name: str, metric: nn.Module) -> None:
+        """A torchmetrics Metric logged must be one of the task's attributes, as Lightning requires:
+        else its state is in no checkpoint and it is not moved with the task."""
+        found = self.__dict__.get("_metric_attributes")
+        if found is None or id(metric) not in found:
+            found = {id(m): n for n, m in self.named_modules()
+                     if all(hasattr(m, a) for a in ("update", "compute", "reset"))}
+            object.__setattr__(self, "_metric_attributes", found)
+        if id(metric) in found:
+            return
+        what = ("Could not find the `LightningModule` attribute for the `torchmetrics.Metric` "
+                f"logged as {name!r}.")
+        if not found:
+            raise MisconfigurationError(
+                f"{what} You can fix this by setting an attribute for the metric in your "
+                "`LightningModule`.",
+                "create it in __init__ (self.acc = Accuracy(...)) and log self.acc: then it moves "
+                "with the task and its state is checkpointed.")
+        raise MisconfigurationError(
+            f"{what} You can fix this by calling `self.log({name}, ..., metric_attribute=name)` "
+            f"where `name` is one of {list(found.values())}",
+            "log the metric attribute itself (self.log(name, self.acc)), or name it with "
+            "metric_attribute=.")
 
     def log_dict(
         self,
@@ -419,6 +460,8 @@ class TaskModule(nn.Module):
         """This stage's copies of ``configure_metrics()`` (``{name: Metric}``): in your own
         validation_step/test_step call ``self.stage_metrics["acc"].update(preds, targets)``; the
         Trainer computes, logs and resets them."""
+        if self.trainer is None and _TRACING[0]:
+            return {}
         trainer = self._running_trainer("self.stage_metrics")
         return trainer.metrics.get(
             {"sanity": "val"}.get(trainer.state.stage, trainer.state.stage), {}

@@ -41,6 +41,7 @@ from .data.loaders import (
 from .datamodule import DataModule, DataSource
 from .init_args import run_hparams
 from .logs.buffer import LogBuffer
+from .logs.outputs import run_directory
 from .loop import lifecycle, user_errors
 from .loop.cadence import accumulation_group, steps_per_epoch
 from .loop.checkpointing import load_run_state, no_training_state, preempt, run_state
@@ -722,8 +723,14 @@ class Trainer(LightningNames, metaclass=LightningArguments):
 
     @property
     def log_dir(self) -> str | None:
-        """The run directory of the current or last run: logs and checkpoints go there."""
-        return self.run.log_dir if self.run is not None else self._log_dir
+        """The run directory of the current or last run: logs and checkpoints go there. Before the
+        first run, where it will go (Lightning's ``trainer.log_dir`` before fit: the first
+        logger's ``log_dir``), as far as the folders on disk tell now."""
+        if self.run is not None:
+            return self.run.log_dir
+        if self._log_dir is None:
+            return run_directory(self.callbacks, self.default_root_dir)
+        return self._log_dir
 
     data = _run_part("data", "Where the run's loaders come from (loop/run.py's DataSource).")
     model = _run_part("model", "The module the loop calls: the task wrapped by the strategy (and "

@@ -26,15 +26,15 @@ import os
 import warnings
 from typing import Any
 
+import torch
+
 from ...arguments import arguments_checked
+from ...errors import MisconfigurationError
 from ...logs.outputs import check_writable, hparams_dict, replace_file, write_hparams_yaml
-from .logger import Logger
+from .logger import PREFIX_SEPARATOR, Logger
 
 # the first columns: the global step of the row, and the epoch it belongs to
 STEP, EPOCH = "step", "epoch"
-_LIGHTNING_ONLY = {"flush_logs_every_n_steps": "remove it: taskfit's CSVLogger writes each step's "
-                                               "row as soon as the step is complete (one whole row "
-                                               "per write), so nothing waits."}
 
 
 class CSVLogger(Logger):
@@ -45,23 +45,40 @@ class CSVLogger(Logger):
     one column per logged key in the order keys first appeared; a row leaves the keys not logged at
     its step empty. Read it with ``pandas.read_csv(path)`` or ``csv.DictReader``.
 
+    Outside a run (Lightning's use without a Trainer: ``CSVLogger("logs").log_metrics({...})``)
+    there is no ``epoch`` column, and the rows are written every ``flush_logs_every_n_steps``
+    steps, at :meth:`save` and at :meth:`finalize`, as Lightning's.
+
     Args:
         save_dir: the folder of the runs (None: ``Trainer(default_root_dir=...)``).
         name: a folder below ``save_dir`` (None: none; Lightning's default is ``"lightning_logs"``).
         version: ``3`` writes ``version_3``; a string names the folder; None: the next free
             ``version_N``.
         prefix: put ``<prefix>-`` before every column name.
+        flush_logs_every_n_steps: outside a run, write the rows when a step ``s`` with ``(s + 1)``
+            a multiple of it is logged (Lightning's); in a run each step's row is written as soon
+            as the step is complete, which is sooner.
     """
 
-    @arguments_checked(lightning=_LIGHTNING_ONLY, docs="docs/logging.md")
+    @arguments_checked(docs="docs/logging.md")
     def __init__(
         self,
-        save_dir: str | None = None,
+        save_dir: str | os.PathLike | None = None,
         name: str | None = None,
         version: int | str | None = None,
         prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
     ) -> None:
         self._where(save_dir, name, version, prefix)
+        n = flush_logs_every_n_steps
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise MisconfigurationError(f"CSVLogger(flush_logs_every_n_steps={n!r}) is not valid.",
+                                        "pass a positive number of steps (Lightning's default is "
+                                        "100).")
+        self.flush_logs_every_n_steps = n
+        # a run's rows have an epoch column; a standalone file (no Trainer) has none, as Lightning's
+        self._epochs = True
+        self._writer: ExperimentWriter | None = None
         self._path: str | None = None
         self._header: list[str] = []
         self._row: dict[str, Any] = {}  # the current step's values, not written yet
@@ -78,10 +95,32 @@ class CSVLogger(Logger):
         0)."""
         return self._path
 
+    @property
+    def experiment(self) -> ExperimentWriter | None:
+        """Lightning's ``ExperimentWriter``: the rows not yet written (``metrics``), the file
+        (``metrics_file_path``), ``log_metrics``/``save``/``log_hparams``. Outside a run, with a
+        ``save_dir``, it opens the run directory (Lightning's use without a Trainer); None on ranks
+        other than 0."""
+        if self._path is None and not self._open_standalone_file():
+            return None
+        if self._writer is None:
+            self._writer = ExperimentWriter(self)
+        return self._writer
+
+    def _open_standalone_file(self) -> bool:
+        """Open ``metrics.csv`` of a run outside a Trainer (no epoch column); False: none now."""
+        if not self.open_standalone():
+            return False
+        self._path, self._epochs = os.path.join(self._run_dir, "metrics.csv"), False
+        if os.path.isfile(self._path):
+            self._header = _read_checked(self._path)[0]
+        return True
+
     # ---- the Logger interface --------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
         check_writable(self.log_dir, "CSVLogger")
         path = os.path.join(self.log_dir, "metrics.csv")
+        self._epochs = True
         if path != self._path:
             self._path, self._header, self._row, self._written, self._redo_step = (
                 path,
@@ -108,22 +147,30 @@ class CSVLogger(Logger):
                         self._written = {k: v for k, v in zip(header, last) if v != ""}
                         self._written[STEP], self._redo_step = step, step
 
-    def log_hyperparams(self, params: dict[str, Any] | Any) -> None:
+    def log_hyperparams(self, params: dict[str, Any] | Any = None) -> None:
         """``hparams.yaml``: the flattened hyperparameters (numbers, strings, bools, null; anything
-        else as text); a dict or an ``argparse.Namespace``, as Lightning takes them (outside a run
-        too)."""
+        else as text); a dict, an ``argparse.Namespace`` or None (an empty file), as Lightning
+        takes them (outside a run too)."""
         if self._run_dir is None and not self.open_standalone():
             return
         write_hparams_yaml(self._run_dir, hparams_dict(params))
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Values of ``step`` into the row being built (outside a run too: Lightning's ``step=None``
-        is the row after the last)."""
+        is the row after the last; tensors are written as numbers)."""
         # no run: Lightning's use without a Trainer (CSVLogger("logs").log_metrics(...))
-        if self._path is None:
-            if not self.open_standalone():
-                return
-            self._path = os.path.join(self._run_dir, "metrics.csv")
+        if self._path is None and not self._open_standalone_file():
+            return
+        if self._for is None and self.prefix:
+            metrics = {f"{self.prefix}{PREFIX_SEPARATOR}{k}": v for k, v in metrics.items()}
+        step = self._add(metrics, step)
+        # outside a run rows wait as Lightning's do (in a run they are written as steps complete)
+        if self._for is None and (step + 1) % self.flush_logs_every_n_steps == 0:
+            self.save()
+
+    def _add(self, metrics: dict[str, Any], step: int | None) -> int:
+        """``metrics`` into the row of ``step`` (None: the row after the last); returns the step."""
+        metrics = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
         if step is None:
             step = self._row_step + 1 if self._row or self._written is not None else 0
         if self._row and (step != self._row_step or not self._row.keys().isdisjoint(metrics)):
@@ -138,10 +185,11 @@ class CSVLogger(Logger):
                 del self._row[STEP]
                 self._row.update(metrics)
                 self._write_row(replace_last=True, keep=True)
-                return
+                return step
             self._written = None
         self._row_step = step
         self._row.update(metrics)
+        return step
 
     def on_log(self, trainer: Any, task: Any, metrics: dict[str, float]) -> None:
         self._epoch = trainer.state.epoch  # the row's epoch column
@@ -160,9 +208,10 @@ class CSVLogger(Logger):
     def _write_row(self, replace_last: bool = False, keep: bool = False) -> None:
         if not self._row or self._path is None:
             return
+        epoch = self._row.pop(EPOCH, self._epoch if self._epochs else None)
         row: dict[str, Any] = {
             STEP: self._row_step,
-            EPOCH: self._row.pop(EPOCH, self._epoch),
+            **({} if epoch is None else {EPOCH: epoch}),
             **self._row,
         }
         self._row = {}
@@ -176,13 +225,57 @@ class CSVLogger(Logger):
         rows = _read_checked(self._path)[1] if os.path.isfile(self._path) else []
         if replace_last and rows:
             rows.pop()
-        self._header = (self._header or [STEP, EPOCH]) + [
+        self._header = (self._header or ([STEP, EPOCH] if EPOCH in row else [STEP])) + [
             key for key in new if key not in (STEP, EPOCH)
         ]
         replace_file(
             self._path,
             _table(self._header, rows + [[str(row.get(key, "")) for key in self._header]]),
         )
+
+
+class ExperimentWriter:
+    """``CSVLogger.experiment``, as Lightning's ``ExperimentWriter``: its file names, the rows not
+    written yet, and its calls, which go through the logger (one writer of ``metrics.csv``)."""
+
+    NAME_METRICS_FILE = "metrics.csv"
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
+    def __init__(self, logger: CSVLogger) -> None:
+        self._logger = logger
+
+    @property
+    def log_dir(self) -> str | None:
+        """The run directory (the logger's ``log_dir``)."""
+        return self._logger.log_dir
+
+    @property
+    def metrics_file_path(self) -> str | None:
+        """``<log_dir>/metrics.csv``."""
+        return self._logger.metrics_path
+
+    @property
+    def metrics_keys(self) -> list[str]:
+        """The columns of ``metrics.csv`` so far."""
+        return list(self._logger._header)
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows logged and not written yet (``step`` included): empty after :meth:`save`."""
+        row = self._logger._row
+        return [{**row, STEP: self._logger._row_step}] if row else []
+
+    def log_metrics(self, metrics_dict: dict[str, Any], step: int | None = None) -> None:
+        """Values of ``step`` (None: the row after the last), written at the next :meth:`save`."""
+        self._logger._add(metrics_dict, step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        """``hparams.yaml`` (the logger's ``log_hyperparams``)."""
+        self._logger.log_hyperparams(params)
+
+    def save(self) -> None:
+        """Write the rows logged so far."""
+        self._logger.save()
 
 
 def _read_checked(path: str) -> tuple[list[str], list[list[str]]]:
@@ -225,10 +318,12 @@ def _intact_beginning(data: bytes) -> tuple[list[str], list[list[str]], str | No
         text = text[:text.rfind("\n") + 1]
     lines = list(csv.reader(io.StringIO(text)))
     header = lines[0] if lines else []
-    if header and (header[:2] != [STEP, EPOCH] or len(set(header)) != len(header) or "" in header):
+    if header and (header[0] != STEP or len(set(header)) != len(header) or "" in header):
         return [], [], damage or f"its first line is not a header (step,epoch,...): {text[:40]!r}"
+    # (a file written outside a run has no epoch column)
+    epochs = header[1:2] == [EPOCH]
     for i, row in enumerate(lines[1:]):
-        if len(row) != len(header) or not (row[0].isdigit() and row[1].isdigit()):
+        if len(row) != len(header) or not (row[0].isdigit() and (not epochs or row[1].isdigit())):
             why = f"line {i + 2} has {len(row)} fields, not {len(header)}"
             if len(row) == len(header):
                 why = f"line {i + 2} has no whole step and epoch: {row[:2]}"

@@ -81,6 +81,13 @@ class Logger(Callback):
             raise MisconfigurationError(f"{cls}(save_dir={save_dir!r}) is not a folder path.",
                                         f'pass a folder, e.g. {cls}("logs"), or None '
                                         '(Trainer(default_root_dir=...)).')
+        if save_dir is not None and self.has_directory and re.match(r"[A-Za-z][\w+.-]+://",
+                                                                     os.fspath(save_dir)):
+            raise MisconfigurationError(f"{cls}(save_dir={save_dir!r}) is a URL: taskfit's {cls} "
+                                        "writes to a local folder (Lightning's remote file systems "
+                                        "through fsspec are not supported).",
+                                        'pass a local folder (save_dir="logs") and copy it to the '
+                                        "remote storage after the run, or mount that storage.")
         if name is not None and (not isinstance(name, str) or os.path.isabs(name)):
             raise MisconfigurationError(f"{cls}(name={name!r}) is not valid.",
                                         'pass a folder name below save_dir, e.g. name="exp", or '
@@ -95,7 +102,9 @@ class Logger(Callback):
             raise MisconfigurationError(f"{cls}(prefix={prefix!r}) is not valid.",
                                         'pass a string; prefix="fold1" logs fold1-train/loss... '
                                         '("" for none).')
-        self._save_dir = os.fspath(save_dir) if save_dir is not None else None
+        # "~/logs" and "$SCRATCH/logs" as Lightning's loggers expand them (not a folder named "~")
+        self._save_dir = (os.path.expandvars(os.path.expanduser(os.fspath(save_dir)))
+                          if save_dir is not None else None)
         self._name, self._version, self.prefix = name or None, version, prefix
 
     # ---- what a logger writes: override these ----------------------------------------------------
@@ -203,7 +212,10 @@ class Logger(Callback):
 
     def directory(self, default_root_dir: str | None) -> str:
         """Where a new run of this logger goes: ``<save_dir or
-        default_root_dir>/<name>/<version>``."""
+        default_root_dir>/<name>/<version>``; the run opened outside a Trainer (``experiment``
+        or ``log_metrics`` before fit), if any: the fit continues it, as Lightning's does."""
+        if self._run_dir is not None and self._for is None:
+            return self._run_dir
         root = os.path.abspath(
             self._save_dir or default_root_dir or os.path.join(os.getcwd(), "taskfit_logs")
         )
@@ -243,7 +255,7 @@ class Logger(Callback):
                 f"{self.prefix}{PREFIX_SEPARATOR}{key}": value for key, value in metrics.items()
             }
         # Lightning's step for the value (state.py)
-        self.log_metrics(metrics, trainer.state.log_step)
+        self.log_metrics(metrics=metrics, step=trainer.state.log_step)
 
     def on_train_epoch_end(self, trainer: Any, task: Any) -> None:
         if self._active:

@@ -26,12 +26,14 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ...arguments import arguments_checked
 from ...data.loaders import batch_to_device
 from ...errors import MisconfigurationError
 from ...logs.outputs import check_writable, hparams_dict, write_hparams_yaml
 from .logger import Logger
-from ...module import TaskModule
+from ...module import TaskModule, graph_tracing
 from .tensorboard_hparams import (
     BEST,
     config_text,
@@ -57,9 +59,6 @@ TEST, TEST_TAG = "test/", "~test/"
 # Lightning's TensorBoardLogger arguments (and SummaryWriter's, which it passes on) that this one
 # does not take.
 _LIGHTNING_ONLY = {
-    "default_hp_metric": "remove it: taskfit writes no hp_metric placeholder; the HParams tab "
-    "shows each run's final and best validation metrics (choose them with "
-    "hparam_metrics=[...]).",
     "purge_step": (
         "remove it: a fit resumed from a checkpoint purges the steps it redoes by itself."),
     "comment": 'remove it: the run\'s folder is save_dir/name/version (pass version="my-run" to '
@@ -123,6 +122,10 @@ class TensorBoardLogger(Logger):
             :attr:`experiment`.
         max_queue: ``SummaryWriter``'s queue size.
         filename_suffix: ``SummaryWriter``'s event file name suffix.
+        default_hp_metric: Lightning's placeholder: ``True`` writes ``hp_metric`` = -1 when the
+            hyperparameters are logged without metrics, and shows it in the HParams tab (log your
+            own ``hp_metric`` to replace it). Off by default, unlike Lightning: the HParams tab
+            shows each run's final and best validation metrics instead of a -1 column.
     """
 
     # order 900 (Logger's): after every callback that logs, so on_fit_end closes the writer last;
@@ -153,8 +156,15 @@ class TensorBoardLogger(Logger):
         flush_secs: int = 120,
         max_queue: int = 10,
         filename_suffix: str = "",
+        default_hp_metric: bool = False,
     ) -> None:
         self._where(save_dir, name, version, prefix)
+        if not isinstance(default_hp_metric, bool):
+            raise MisconfigurationError("TensorBoardLogger(default_hp_metric="
+                                        f"{default_hp_metric!r}) is not valid.",
+                                        "pass True (write hp_metric=-1 with the hyperparameters, "
+                                        "as Lightning does) or False (taskfit's default).")
+        self.default_hp_metric = default_hp_metric
         n = histogram_every_n_steps
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise MisconfigurationError(f"TensorBoardLogger(histogram_every_n_steps={n!r}) is not "
@@ -297,17 +307,26 @@ class TensorBoardLogger(Logger):
             self._purge_step = trainer.state.log_step + 1
         self.writer(trainer)
 
-    def log_hyperparams(self, params: dict[str, Any] | Any, metrics: Any = None) -> None:
-        """HParams' session start: :attr:`hparams` if given, else ``params`` (a dict or an
-        ``argparse.Namespace``; numbers, strings, bools; anything else as text). ``metrics``
-        (Lightning's initial hp_metric values) are logged at step 0. Outside a run, with a
-        ``save_dir``, a run is opened."""
+    def log_hyperparams(
+        self, params: dict[str, Any] | Any = None, metrics: Any = None, step: int | None = None
+    ) -> None:
+        """HParams' session start: :attr:`hparams` if given, else ``params`` (a dict, an
+        ``argparse.Namespace`` or None; numbers, strings, bools; anything else as text).
+        ``metrics`` (Lightning's initial values: a dict, or one number for ``hp_metric``) are
+        logged at ``step`` (default 0); without them, ``default_hp_metric=True`` logs
+        ``hp_metric`` = -1. Outside a run, with a ``save_dir``, a run is opened."""
         if self.experiment is None:
             return
         params = hparams_dict(params)
         write_hparams_yaml(self._run_dir, params)  # Lightning's file beside the event files
+        if metrics is None and self.default_hp_metric:
+            metrics = {"hp_metric": -1}
+        elif metrics is not None and not isinstance(metrics, Mapping):
+            metrics = {"hp_metric": metrics}
         if metrics:
-            self.log_metrics(dict(metrics), 0)
+            self.log_metrics(dict(metrics), self._hparams_step if step is None else step)
+            # its columns in the HParams tab (the fit's final values, or these)
+            self._final.update({tag(k): float(v) for k, v in metrics.items()})
         self._hparams = loggable(self.hparams if self.hparams is not None else params)
         self._writer.file_writer.add_summary(session_start(self._hparams), self._hparams_step)
 
@@ -328,10 +347,19 @@ class TensorBoardLogger(Logger):
         example = (
             input_array if input_array is not None else getattr(model, "example_input_array", None)
         )
+        # Lightning's warnings (no graph, and why)
         if example is None:
-            warnings.warn("TensorBoardLogger.log_graph: no graph written: give input_array or set "
-                          "model.example_input_array (as Lightning "
-                          "warns).", UserWarning, stacklevel=2)
+            warnings.warn("Could not log computational graph to TensorBoard: The "
+                          "`model.example_input_array` attribute is not set or `input_array` was "
+                          "not given. HINT: give input_array, or set model.example_input_array.",
+                          UserWarning, stacklevel=2)
+            return
+        if not isinstance(example, (torch.Tensor, tuple)):
+            warnings.warn("Could not log computational graph to TensorBoard: The `input_array` or "
+                          f"`model.example_input_array` has type {type(example)} which can't be "
+                          "traced by TensorBoard. HINT: make it a tensor, or a tuple of the "
+                          "positional arguments of the model's `forward()`.",
+                          UserWarning, stacklevel=2)
             return
         if self.experiment is not None:
             device = next((p.device for p in model.parameters()), None)
@@ -379,6 +407,9 @@ class TensorBoardLogger(Logger):
             if isinstance(k, str) and m in ("min", "max")
         }
         self._monitors = list(self._modes)
+        if self.default_hp_metric:
+            # Lightning's placeholder column; a logged hp_metric replaces its -1
+            self._modes.setdefault("hp_metric", "max")
         if self.hparam_metrics is not None:
             self._modes.update(self.hparam_metrics)
         super().on_fit_start(trainer, task)  # rank 0: the writer and the HParams session start
@@ -505,8 +536,6 @@ def _defines(task: Any, method: str) -> bool:
 def _write_graph(writer: SummaryWriter, task: Any, inputs: Any) -> None:
     """Trace the model once on ``inputs`` (on its device; RNG state and train/eval mode are
     restored: the run is unchanged)."""
-    import torch
-
     device = next((p.device for p in task.parameters()), torch.device("cpu"))
     training = task.training
     with (
@@ -516,5 +545,6 @@ def _write_graph(writer: SummaryWriter, task: Any, inputs: Any) -> None:
         # add_graph traces with jit
         warnings.filterwarnings("ignore", "`torch.jit.trace", DeprecationWarning)
         task.eval()
-        writer.add_graph(task, inputs)
+        with graph_tracing():
+            writer.add_graph(task, inputs)
     task.train(training)

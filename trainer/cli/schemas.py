@@ -198,6 +198,7 @@ class TensorBoardLoggerConf:
     flush_secs: int = 120
     max_queue: int = 10
     filename_suffix: str = ""
+    default_hp_metric: bool = False
 
 
 @dataclass
@@ -207,6 +208,7 @@ class CSVLoggerConf:
     name: Optional[str] = None
     version: Any = None
     prefix: str = ""
+    flush_logs_every_n_steps: int = 100
 
 
 @dataclass

@@ -39,6 +39,28 @@ def stack_scalars(values: list[Any], device: torch.device) -> torch.Tensor:
     )
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """``value`` as Lightning's messages show it (``str``), cut to ``limit`` characters."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def unloggable(name: str, value: Any) -> MisconfigurationError:
+    """The error for a value ``self.log`` cannot record (None, a string, a dict, a list...):
+    taskfit's words, then Lightning's (its ValueError's text: people search for it)."""
+    hint = ("log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once per "
+            "pass).")
+    kind = type(value).__name__
+    if isinstance(value, dict) and any(isinstance(v, dict) for v in value.values()):
+        return MisconfigurationError(f"self.log({name!r}, ...) got a {kind}; expected a scalar "
+                                     f"tensor or a number. `self.log({name}, {_shown(value)})` "
+                                     "was called, but nested dictionaries cannot be logged.",
+                                     hint)
+    return MisconfigurationError(f"self.log({name!r}, ...) got a {kind}; expected a scalar tensor "
+                                 f"or a number. `self.log({name}, {_shown(value)})` was called, "
+                                 f"but `{kind}` values cannot be logged.", hint)
+
+
 class Series:
     """One logged key: the values since the last fold (tensors stay tensors) and the folded running
     total.
@@ -68,6 +90,7 @@ class Series:
         options: LogOptions = LEGACY,
         key: str = "",
         builtin: tuple[str | None, str | None] | None = None,
+        suffix: str = "",
     ) -> None:
         self.pending: list[Any] = []
         self.weights: list[float] | None = None
@@ -77,7 +100,9 @@ class Series:
         self.weight = 0.0
         self._last: Any = None
         self.options = options
-        self.step_name, self.epoch_name = builtin if builtin is not None else options.names(key)
+        self.step_name, self.epoch_name = (
+            builtin if builtin is not None else options.names(key, suffix)
+        )
         # the loop's own loss; hidden: a user's key took it
         self.builtin, self.hidden = builtin is not None, False
 
@@ -161,10 +186,10 @@ class StepSeries:
 
     __slots__ = ("_last", "options", "step_name", "epoch_name", "builtin", "hidden", "pending")
 
-    def __init__(self, options: LogOptions, key: str) -> None:
+    def __init__(self, options: LogOptions, key: str, suffix: str = "") -> None:
         self._last: Any = None
         self.options, self.builtin, self.hidden, self.pending = options, False, False, ()
-        self.step_name, self.epoch_name = options.names(key)
+        self.step_name, self.epoch_name = options.names(key, suffix)
 
     @property
     def last(self) -> Any:
@@ -196,6 +221,9 @@ class LogBook:
         self.epoch_level = False
         # keys logged after the pass's values were computed (its epoch-end hooks)
         self.late: set[str] | None = None
+        # published name -> the loader it was first logged in (None: none, an epoch-end hook):
+        # each loader's validate/test result holds its own keys, as Lightning's
+        self.loaders: dict[str, int | None] = {}
 
     @property
     def suffix(self) -> str:
@@ -208,7 +236,15 @@ class LogBook:
         options. The name is published as given (Lightning's meaning): ``"val_loss"`` stays
         ``val_loss``; ``"val/acc"`` groups it."""
         epoch_hook = self.epoch_level or self.late is not None
+        # the loader's suffix goes after _step/_epoch, as Lightning's names
+        base, suffix = name, self.suffix if add_dataloader_idx else ""
         if add_dataloader_idx:
+            if "/dataloader_idx_" in name:
+                raise MisconfigurationError(
+                    f"You called `self.log` with the key `{name}` but it should not contain "
+                    "information about `dataloader_idx` when `add_dataloader_idx=True`.",
+                    "log the plain name (the loader's suffix is added when there are several), "
+                    "or pass add_dataloader_idx=False to name each loader's key yourself.")
             name += self.suffix
         key = name + EPOCH_HOOK if epoch_hook else name
         batch_size = options.pop("batch_size", None)
@@ -217,12 +253,13 @@ class LogBook:
             if value.numel() != 1:
                 raise MisconfigurationError(
                     f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; only "
-                    "scalars can be logged.",
+                    f"scalars can be logged. `self.log({name}, {_shown(value)})` was called, but "
+                    "the tensor must have a single element.",
                     "log a reduced value, e.g. `self.log(name, value.mean())`.")
             value = value.detach().reshape(())
         # a torchmetrics Metric
         elif all(hasattr(value, a) for a in ("update", "compute", "reset")):
-            step_name, epoch_name = opts.names(name)
+            step_name, epoch_name = opts.names(base, suffix)
             if key not in self.metric_objects:
                 self._register(opts, step_name, epoch_name)
             # computed (torchmetrics syncs ranks) once per pass
@@ -236,32 +273,37 @@ class LogBook:
             ):
                 series = self.series.get(key)
                 if series is None:
-                    series = self.series[key] = StepSeries(opts, name)
+                    series = self.series[key] = StepSeries(opts, base, suffix)
                     series.epoch_name = None  # the epoch value is the metric's compute()
                 series.add(batch_value.detach().reshape(()))
             if self.late is not None:
                 self.late.add(key)
             return
         elif not isinstance(value, (int, float)):
-            raise MisconfigurationError(
-                f"self.log({name!r}, ...) got a {type(value).__name__}; expected a scalar tensor "
-                "or a number.",
-                "log `float(x)`, a 0-d tensor or a torchmetrics Metric (computed and reset once "
-                "per pass).")
-        self.add(key, value, opts, batch_size, name)
+            raise unloggable(name, value)
+        self.add(key, value, opts, batch_size, base, suffix)
 
     def add(self, key: str, value: Any, options: LogOptions, batch_size: int | None = None,
-            name: str | None = None) -> None:
-        """``value`` into the series of ``key``, published as ``name`` (default: the key)."""
+            name: str | None = None, suffix: str = "") -> None:
+        """``value`` into the series of ``key``, published as ``name`` (default: the key) with the
+        loader's ``suffix``."""
         series = self.series.get(key)
         if series is None:
             name = key if name is None else name
             series = self.series[key] = (
-                Series(options, name) if options.on_epoch else StepSeries(options, name)
+                Series(options, name, suffix=suffix) if options.on_epoch
+                else StepSeries(options, name, suffix)
             )
             self._register(options, series.step_name, series.epoch_name)
-        elif series.options is not options:
-            check_same(name or key, series.options, options)
+        else:
+            if series.options is not options:
+                check_same(name + suffix if name else key, series.options, options,
+                           self.where(key))
+            if self.dataloader_idx is not None and not suffix:
+                # one name from several loaders (add_dataloader_idx=False): every loader's result
+                for published in (series.step_name, series.epoch_name):
+                    if self.loaders.get(published) not in (None, self.dataloader_idx):
+                        self.loaders[published] = None
         series.add(
             value,
             1.0
@@ -273,10 +315,19 @@ class LogBook:
         if self.late is not None:
             self.late.add(key)
 
+    def where(self, key: str) -> str:
+        """The pass a key is logged in, as Lightning's messages name its hook."""
+        if key.endswith(EPOCH_HOOK):
+            return "an epoch-level hook"
+        return {"train": "training_step", "val": "validation_step", "sanity": "validation_step",
+                "test": "test_step"}.get(self.stage, self.stage)
+
     def _register(self, options: LogOptions, step_name: str | None, epoch_name: str | None) -> None:
         """A new key: its names claim a built-in one (the loss: never mixed), the bar, the loggers,
         the alias."""
         names = {step_name, epoch_name} - {None}
+        for name in names:
+            self.loaders.setdefault(name, self.dataloader_idx)
         builtin = self.series.get(LOSS + self.suffix)
         if builtin is not None and (names & {builtin.step_name, builtin.epoch_name} or self._exact):
             # the user's self.log of the loss key (or, exact, of any key) replaces the loss
@@ -334,6 +385,7 @@ class LogBook:
     def reset(self) -> None:
         self.series.clear()
         self.metric_objects.clear()
+        self.loaders.clear()
         self.late = None
 
     def compute_metrics(self, keys: Any = None) -> dict[str, Any]:

@@ -46,8 +46,6 @@ class LogBuffer:
         self.exact = exact
         # the task logged a training value with self.log (this run)
         self.logged_training = False
-        # vitals/* reached callback_metrics before the task's first self.log (exact views only)
-        self._vitals_shown = False
         # With a GradScaler (16-mixed) overflowing steps are skipped by it: not an error.
         self.raise_nonfinite = nonfinite_loss == "raise" and not scales_loss
         self.prog_bar: set[str] = set()  # published names logged with prog_bar=True (any stage)
@@ -57,6 +55,10 @@ class LogBuffer:
         self.aliases: dict[str, str] = {}
         # the last evaluation pass's on_step names (not in its result)
         self.eval_step_names: set[str] = set()
+        # the last evaluation pass's names -> the loader each was logged in (LogBook.loaders)
+        self.eval_loaders: dict[str, int | None] = {}
+        # every evaluation pass's on_step names: not in Lightning's callback_metrics
+        self.eval_step_seen: set[str] = set()
         self.train = LogBook("train", self)
         self.current = self.train
         self.new_epoch(0)
@@ -116,20 +118,6 @@ class LogBuffer:
         return self.exact and self.logged_training
 
     # ---- what is published where: callbacks (state.metrics), loggers (on_log), the progress bar --
-    def show(self, metrics: dict[str, Any], values: dict[str, float]) -> None:
-        """``values`` into ``metrics`` (``state.metrics``: ``trainer.callback_metrics``), as
-        :meth:`callback_view` gives them. Once the task logs values of its own, the ``vitals/*``
-        published before its first ``self.log`` (a learning rate read at the first batch's start)
-        leave ``metrics``: its keys only, as Lightning's."""
-        if self._vitals_shown and self.own_values_only:
-            for key in [k for k in metrics if k.startswith(VITALS)]:
-                del metrics[key]
-            self._vitals_shown = False
-        shown = self.callback_view(values)
-        if self.exact and not self.logged_training and not self._vitals_shown:
-            self._vitals_shown = any(k.startswith(VITALS) for k in shown)
-        metrics.update(shown)
-
     def callback_view(self, values: dict[str, float]) -> dict[str, float]:
         """``values`` plus Lightning's plain ``<key>`` for a key logged both per step and per epoch
         (the latest); taskfit's ``vitals/*`` only while the task does not log values of its own
@@ -141,6 +129,19 @@ class LogBuffer:
         # the epoch value wins
         named = sorted((k.endswith("_epoch"), k) for k in values if k in self.aliases)
         return {**values, **{self.aliases[k]: values[k] for _, k in named}}
+
+    def lightning_views(self, values: dict[str, float]) -> tuple[dict[str, float],
+                                                                  dict[str, float]]:
+        """Lightning's ``callback_metrics`` and ``logged_metrics`` of the published ``values``
+        (``state.metrics``): the task's keys only once it logs its own training values (no
+        ``vitals/*``, also those published before its first self.log), and no evaluation step
+        value among the callback metrics (Lightning keeps them from the loggers only)."""
+        if self.own_values_only:
+            values = {k: v for k, v in values.items() if not k.startswith(VITALS)}
+        logged = self.logger_view(values)
+        if self.eval_step_seen:
+            values = {k: v for k, v in values.items() if k not in self.eval_step_seen}
+        return values, logged
 
     def logger_view(self, values: dict[str, float]) -> dict[str, float]:
         """``values`` without those logged with ``logger=False`` (and without the plain aliases of

@@ -29,11 +29,13 @@ class LogOptions:
     prog_bar: bool = False
     rank_zero_only: bool = False
 
-    def names(self, key: str) -> tuple[str | None, str | None]:
-        """The published names: ``(step name, epoch name)``, None where it is not logged."""
+    def names(self, key: str, suffix: str = "") -> tuple[str | None, str | None]:
+        """The published names: ``(step name, epoch name)``, None where it is not logged;
+        ``suffix`` (a loader's ``/dataloader_idx_<i>``) goes last, as Lightning's
+        ``val_loss_epoch/dataloader_idx_0``."""
         both = self.on_step and self.on_epoch
-        return ((f"{key}_step" if both else key) if self.on_step else None,
-                (f"{key}_epoch" if both else key) if self.on_epoch else None)
+        return ((f"{key}_step" if both else key) + suffix if self.on_step else None,
+                (f"{key}_epoch" if both else key) + suffix if self.on_epoch else None)
 
 
 def log_options(
@@ -59,8 +61,10 @@ def log_options(
     if on_epoch is None:
         on_epoch = not stepping
     if not on_step and not on_epoch:
+        # taskfit's words, then Lightning's (people search for them)
         raise MisconfigurationError(f"self.log({key!r}, on_step=False, on_epoch=False) logs "
-                                    "nothing.",
+                                    "nothing. `self.log(on_step=False, on_epoch=False)` is not "
+                                    "useful.",
                                     "log it per step (on_step=True) or per epoch (on_epoch=True), "
                                     "or remove the call.")
     if on_step and epoch_level:
@@ -72,9 +76,10 @@ def log_options(
     fx = REDUCE_FX.get(reduce_fx.lower() if isinstance(reduce_fx, str) else reduce_fx)
     if fx is None:
         raise MisconfigurationError(f"self.log({key!r}, reduce_fx={reduce_fx!r}) is not a "
-                                    "reduction taskfit knows.",
+                                    "reduction taskfit knows. Only `self.log(..., "
+                                    "reduce_fx={min,max,mean,sum})` are supported.",
                                     'use reduce_fx="mean" (weighted by batch_size), "sum", "max" '
-                                    'or "min".')
+                                    'or "min"; for another reduction, log a torchmetrics Metric.')
     if enable_graph or sync_dist_group is not None:
         warnings.warn(f"self.log({key!r}, "
                       f"{'enable_graph=True' if enable_graph else 'sync_dist_group=...'}) does "
@@ -86,16 +91,18 @@ def log_options(
     )
 
 
-def check_same(key: str, old: LogOptions, new: LogOptions) -> None:
+def check_same(key: str, old: LogOptions, new: LogOptions, where: str = "a pass") -> None:
     """A key logged again in a pass with different options: Lightning refuses it too (one key, one
-    meaning)."""
+    meaning). ``where`` names the pass as Lightning's message names the hook (``training_step``)."""
     if old != new:
         changed = [
             f"{f}={getattr(old, f)!r} then {getattr(new, f)!r}"
             for f in old.__dataclass_fields__
             if getattr(old, f) != getattr(new, f)
         ]
-        raise MisconfigurationError(f"self.log({key!r}) was called with different options in one "
-                                    f"pass: {', '.join(changed)}.",
-                                    "log each key with the same options every time, or give it "
-                                    "another name.")
+        raise MisconfigurationError(f"self.log({key!r}) was called with different options in "
+                                    f"one pass: {', '.join(changed)}. You called "
+                                    f"`self.log({key}, ...)` twice in `{where}` with different "
+                                    "arguments.",
+                                    "log each key with the same options every time in a pass (its "
+                                    "step and its batch hooks), or give it another name.")

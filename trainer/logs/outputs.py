@@ -34,7 +34,9 @@ def next_version_dir(root: str | None) -> str:
 
 def hparams_dict(params: Any) -> dict[str, Any]:
     """``log_hyperparams``' argument as a dict: a mapping, or an ``argparse.Namespace`` (Lightning
-    takes both)."""
+    takes both); None (Lightning's default) is none."""
+    if params is None:
+        return {}
     return (
         dict(vars(params))
         if hasattr(params, "__dict__") and not isinstance(params, dict)

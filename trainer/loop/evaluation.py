@@ -76,20 +76,29 @@ def run_entry(run: Run, fn: str, keep: bool = True) -> list[Any] | None:
         run.publish(run.logs.to_floats(values))
         # as Lightning
         shown = {k: v for k, v in values.items() if k not in run.logs.eval_step_names}
-        result = [per_loader(shown, idx, len(parts(loader))) for idx in range(len(parts(loader)))]
+        count = len(parts(loader))
+        result = [per_loader(shown, idx, count, run.logs.eval_loaders) for idx in range(count)]
     run.call_hooks(f"on_{HOOK[stage]}_end")
     run.state.stage = "idle"
     return result
 
 
-def per_loader(values: dict[str, float], idx: int, count: int) -> dict[str, float]:
-    """The result ``validate``/``test`` return for loader ``idx`` of ``count``: its
-    ``/dataloader_idx_<idx>`` values and the values of no loader in particular
-    (``configure_metrics``, ``add_dataloader_idx=False``), as Lightning's."""
+def per_loader(values: dict[str, float], idx: int, count: int,
+               loaders: dict[str, int | None]) -> dict[str, float]:
+    """The result ``validate``/``test`` return for loader ``idx`` of ``count``, as Lightning's: what
+    was logged while that loader ran (its ``/dataloader_idx_<idx>`` values, and those it logged
+    with ``add_dataloader_idx=False``), and what no loader in particular logged (the epoch-end
+    hooks, ``configure_metrics``). ``loaders``: each logged name's loader (None: none)."""
     if count == 1:
         return values
     own = f"/dataloader_idx_{idx}"
-    return {k: v for k, v in values.items() if k.endswith(own) or "/dataloader_idx_" not in k}
+
+    def mine(key: str) -> bool:
+        if key in loaders:
+            return loaders[key] in (None, idx)
+        return key.endswith(own) or "/dataloader_idx_" not in key
+
+    return {k: v for k, v in values.items() if mine(k)}
 
 
 def sanity_pass(run: Run, limit: float) -> None:
@@ -121,7 +130,7 @@ def evaluation_pass(
     kept = modes.capture(run.task)
     values = evaluate(run, stage, module, loader, limit)
     if not sanity:
-        logs.show(run.state.metrics, values)
+        run.state.metrics.update(logs.callback_view(values))
     book.epoch_level = True  # self.log in on_validation_epoch_end: an epoch value
     run.call_hooks(f"on_{name}_epoch_end")
     values.update(logs.late_values(book))
@@ -181,7 +190,8 @@ def evaluate(run: Run, prefix: str, module: torch.nn.Module, loader: Any,
     book.dataloader_idx = None
     # on_step=True values: the last batch's, published, not in validate()'s result
     steps = book.step_values()
-    logs.eval_step_names = set(steps)
+    logs.eval_step_names, logs.eval_loaders = set(steps), dict(book.loaders)
+    logs.eval_step_seen |= logs.eval_step_names
     values = {**logs.reduce(book), **steps, **book.compute_metrics()}
     for name, metric in metrics.items():  # torchmetrics syncs its states across ranks in compute()
         # its own step never updated it

@@ -108,7 +108,7 @@ class Run:
         """Floats into ``state.metrics`` and every ``on_log`` (without ``self.log(...,
         logger=False)`` values)."""
         if metrics:
-            self.logs.show(self.state.metrics, metrics)
+            self.state.metrics.update(self.logs.callback_view(metrics))
             logged = self.logs.logger_view(metrics)
             if logged:
                 self.call_hooks("on_log", logged)

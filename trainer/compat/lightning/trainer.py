@@ -114,19 +114,15 @@ class LightningNames:
         lambda self: self.num_train_batches, doc="Training batches per epoch."
     )
     callback_metrics = property(
-        lambda self: {k: torch.tensor(v) for k, v in self.state.metrics.items()},
-        doc="Every published value, as tensors (``state.metrics`` holds them as floats).",
+        lambda self: {k: torch.tensor(v) for k, v in _views(self)[0].items()},
+        doc="Every published value, as tensors (``state.metrics`` holds them as floats), as "
+            "Lightning's: no evaluation step values, and only the task's keys once it logs "
+            "training values of its own.",
     )
     logged_metrics = property(
-        lambda self: {
-            k: torch.tensor(v)
-            for k, v in (
-                self.state.metrics
-                if self.logs is None
-                else self.logs.logger_view(self.state.metrics)
-            ).items()
-        },
-        doc="The published values loggers received, as tensors.",
+        lambda self: {k: torch.tensor(v) for k, v in _views(self)[1].items()},
+        doc="The published values loggers received, as tensors (only the task's keys once it "
+            "logs training values of its own).",
     )
     checkpoint_callbacks = property(
         lambda self: [cb for cb in self.callbacks if _named_base(cb, "ModelCheckpoint")],
@@ -149,6 +145,13 @@ class LightningNames:
     progress_bar_metrics = property(lambda self: {} if self.logs is None else {
         k: v for k, v in self.state.metrics.items() if k in self.logs.prog_bar},
         doc="The latest value of every key logged with ``prog_bar=True`` (floats).")
+
+
+def _views(trainer: Any) -> tuple[dict[str, float], dict[str, float]]:
+    """Lightning's callback_metrics and logged_metrics, as floats (LogBuffer.lightning_views)."""
+    if trainer.logs is None:
+        return trainer.state.metrics, trainer.state.metrics
+    return trainer.logs.lightning_views(trainer.state.metrics)
 
 
 def _named_base(obj: Any, name: str) -> bool:
