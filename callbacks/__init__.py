@@ -38,11 +38,12 @@ LAZY = {  # class name: its module, relative to this package (imported on first 
     "StochasticWeightAveraging": ".weight_averaging",
     "BaseFinetuning": ".finetuning",
     "BackboneFinetuning": ".finetuning",
+    "LearningRateFinder": ".lr_finder",
 }
 
 __all__ = ["Callback", "HOOKS", "Logger", "callback_states", "drop_idle_batch_hooks", "hook_table",
-           "is_task_hook", "load_callback_states", "merge_task_callbacks", "run_directory",
-           "warn_uncalled", "with_defaults", *LAZY]
+           "is_task_hook", "load_callback_states", "merge_task_callbacks",
+           "refuse_checkpoint_callbacks", "run_directory", "warn_uncalled", "with_defaults", *LAZY]
 
 
 def __getattr__(name: str) -> Any:
@@ -95,7 +96,39 @@ def with_defaults(callbacks: Any, *, progress: bool, summary: bool, checkpointin
             cls = __getattr__(name)
             if not any(issubclass(t, cls) for t in present):
                 callbacks.append(cls(**DEFAULT_ARGUMENTS.get(name, {})))
+    _refuse_shared_checkpoint_keys(callbacks)
     return sorted(callbacks, key=lambda cb: cb.order)
+
+
+def _refuse_shared_checkpoint_keys(callbacks: list[Callback]) -> None:
+    """Two ModelCheckpoints with one ``state_key`` would keep one ranking in a checkpoint: the
+    other's is lost on resume. Refused, as Lightning refuses it (its phrase kept)."""
+    checkpoint, seen = __getattr__("ModelCheckpoint"), set()
+    for cb in callbacks:
+        if isinstance(cb, checkpoint):
+            if cb.state_key in seen:
+                raise MisconfigurationError(
+                    f"Found more than one stateful callback of type `{type(cb).__name__}` with "
+                    f"the state key {cb.state_key}: a checkpoint would keep only one of their "
+                    "rankings. The `callback.state_key` must be unique among all callbacks in the "
+                    "Trainer.",
+                    "give each ModelCheckpoint its own monitor, mode or trigger (every_n_epochs, "
+                    "every_n_train_steps, train_time_interval), or keep one of them.")
+            seen.add(cb.state_key)
+
+
+def refuse_checkpoint_callbacks(callbacks: Any) -> None:
+    """``Trainer(enable_checkpointing=False)`` with a ModelCheckpoint among ``callbacks``: one of
+    the two settings would do nothing (Lightning refuses it with the phrase kept here)."""
+    given = [callbacks] if isinstance(callbacks, Callback) else callbacks
+    checkpoint = __getattr__("ModelCheckpoint")
+    found = isinstance(given, (list, tuple)) and any(isinstance(cb, checkpoint) for cb in given)
+    if found:
+        raise MisconfigurationError(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` "
+            "in callbacks list.",
+            "remove the ModelCheckpoint to save nothing, or leave enable_checkpointing at True "
+            "to save with it.")
 
 
 def _loggers(logger: Any) -> list[Logger]:

@@ -57,7 +57,7 @@ class ProgressBar(Callback):
         self._interactive = False
         self._start = 0.0
         self._total: int | None = None  # the batches of the current epoch (None: unknown)
-        self._trainer: Any = None
+        self._trainer: Any = None  # the Trainer of the current or last run (setup)
 
     def setup(self, trainer: Any, task: Any, stage: str) -> None:
         self._trainer = trainer
@@ -70,6 +70,27 @@ class ProgressBar(Callback):
                             "Trainer instance (it is once a fit, validate, test or predict "
                             "starts).")
         return self._trainer
+
+    # ---- Lightning's counts (its ProgressBar's properties), for subclasses and callbacks -------
+    @property
+    def total_train_batches(self) -> int | float:
+        """The training batches of an epoch (``limit_train_batches`` applied); with
+        ``max_epochs=-1`` no more than the steps ``max_steps`` leaves; inf without a loader
+        length."""
+        trainer = self.trainer
+        if trainer.max_epochs == -1 and trainer.max_steps:
+            return min(trainer.num_train_batches, trainer.max_steps - trainer.global_step)
+        return trainer.num_train_batches
+
+    @property
+    def total_val_batches(self) -> int | float:
+        """The validation batches of every loader this epoch validates with; 0 in an epoch that
+        does not validate (``check_val_every_n_epoch``), as Lightning's."""
+        trainer = self.trainer
+        schedule = trainer.val_schedule
+        if schedule is None or not schedule.in_epoch(trainer.current_epoch):
+            return 0
+        return sum(trainer.num_val_batches)
 
     def _out(self) -> TextIO:
         return self.stream or sys.stdout
@@ -220,7 +241,7 @@ class ProgressBar(Callback):
 
     def _desc(self, trainer: Any) -> str:
         last = trainer.max_epochs
-        return f"Epoch {trainer.state.epoch}" + (f"/{last - 1}" if last is not None else "")
+        return f"Epoch {trainer.state.epoch}" + (f"/{last - 1}" if last not in (None, -1) else "")
 
 
 def _epoch_total(trainer: Any) -> int | None:

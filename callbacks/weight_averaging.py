@@ -384,11 +384,14 @@ class StochasticWeightAveraging(WeightAveraging):
             )
         start = self.swa_epoch_start
         if isinstance(start, float):
-            if trainer.max_epochs is None:
+            if trainer.max_epochs in (None, -1):
+                # Lightning's words for -1: "SWA with `swa_epoch_start` as a float is not
+                # supported when `max_epochs=-1`"
                 raise MisconfigurationError(
                     f"StochasticWeightAveraging(swa_epoch_start={start}) is a fraction of "
                     "max_epochs, but "
-                    "Trainer(max_epochs=None).",
+                    f"Trainer(max_epochs={trainer.max_epochs}): SWA with `swa_epoch_start` as a "
+                    "float is not supported without an epoch limit.",
                     "set Trainer(max_epochs=...) or give swa_epoch_start as an epoch "
                     "number (>= 1).",
                 )

@@ -65,7 +65,8 @@ def test_checkpoint_holds_everything_and_loads_with_weights_only(tmp_path):
     assert ckpt["data"] == {"seed": 0, "epoch": 1, "batches_done": 8, "batch_size": 8, "world_size": 1,
                             "accumulate_grad_batches": 1, "num_train_batches": 8, "max_epochs": 2, "max_steps": None,
                             "loader": None}
-    assert ckpt["callbacks"]["ModelCheckpoint"]["last_model_path"] == path
+    # Lightning's key (issue 46), so that states of Lightning checkpoints restore
+    assert ckpt["callbacks"][trainer.checkpoint_callback.state_key]["last_model_path"] == path
     assert ckpt["task"]["hparams"]["shuffle"] is True and ckpt["hparams"]["dropout"] == 0.1
     names = os.listdir(os.path.dirname(path))
     assert not [n for n in names if n.endswith(".tmp")]

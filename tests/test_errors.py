@@ -120,11 +120,11 @@ def test_unsplittable_batch(quiet):
         Trainer(max_epochs=1, **quiet).fit(Triples())
 
 
-def test_no_stopping_condition(quiet):
-    """Lightning's max_epochs=-1 alone means an endless fit: refused before anything is built."""
-    with pytest.raises(MisconfigurationError, match=r"Trainer\(max_epochs=-1\) without max_steps asks for a fit "
-                                                    r"that never ends[\s\S]*HINT: pass max_steps=N"):
-        Trainer(max_epochs=-1, **quiet)
+def test_max_epochs_below_minus_one_is_refused(quiet):
+    """Lightning's max_epochs=-1 is "no epoch limit" (tests/test_flags.py fits with it); below it, an error."""
+    with pytest.raises(MisconfigurationError, match=r"Trainer\(max_epochs=-2\) is not valid: expected an integer "
+                                                    r">= 0, -1 \(no epoch limit\) or None"):
+        Trainer(max_epochs=-2, **quiet)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -215,4 +215,25 @@ def test_save_on_exception_skips_a_saved_step_and_fast_dev_run(tmp_path):
     assert steps(tmp_path / "saved") == {"last.ckpt": 1}
     cb = ModelCheckpoint(dirpath=tmp_path / "dev", filename="fast_dev_run", save_on_exception=True)
     trouble(tmp_path, cb, at=1, fast_dev_run=2)
-    assert not os.listdir(tmp_path / "dev")
+    # not even the folder (Lightning's test_callbacks_and_logger_not_called_with_fastdevrun)
+    assert not os.path.exists(tmp_path / "dev")
+
+
+class TroubleAtFitEnd(Line):
+    def on_fit_end(self):
+        raise RuntimeError("Trouble!")
+
+
+@pytest.mark.parametrize("save_last, files", [
+    # Lightning 2.6.6 (every_n_epochs=7, 4 epochs: no epoch save): save_last=None ->
+    # ['exception.ckpt']; save_last=True -> ['last.ckpt'] (the end of training saved that step)
+    (False, {"exception.ckpt": 16}),
+    (True, {"last.ckpt": 16}),
+])
+def test_save_on_exception_saves_an_error_in_on_fit_end(tmp_path, save_last, files):
+    cb = ModelCheckpoint(dirpath=tmp_path / "f", filename="exception", save_on_exception=True,
+                         every_n_epochs=7, save_last=save_last)
+    trainer = Trainer(default_root_dir=str(tmp_path), callbacks=[cb], **{**QUIET, "max_epochs": 4})
+    with pytest.raises(RuntimeError, match="Trouble!"):
+        trainer.fit(TroubleAtFitEnd())
+    assert steps(tmp_path / "f") == files

@@ -327,14 +327,15 @@ def test_a_training_step_returning_none_skips_the_batch_and_validation_step_none
     class SkipsOdd(RegressionTask):
         def training_step(self, batch, batch_idx):
             if batch_idx % 2:
-                return None  # Lightning: no backward for this batch; its optimizer step counts
+                return None  # Lightning: no backward for this batch (the optimizer steps on no gradient)
             return self.loss(self(batch[0]), batch[1])
 
     task = SkipsOdd(n=32, batch_size=8, val_n=8)
     task.validation_step = None  # Lightning's way to turn validation off
     trainer = Trainer(max_epochs=2, **{**QUIET, "num_sanity_val_steps": 2})
     trainer.fit(task)
-    # 4 batches per epoch: Lightning 2.6.6 counts every one (tests/test_lightning_semantics.py's NONE_STEPS)
+    # Lightning 2.6.6 gives 8: a skipped batch still counts its (gradient-free) optimizer step, so a step-bounded
+    # loop such as lr_find's ends
     assert trainer.state.global_step == 8
     assert trainer.num_val_batches == [] and not any(key.startswith("val/") for key in trainer.callback_metrics)
 

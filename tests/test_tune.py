@@ -138,8 +138,10 @@ def test_a_loss_that_diverges_to_inf_ends_the_test_without_an_error(tmp_path):
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(mode="log"), r"lr_find\(mode='log'\) is not valid"),
-    (dict(min_lr=1.0, max_lr=0.1), r"lr_find\(min_lr=1.0, max_lr=0.1\) is not a range"),
-    (dict(num_training=1), r"lr_find\(num_training=1\) is not valid"),
+    # Lightning takes min_lr > max_lr (a sweep downwards) and num_training=1 (one point, no suggestion)
+    (dict(min_lr=0.1, max_lr=0.1), r"lr_find\(min_lr=0.1, max_lr=0.1\) is not a range"),
+    (dict(min_lr=0.0, max_lr=0.1), r"lr_find\(min_lr=0.0, max_lr=0.1\) is not a range"),
+    (dict(num_training=0), r"lr_find\(num_training=0\) is not valid"),
     (dict(early_stop_threshold=0.5), r"lr_find\(early_stop_threshold=0.5\) is not valid"),
 ])
 def test_bad_arguments_fail_before_any_work(kwargs, message):

@@ -2,11 +2,13 @@
 how batches group into optimizer steps (accumulate_grad_batches), the argument checks and their messages."""
 from __future__ import annotations
 
+import datetime
+
 import pytest
 from taskfit.arguments import arguments_checked
 from taskfit.errors import MisconfigurationError
 from taskfit.loop.cadence import ValidationSchedule, accumulation_group
-from taskfit.loop.checks import check_choice, check_count, check_limit
+from taskfit.loop.checks import check_choice, check_count, check_limit, val_check_duration
 
 INF = float("inf")
 
@@ -65,10 +67,67 @@ def test_an_interval_longer_than_the_epoch_is_refused_with_what_to_use():
     assert "HINT: use val_check_interval <= 4" in message and "check_val_every_n_epoch=None" in message
 
 
-def test_counting_across_epochs_needs_a_training_loader_with_a_length():
-    with pytest.raises(MisconfigurationError, match=r"check_val_every_n_epoch=None counts training batches across "
-                                                    r"epochs, but the training loader has no length"):
-        ValidationSchedule(5, None, INF, has_val=True)
+def test_counting_across_epochs_without_a_loader_length_counts_the_batches_trained():
+    # Lightning's total_batch_idx (its test_validation_check_interval_exceed_data_length_correct)
+    schedule = ValidationSchedule(3, None, INF, has_val=True)
+    assert not schedule.at_exhaustion
+    assert [b + 1 for b in range(12) if schedule.due(0, b)] == [3, 6, 9, 12]
+    schedule.start_epoch(5)  # an epoch of 5 batches ended: counted on from there
+    assert [b + 1 for b in range(7) if schedule.due(1, b)] == [1, 4, 7]
+
+
+@pytest.mark.parametrize("value, seconds", [
+    ("00:00:00:02", 2), ("01:02:03:04", 93784), ({"seconds": 2}, 2), ({"hours": 2, "minutes": 30}, 9000),
+    (datetime.timedelta(days=1, seconds=30), 86430),
+])
+def test_a_duration_is_read_as_lightning_reads_it(value, seconds):
+    assert val_check_duration(value).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("value", [1, 0.5, 0])
+def test_a_count_or_a_fraction_is_not_a_duration(value):
+    assert val_check_duration(value) is None
+
+
+@pytest.mark.parametrize("value, message", [
+    ("00:02", "Invalid time format for `val_check_interval`: '00:02'. Expected 'DD:HH:MM:SS'."),
+    ("00:00:aa:00", "Non-integer component in `val_check_interval` string: '00:00:aa:00'. Use 'DD:HH:MM:SS'."),
+    ({"secs": 2}, "Trainer(val_check_interval={'secs': 2}) is not valid"),
+    ("00:00:00:00", "Trainer(val_check_interval='00:00:00:00') is not valid: expected a positive duration."),
+])
+def test_a_malformed_duration_is_refused_with_lightnings_words(value, message):
+    with pytest.raises(MisconfigurationError) as info:
+        val_check_duration(value)
+    assert message in str(info.value) and "HINT" in str(info.value)
+
+
+def test_a_duration_is_due_once_its_seconds_have_passed_since_the_last_validation(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("time.monotonic", lambda: now[0])
+    schedule = ValidationSchedule(datetime.timedelta(seconds=2), 1, 50, has_val=True)
+    assert not schedule.at_exhaustion
+    schedule.start()
+    due = []
+    for batch in range(10):
+        now[0] += 0.75  # a batch takes 0.75 s
+        if schedule.due(0, batch):
+            assert schedule.due(0, batch)  # asked again for the same batch: the same answer, no clock read
+            due.append(batch)
+            now[0] += 5.0  # the validation takes 5 s: not counted
+            schedule.validated()
+    assert due == [2, 5, 8]
+
+
+def test_a_duration_under_ddp_is_decided_by_rank_0_at_the_log_interval(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr("time.monotonic", lambda: now[0])
+    asked = []
+    schedule = ValidationSchedule(datetime.timedelta(seconds=1), 1, 50, has_val=True,
+                                  broadcast=lambda value: asked.append(value) or value, sync_every=4)
+    schedule.start()
+    now[0] = 10.0
+    assert [b for b in range(8) if schedule.due(0, b)] == [3, 7]
+    assert asked == [True, True]  # one broadcast per log interval, none between
 
 
 # ---- accumulate_grad_batches ----------------------------------------------------------------------------------

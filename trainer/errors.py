@@ -23,6 +23,11 @@ class MisconfigurationError(TaskfitError, ValueError):
     """A Trainer/callback argument or a config value is invalid."""
 
 
+class MissingAttributeError(MisconfigurationError, AttributeError):
+    """A tool was asked to set an attribute the task does not have (``lr_find(update_attr=True)``);
+    an AttributeError too, as Lightning raises it."""
+
+
 class TaskModuleError(TaskfitError, TypeError):
     """The TaskModule does not fulfil its contract (missing method, wrong return type...)."""
 

@@ -63,6 +63,9 @@ class TrainerState:
     log_at_previous: bool = False
     batch_idx: int = 0  # index of the batch being (or last) trained in this epoch
     batches_done: int = 0  # batches of this epoch already trained (where a resume continues)
+    # batches trained in this fit's completed epochs: with batch_idx, Lightning's total_batch_idx,
+    # what check_val_every_n_epoch=None counts when the training loader has no length
+    batches_before_epoch: int = 0
     epoch_done: bool = False  # every batch of this epoch is trained (set before on_train_epoch_end)
     should_stop: bool = False
     stop_reason: str = ""

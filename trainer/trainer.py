@@ -15,6 +15,7 @@ argument checks come from compat/lightning/trainer.py.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import time
 import warnings
@@ -24,7 +25,8 @@ from typing import Any
 import torch
 
 from . import console
-from .callbacks import Callback, Logger, ModelCheckpoint, with_defaults
+from .callbacks import (Callback, Logger, ModelCheckpoint, refuse_checkpoint_callbacks,
+                        with_defaults)
 from .callbacks.loggers.logger import DUMMY_LOGGER
 from .checkpoint.files import CheckpointWriter
 from .checkpoint.rng import isolated_rng
@@ -45,7 +47,13 @@ from .logs.outputs import run_directory
 from .loop import lifecycle, user_errors
 from .loop.cadence import accumulation_group, steps_per_epoch
 from .loop.checkpointing import load_run_state, no_training_state, preempt, run_state
-from .loop.checks import check_arguments, check_loss, check_manual, check_task
+from .loop.checks import (
+    check_arguments,
+    check_loss,
+    check_manual,
+    check_task,
+    val_check_duration,
+)
 from .loop.evaluation import evaluation_pass, run_entry, sanity_pass
 from .loop.hooks import drop_idle_batch_hooks, merge_task_callbacks
 from .loop.preemption import normalize_signals, requeue_setting
@@ -85,6 +93,17 @@ def _configured(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.trainer_config, name), replace, doc=doc)
 
 
+def _limit(stage: str) -> property:
+    """``trainer.limit_<stage>_batches`` (Lightning's attribute): ``limits[stage]`` of the
+    configuration; assigning it replaces that limit for the next run, as ``_configured`` does."""
+    def replace(self: Trainer, value: Any) -> None:
+        limits = dataclasses.replace(self.trainer_config.limits, **{stage: value})
+        self.trainer_config = dataclasses.replace(self.trainer_config, limits=limits)
+    return property(lambda self: self.trainer_config.limits[stage], replace,
+                    doc=f"``Trainer(limit_{stage}_batches=...)``: batches (int) or a fraction "
+                        "(float) of each loader.")
+
+
 # compat/lightning/trainer.py: Lightning's names, Trainer(num_nodes=2) and Trainer(max_epoch=3) as
 # one catalogued error, precision=None and max_steps=-1
 class Trainer(LightningNames, metaclass=LightningArguments):
@@ -107,8 +126,9 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
         limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
+        val_check_interval: int | float | str | datetime.timedelta | Mapping[str, float] = 1.0,
         check_val_every_n_epoch: int | None = 1,
+        reload_dataloaders_every_n_epochs: int = 0,
         num_sanity_val_steps: int = 2,
         log_every_n_steps: int = 50,
         fast_dev_run: bool | int = False,
@@ -143,9 +163,12 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                         limit_predict_batches)
         self.trainer_config = TrainerConfig.from_arguments(
             locals(), precision=precision_name, activation_checkpointing=policy, limits=limits,
+            val_check_interval=val_check_duration(val_check_interval) or val_check_interval,
             fast_dev_run=int(fast_dev_run), preempt_signals=signals,
             requeue=requeue_setting(requeue, signals),
             command_config=dict(config) if config is not None else None)
+        if enable_checkpointing is False:
+            refuse_checkpoint_callbacks(callbacks)
         if self.fast_dev_run:  # n batches of everything, one epoch, nothing written
             self.trainer_config = self.trainer_config.for_fast_dev_run()
             enable_checkpointing = logger = False
@@ -295,10 +318,16 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             every_batch = run.manual or config.accumulate_grad_batches == 1
             if config.num_sanity_val_steps and run.val_loader is not None and not st.resumed:
                 self._sanity_check()
+            reload_every = config.reload_dataloaders_every_n_epochs
             # the first epoch's iterator, before on_train_start, as Lightning's
             batches = self._epoch_batches()
             self._epoch_hooks("on_train_start")
+            run.val_schedule.start()  # a duration val_check_interval counts from here
             while not self._finished():  # (a preemption signal: save a checkpoint and exit, here)
+                # every n-th epoch counted from 0 (a resumed fit reloads where the uninterrupted one
+                # did), not twice in an epoch: the *_dataloader() methods again, before its hooks
+                if reload_every and st.epoch % reload_every == 0 and st.epoch != run.loaders_epoch:
+                    lifecycle.load_fit_loaders(run, resuming=True)
                 loader, n, validating = self._start_epoch()
                 completed, clock = True, time.perf_counter
                 waited = clock()  # creating the DataLoader iterator counts as waiting for data
@@ -386,16 +415,25 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         return self.max_steps is not None and step >= self.max_steps
 
     def _max_epochs_reached_at(self, epoch: int) -> bool:
-        return self.max_epochs is not None and epoch >= self.max_epochs
+        # max_epochs=-1: no epoch limit (Lightning's)
+        return self.max_epochs is not None and self.max_epochs != -1 and epoch >= self.max_epochs
 
     def _default_max_epochs(self) -> None:
-        """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning."""
+        """No max_epochs nor max_steps: Lightning's default of 1000 epochs, with its warning.
+        ``max_epochs=-1`` without ``max_steps``: a fit without an end of its own, said once."""
         if self.max_epochs is None and self.max_steps is None:
             self.trainer_config = dataclasses.replace(self.trainer_config, max_epochs=1000)
             if self.strategy.rank == 0:
                 warnings.warn("Trainer: max_epochs was not set, so fit stops after 1000 epochs "
                               "(Lightning's default). HINT: pass Trainer(max_epochs=N) or "
                               "max_steps=N.", stacklevel=5)
+        elif self.max_epochs == -1 and self.max_steps is None and self.strategy.rank == 0:
+            ends = ("its EarlyStopping stops it, " if self.early_stopping_callbacks else
+                    "a callback sets trainer.should_stop = True, ")
+            console.echo(f"Trainer(max_epochs=-1) without max_steps: this fit has no epoch or step "
+                         f"limit and trains until {ends}or it is interrupted (Ctrl-C, or SIGTERM, "
+                         "which saves a checkpoint that fit(task, ckpt_path='last') continues).",
+                         name="taskfit.trainer")
 
     def _train_step(self, batch: Any, batch_idx: int) -> Any:
         """Automatic optimization, one batch, in a hand-written loop's order: zero_grad at a
@@ -422,14 +460,14 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         else:
             loss, outputs = step_loss(out, run.task, False), batch_outputs(out)
         if loss is None:
-            # no backward for this batch (Lightning's meaning), but it counts as one of its
-            # accumulation group, whose last batch steps with the gradients the group has (none:
-            # the step changes no weight) and counts the step, as Lightning's
+            # The task skips this batch (Lightning's meaning): no backward; the batch still ends
+            # its group as any other, so the optimizer steps on the gradients the group has (none:
+            # the parameters stay as they are) and global_step counts it, as Lightning's
             if not steps:
                 return outputs
             if run.precision.scales_loss:
                 # Lightning's 16-mixed neither unscales nor steps the optimizer after a batch
-                # without a loss; the step counts, the schedulers step
+                # without a loss (not an overflow: the schedulers step, as Lightning's)
                 st.global_step += 1
                 if run.schedulers.per_step:
                     run.schedulers.after_step(st.global_step, st.metrics)
@@ -537,6 +575,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         st, run = self.state, self.run
         st.stage, st.log_at_previous = "train", False
         self._epoch_hooks("on_train_epoch_start")  # (each submodule keeps its mode: loop/modes.py)
+        run.val_schedule.start_epoch(st.batches_before_epoch)
         return run.train_dataloader, run.num_train_batches, run.val_schedule.in_epoch(st.epoch)
 
     def _end_epoch(self, completed: bool) -> None:
@@ -555,6 +594,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         self._epoch_hooks("on_train_epoch_end")
         logs.train.reset_metrics()
         if completed:
+            st.batches_before_epoch += st.batches_done
             st.epoch, st.batches_done, st.epoch_done = st.epoch + 1, 0, False
             logs.new_epoch(st.global_step)
 
@@ -589,6 +629,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         run.publish(evaluation_pass(run, "val", run.val_loader, math.inf))
         run.preemption.agree(self.state)
         run.call_hooks("on_validation_end")
+        run.val_schedule.validated()
         self.state.stage = "train"
 
     def _run_eval(self, fn: str, task: TaskModule, data: DataSource, ckpt_path: str | None,
@@ -682,7 +723,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
     activation_checkpointing = _configured(
         "activation_checkpointing", "The checked activation checkpointing policy.")
     max_epochs = _configured("max_epochs",
-                             "The epochs a fit runs at most (None: no limit, or max_steps).")
+                             "The epochs a fit runs at most (-1: no limit; None: 1000 unless "
+                             "max_steps is set).")
     max_steps = _configured("max_steps",
                             "The optimizer steps a fit takes at most (None: no limit).")
     min_epochs = _configured("min_epochs", "should_stop waits for this many epochs.")
@@ -696,9 +738,17 @@ class Trainer(LightningNames, metaclass=LightningArguments):
     deterministic = _configured("deterministic", "torch.use_deterministic_algorithms during runs.")
     limits = _configured("limits", '``limit_*_batches`` by stage: ``trainer.limits["val"]``.')
     overfit_batches = _configured("overfit_batches", "``Trainer(overfit_batches=...)``.")
-    val_check_interval = _configured("val_check_interval",
-                                     "Validation within an epoch: a fraction or batches.")
+    val_check_interval = _configured(
+        "val_check_interval", "Validation within an epoch: a fraction, batches or a duration "
+                              "(a datetime.timedelta).")
+    limit_train_batches = _limit("train")
+    limit_val_batches = _limit("val")
+    limit_test_batches = _limit("test")
+    limit_predict_batches = _limit("predict")
     check_val_every_n_epoch = _configured("check_val_every_n_epoch", "Validation every n epochs.")
+    reload_dataloaders_every_n_epochs = _configured(
+        "reload_dataloaders_every_n_epochs", "The fit's loaders are built again every n epochs "
+                                             "(0: once per fit).")
     num_sanity_val_steps = _configured("num_sanity_val_steps",
                                        "Validation batches of the sanity check.")
     log_every_n_steps = _configured("log_every_n_steps",
@@ -800,7 +850,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         )
         batches = limit_batches(length(loader), self.limits["train"])
         per_epoch = steps_per_epoch(batches, self.accumulate_grad_batches)
-        epochs = float("inf") if self.max_epochs is None else self.max_epochs * per_epoch
+        epochs = float("inf") if self.max_epochs in (None, -1) else self.max_epochs * per_epoch
         return epochs if self.max_steps is None else min(epochs, self.max_steps)
 
     # ---- the run's state, as checkpoints hold it -------------------------------------------------

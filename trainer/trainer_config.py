@@ -10,6 +10,7 @@ names and defaults: no field here has a default), and the Run of each entry poin
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,8 +59,10 @@ class TrainerConfig:
     # how much data, and when to validate and log
     limits: Limits
     overfit_batches: int | float
-    val_check_interval: int | float
+    # a duration ("DD:HH:MM:SS", a dict) is held as a datetime.timedelta
+    val_check_interval: int | float | datetime.timedelta
     check_val_every_n_epoch: int | None
+    reload_dataloaders_every_n_epochs: int
     num_sanity_val_steps: int
     log_every_n_steps: int
     fast_dev_run: int
@@ -80,12 +83,13 @@ class TrainerConfig:
                       for name in names})
 
     def for_fast_dev_run(self) -> TrainerConfig:
-        """``fast_dev_run=n``: n batches of everything, one epoch, no sanity check, a log line per
-        step."""
+        """``fast_dev_run=n``: n batches of everything, one epoch (``max_steps=n``, as
+        Lightning's), no sanity check, validation at the epoch's end (a duration does not apply),
+        a log line per step."""
         n = self.fast_dev_run
-        return dataclasses.replace(self, limits=Limits(n, n, n, n), max_epochs=1, max_steps=None,
+        return dataclasses.replace(self, limits=Limits(n, n, n, n), max_epochs=1, max_steps=n,
                                    num_sanity_val_steps=0, val_check_interval=1.0,
-                                   log_every_n_steps=1)
+                                   check_val_every_n_epoch=1, log_every_n_steps=1)
 
     def for_overfit_batches(self) -> TrainerConfig:
         """``overfit_batches``: the same batches for training and validation."""

@@ -8,10 +8,12 @@ On by default (``Trainer(enable_checkpointing=False)`` turns it off). The files 
 training states (docs/checkpointing.md): ``trainer.fit(task, ckpt_path="last")`` continues exactly
 where the run stopped. Lightning's arguments mean what they mean there; where taskfit differs,
 docs/migrating-lightning.md says so.
-"""
-from __future__ import annotations
 
+Annotations are evaluated (no ``from __future__ import annotations``): tools that read the
+signature, as jsonargparse and Lightning's CLI do, get types, not strings.
+"""
 import datetime
+import math
 import os
 import warnings
 from typing import Any, Literal
@@ -22,7 +24,8 @@ from ...arguments import arguments_checked
 from ...callback import Callback
 from ...checkpoint.sharded import checkpoint_exists
 from ...errors import MisconfigurationError
-from .policy import Ranking, check_arguments, format_filename, seconds, versioned
+from .policy import (Ranking, check_arguments, format_filename, local_folder, seconds,
+                     versioned)
 
 __all__ = ["ModelCheckpoint", "format_filename"]
 
@@ -103,6 +106,8 @@ class ModelCheckpoint(Callback):
             save_last,
             filename,
         )
+        # As given: Lightning's state_key shows it (a timedelta or None)
+        self._train_time_interval_arg = train_time_interval
         self.train_time_interval = seconds(
             "train_time_interval", train_time_interval, "save at every step", allow_none=True
         )
@@ -111,9 +116,7 @@ class ModelCheckpoint(Callback):
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             # Lightning: no trigger given means every epoch; a step or time trigger replaces it
             every_n_epochs = 1
-        self.dirpath_arg = (
-            os.path.abspath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
-        )
+        self.dirpath_arg = local_folder(dirpath) if dirpath is not None else None
         self.dirpath: str | None = self.dirpath_arg
         self.filename, self.monitor, self.mode, self.save_top_k = stem, monitor, mode, save_top_k
         self.verbose, self.save_last, self.save_weights_only = (
@@ -135,10 +138,26 @@ class ModelCheckpoint(Callback):
         self.best_model_path, self.last_model_path = "", ""
         # the score of the latest ranked save (monitored runs)
         self.current_score: torch.Tensor | None = None
-        # best_model_score as assigned, until the next ranked save
-        self._score_set, self._set_score = False, None
+        # best_model_score, kth_best_model_path, kth_value as assigned (Lightning code sets them,
+        # e.g. to restore a callback by hand): read back until the next ranked save
+        self._assigned: dict[str, Any] = {}
 
     # ---- what Lightning's ModelCheckpoint exposes ------------------------------------------------
+    @property
+    def state_key(self) -> str:
+        """Lightning's key of this callback's state in a checkpoint (so that a Lightning ``.ckpt``'s
+        state restores, and two ModelCheckpoints of one Trainer keep theirs apart):
+        ``ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 0,
+        'every_n_epochs': 1, 'train_time_interval': None}``."""
+        key = {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "every_n_train_steps": self.every_n_train_steps or 0,
+            "every_n_epochs": self._every_n_epochs,
+            "train_time_interval": self._train_time_interval_arg,
+        }
+        return f"{type(self).__qualname__}{key!r}"
+
     @property
     def every_n_epochs(self) -> int:
         """The resolved epoch trigger (0: never by epoch)."""
@@ -154,31 +173,51 @@ class ModelCheckpoint(Callback):
             else {}
         )
 
+    @best_k_models.setter
+    def best_k_models(self, value: dict[str, Any]) -> None:
+        # Lightning's is a plain dict that its users assign: the ranking itself (scores as floats)
+        self._ranking.kept = {str(p): _score(v) for p, v in value.items()}
+
     @property
     def best_model_score(self) -> torch.Tensor | None:
         """The score of ``best_model_path`` (None without a monitor), or what was assigned since the
         last ranked save (Lightning code sets it, e.g. when it restores a callback by hand)."""
-        if self._score_set:
-            return self._set_score
+        if "best_model_score" in self._assigned:
+            return self._assigned["best_model_score"]
         if self.monitor is None or self.best_model_path not in self._ranking.kept:
             return None
         return torch.tensor(self._ranking.kept[self.best_model_path])
 
     @best_model_score.setter
     def best_model_score(self, value: torch.Tensor | float | None) -> None:
-        self._score_set, self._set_score = True, None if value is None else torch.as_tensor(value)
+        self._assigned["best_model_score"] = None if value is None else torch.as_tensor(value)
 
     @property
     def kth_best_model_path(self) -> str:
-        """The worst of the ranked files ("" without a monitor)."""
+        """The worst of the ranked files ("" without a monitor), or what was assigned."""
+        if "kth_best_model_path" in self._assigned:
+            return self._assigned["kth_best_model_path"]
         return self._ranking.worst() if self.monitor is not None else ""
+
+    @kth_best_model_path.setter
+    def kth_best_model_path(self, value: str) -> None:
+        self._assigned["kth_best_model_path"] = value
 
     @property
     def kth_value(self) -> torch.Tensor:
+        """The score of :attr:`kth_best_model_path` (``inf``/``-inf`` for none), or what was
+        assigned."""
+        if "kth_value" in self._assigned:
+            return self._assigned["kth_value"]
         worst = self.kth_best_model_path
         return torch.tensor(
-            self._ranking.kept[worst] if worst else float("inf" if self.mode == "min" else "-inf")
+            self._ranking.kept[worst] if worst in self._ranking.kept
+            else float("inf" if self.mode == "min" else "-inf")
         )
+
+    @kth_value.setter
+    def kth_value(self, value: torch.Tensor | float) -> None:
+        self._assigned["kth_value"] = torch.as_tensor(value)
 
     # ---- hooks: each hands its event to the run's checkpoint manager (loop/checkpointer.py) ------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
@@ -216,7 +255,7 @@ class ModelCheckpoint(Callback):
     def start_ranking(self) -> None:
         """A fresh fit ranks its own files (a resume restored them)."""
         self._ranking.kept, self.best_model_path, self.current_score = {}, "", None
-        self._score_set = False
+        self._assigned = {}
 
     def ranked_scores(self) -> dict[str, float]:
         """``{path: score}`` of the ranked files (a copy)."""
@@ -231,26 +270,29 @@ class ModelCheckpoint(Callback):
 
     def rank(self, path: str, score: float) -> list[str]:
         """Rank ``path`` with ``score``; returns the files that fell out of the top k."""
+        # As Lightning: a NaN score is kept as the worst value of its mode (inf for "min")
+        if math.isnan(score):
+            score = math.inf if self.mode == "min" else -math.inf
         evicted = self._ranking.admit(path, score)
-        self.best_model_path, self._score_set = self._ranking.best(), False
+        self.best_model_path, self._assigned = self._ranking.best(), {}
         self.current_score = torch.tensor(score) if self.monitor is not None else None
         return evicted
 
     def bookkeeping(self) -> tuple[Any, ...]:
         """What a save changes here, to put back if it fails (:meth:`restore_bookkeeping`)."""
         return (dict(self._ranking.kept), self.best_model_path, self.current_score,
-                self.last_model_path, self._score_set)
+                self.last_model_path, dict(self._assigned))
 
     def restore_bookkeeping(self, before: tuple[Any, ...]) -> None:
         self._ranking.kept, self.best_model_path, self.current_score, self.last_model_path, \
-            self._score_set = before
+            self._assigned = before
 
     def forget_missing(self, evicted: dict[str, float]) -> None:
         """After a failed background save: rank only the files on disk (``evicted``: files pushed
         out whose removal may not have run), so that the bookkeeping and the folder agree."""
         kept = {**evicted, **self._ranking.kept}
         self._ranking.kept = {p: s for p, s in kept.items() if checkpoint_exists(p)}
-        self.best_model_path, self._score_set = self._ranking.best(), False
+        self.best_model_path, self._assigned = self._ranking.best(), {}
         if self.last_model_path and not checkpoint_exists(self.last_model_path):
             self.last_model_path = ""
 
@@ -320,26 +362,58 @@ class ModelCheckpoint(Callback):
 
     # ---- state in the checkpoint -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        score = self.best_model_score
+        """Lightning's keys (scores as floats: a checkpoint holds plain values) and ``mode``."""
+        score, current, kth = self.best_model_score, self.current_score, self.kth_value
         return {
             "monitor": self.monitor,
             "mode": self.mode,
             "best_k_models": dict(self._ranking.kept),
             "best_model_path": self.best_model_path,
             "best_model_score": None if score is None else float(score),
+            "current_score": None if current is None else float(current),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": float(kth),
             "last_model_path": self.last_model_path,
             "dirpath": self.dirpath,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
+        """The ranking of a taskfit or Lightning checkpoint (its scores may be tensors). As in
+        Lightning, a checkpoint of another ``dirpath`` gives back only ``best_model_path``."""
+        mode = state.get("mode", self.mode)
+        if state.get("monitor") != self.monitor or mode != self.mode:
             warnings.warn("The checkpoint's ModelCheckpoint ranked files by "
-                          f"{state.get('monitor')!r} ({state.get('mode')}); this one by "
+                          f"{state.get('monitor')!r} ({mode}); this one by "
                           f"{self.monitor!r} ({self.mode}): its top-k list starts empty. HINT: "
                           "keep monitor/mode when resuming to continue the same "
                           "ranking.", stacklevel=2)
             self.last_model_path = state.get("last_model_path", "")
             return
-        self._ranking.kept = {str(k): float(v) for k, v in state.get("best_k_models", {}).items()}
-        self.best_model_path, self._score_set = state.get("best_model_path", ""), False
+        saved_dir = state.get("dirpath")
+        if self.dirpath_arg is not None and saved_dir and \
+                os.path.abspath(saved_dir) != self.dirpath_arg:
+            # Lightning's phrase, then why and what to do
+            warnings.warn(
+                f"The dirpath has changed from {saved_dir!r} to {self.dirpath_arg!r}, therefore "
+                "`best_model_score`, `kth_best_model_path`, `kth_value`, `last_model_path` and "
+                "`best_k_models` won't be reloaded. Only `best_model_path` will be reloaded. "
+                "HINT: pass the checkpoint's folder as ModelCheckpoint(dirpath=...) to continue "
+                "its ranking; files in another folder are never rotated.", stacklevel=2)
+            self.best_model_path = state.get("best_model_path", "")
+            return
+        self.best_k_models = state.get("best_k_models", {})
+        self.best_model_path, self._assigned = state.get("best_model_path", ""), {}
         self.last_model_path = state.get("last_model_path", "")
+        current = state.get("current_score")
+        self.current_score = None if current is None else torch.tensor(_score(current))
+
+    def on_load_checkpoint(self, trainer: Any, task: Any, checkpoint: dict[str, Any]) -> None:
+        """A taskfit checkpoint written before the key was Lightning's: its state, older key."""
+        states = checkpoint.get("callbacks", {})
+        if self.state_key not in states and type(self).__qualname__ in states:
+            self.load_state_dict(states[type(self).__qualname__])
+
+
+def _score(value: Any) -> float:
+    """A score as a float (Lightning's are 0-dim tensors)."""
+    return float(value.item() if isinstance(value, torch.Tensor) else value)

@@ -43,18 +43,22 @@ def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_l
     """One error for an argument ModelCheckpoint cannot take; returns the filename template without
     ``.ckpt``."""
     if mode not in ("min", "max"):
-        raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid.",
+        # Lightning's phrase in the message: people search for it
+        raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid. `mode` can be "
+                                    f"min, max but got {mode}.",
                                     'use mode="min" (lower is better, e.g. a loss) or mode="max" '
                                     '(e.g. accuracy).')
     if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
-        raise MisconfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) is not valid.",
+        raise MisconfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) is not valid. "
+                                    f"Invalid value for save_top_k={save_top_k}. Must be >= -1.",
                                     "use -1 (keep all), 0 (only last.ckpt) or a positive number of "
                                     "files.")
     for name, value in triggers.items():
         if value is not None and (
             not isinstance(value, int) or isinstance(value, bool) or value < 0
         ):
-            raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid.",
+            raise MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is not valid. Invalid "
+                                        f"value for {name}={value}. Must be >= 0.",
                                         "use a positive integer, or None/0 to turn this trigger "
                                         "off.")
     if save_last not in (True, False, None, "link"):
@@ -81,6 +85,26 @@ def check_arguments(mode: str, save_top_k: Any, triggers: dict[str, Any], save_l
                                     '"{epoch}-{step}" or "{epoch}-{val/acc:.3f}"; a file name '
                                     'template has no other braces.')
     return stem
+
+
+_URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def local_folder(dirpath: str | os.PathLike) -> str:
+    """``dirpath`` as an absolute local path (``~`` expanded, ``file://`` dropped). A URL of another
+    file system (``s3://``, ``memory://``...) is refused: it would otherwise name a local folder
+    ``s3:`` (Lightning writes there through fsspec)."""
+    text = os.fspath(dirpath)
+    scheme = _URL.match(text)
+    if scheme and scheme.group(1).lower() != "file":
+        raise MisconfigurationError(
+            f"ModelCheckpoint(dirpath={text!r}) is a URL: taskfit writes checkpoints to a local or "
+            "mounted folder only (Lightning writes to any fsspec file system).",
+            "mount the storage (s3fs, gcsfuse, NFS...) and pass its local path, or copy the files "
+            "after fit (best_model_path, last_model_path).")
+    if scheme:
+        text = text[len(scheme.group(0)):]
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def _template_problem(stem: str) -> str | None:
@@ -143,6 +167,12 @@ class Ranking:
     def __init__(self, mode: str, by_recency: bool, k: int) -> None:
         self.lower, self.k = mode == "min" and not by_recency, k
         self.kept: dict[str, float] = {}
+
+    def __eq__(self, other: object) -> bool:
+        # By value: a pickled and unpickled ModelCheckpoint equals the original (vars() compared)
+        return isinstance(other, Ranking) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def better(self, a: float, b: float) -> bool:
         if math.isnan(a):

@@ -33,7 +33,7 @@ MOVED = {  # old name: new name
     "taskfit.ddp": "taskfit.strategies.ddp",
     "taskfit.ddp_spawn": "taskfit.strategies.spawn",
     "taskfit.evaluation": "taskfit.loop.evaluation",
-    "taskfit.figures": "taskfit.tools.figures",
+    "taskfit.figures": "taskfit.logs.figures",
     "taskfit.fsdp": "taskfit.strategies.fsdp",
     "taskfit.lightning_arguments": "taskfit.compat.lightning.trainer_arguments",
     "taskfit.loader_workers": "taskfit.data.workers",

@@ -132,6 +132,8 @@ class Checkpointer:
         # The folders this run asked for (every rank) and holds (rank 0): one live run per folder
         self._claimed: list[str] = []
         self._held: list[str] = []
+        # The checkpoint this fit resumed: never removed by its rotation (as in Lightning)
+        self._resumed: str = ""
 
     # ---- writing ---------------------------------------------------------------------------------
     def save(
@@ -261,7 +263,10 @@ class Checkpointer:
     # ---- one live run per folder -----------------------------------------------------------------
     def hold_folders(self) -> None:
         """Before a fit reads the checkpoint to resume: hold the folders given as ``dirpath`` (a
-        live run that holds one is refused here, before its files are read)."""
+        live run that holds one is refused here, before its files are read). fast_dev_run writes
+        nothing: no folder."""
+        if self.run.config.fast_dev_run:
+            return
         for policy in self.policies:
             if policy.dirpath_arg is not None:
                 self._hold(policy.dirpath_arg)
@@ -309,7 +314,8 @@ class Checkpointer:
         (Lightning with ``logger=False``: one folder). A checkpoint of another root starts a run
         directory of this one, as before."""
         run = self.run
-        folder = os.path.dirname(os.path.abspath(path))
+        self._resumed = os.path.abspath(path)
+        folder = os.path.dirname(self._resumed)
         run_dir = os.path.dirname(folder)
         # With a dirpath of its own, a policy's files do not depend on the run directory
         derived = not self.policies or any(p.dirpath_arg is None for p in self.policies)
@@ -337,11 +343,13 @@ class Checkpointer:
                 "taskfit.consolidate <checkpoint> <file> (TaskModule.load_from_checkpoint reads "
                 "it).",
             )
-        problem = strategy.broadcast(_unwritable(folder) if strategy.is_main else None)
-        # Before the first step, on every rank: not after an epoch of training
-        if problem:
-            raise _unwritable_error(folder, problem)
-        self._hold(folder)
+        # fast_dev_run writes nothing, not even the folder (Lightning's)
+        if not run.config.fast_dev_run:
+            problem = strategy.broadcast(_unwritable(folder) if strategy.is_main else None)
+            # Before the first step, on every rank: not after an epoch of training
+            if problem:
+                raise _unwritable_error(folder, problem)
+            self._hold(folder)
         if not run.state.resumed:
             policy.start_ranking()
         step = run.state.global_step
@@ -409,8 +417,8 @@ class Checkpointer:
             self._epoch_save(policy)
 
     def fit_end(self, policy: CheckpointPolicy) -> None:
+        # (still fitting: an error in a later on_fit_end saves, as in Lightning)
         run, sched = self.run, self._of(policy)
-        sched.fitting = False
         step = run.state.global_step
         if step != sched.saved_step and not run.config.fast_dev_run:
             # The ranked file too: best_model_path must be the final state
@@ -630,7 +638,7 @@ class Checkpointer:
         old, sched.fit_last = sched.fit_last, policy.last_model_path
         if (
             old
-            and old != sched.fit_last
+            and old not in (sched.fit_last, self._resumed)
             and not policy.is_ranked(old)
             and self.run.strategy.is_main
         ):
@@ -675,10 +683,12 @@ class Checkpointer:
             self._write(policy, last, background=True)
         if last:
             self._written_last(policy)
+        # As Lightning's: only files of this folder, never the checkpoint this fit resumed from
         evicted = [
             old
             for old in evicted
-            if os.path.dirname(old) == policy.dirpath and old not in (path, policy.last_model_path)
+            if os.path.dirname(old) == policy.dirpath
+            and old not in (path, policy.last_model_path, self._resumed)
         ]
         # Until their removal has run (after the new file is in place), evicted files and their
         # scores are kept in mind: if that write fails, the removal is skipped and the exception

@@ -248,7 +248,7 @@ def _warn_schedule(run: Run, data: Mapping[str, Any], path: str) -> None:
     st, n = run.state, run.num_train_batches
     per_epoch = steps_per_epoch(n, config.accumulate_grad_batches) if n != float("inf") else 0
     ends = [config.max_steps] if config.max_steps is not None else []
-    if config.max_epochs is not None and per_epoch:
+    if config.max_epochs not in (None, -1) and per_epoch:
         ends.append(config.max_epochs * per_epoch)
     steps = max(0, min(ends, default=st.global_step) - st.global_step)
     epochs = max(0, (config.max_epochs or st.epoch) - st.epoch)

@@ -2,10 +2,12 @@
 starts."""
 from __future__ import annotations
 
+import datetime
 import difflib
 import inspect
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -39,6 +41,46 @@ def check_limit(name: str, value: Any) -> None:
                                  "(fraction of the epoch)")
 
 
+_DURATION_FORMS = ("a duration: a 'DD:HH:MM:SS' string, a datetime.timedelta or a dict of "
+                   "timedelta's arguments such as {'seconds': 30}")
+
+
+def val_check_duration(value: Any) -> datetime.timedelta | None:
+    """``val_check_interval`` as a duration (Lightning 2.6: ``"DD:HH:MM:SS"``, a
+    ``datetime.timedelta`` or a dict of timedelta's keyword arguments), or None for a count or a
+    fraction; a malformed or non-positive duration is refused with Lightning's words."""
+    if isinstance(value, datetime.timedelta):
+        duration = value
+    elif isinstance(value, Mapping):
+        try:
+            duration = datetime.timedelta(**dict(value))
+        except TypeError as exc:
+            raise MisconfigurationError(
+                f"Trainer(val_check_interval={dict(value)!r}) is not valid: {exc}.",
+                "use timedelta's keywords: days, hours, minutes, seconds... e.g. "
+                "{'minutes': 30}.") from None
+    elif isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) != 4:
+            raise MisconfigurationError(
+                f"Invalid time format for `val_check_interval`: {value!r}. Expected "
+                "'DD:HH:MM:SS'.", "e.g. val_check_interval='00:00:30:00' validates every 30 "
+                "minutes of training.")
+        try:
+            days, hours, minutes, seconds = (int(p) for p in parts)
+        except ValueError:
+            raise MisconfigurationError(
+                f"Non-integer component in `val_check_interval` string: {value!r}. Use "
+                "'DD:HH:MM:SS'.", "write each part as a whole number, e.g. '00:01:30:00'.") \
+                from None
+        duration = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    else:
+        return None
+    if duration.total_seconds() <= 0:
+        raise _fail("val_check_interval", value, "a positive duration")
+    return duration
+
+
 def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
     if value not in choices:
         raise _fail(name, value, "one of " + ", ".join(repr(c) for c in choices))
@@ -55,8 +97,12 @@ def _signature(method: str) -> str:
 def check_arguments(args: dict[str, Any]) -> None:
     """The Trainer's arguments (``args``: its keyword arguments by name), before anything is
     built."""
+    # Lightning's max_epochs=-1: no epoch limit (the Trainer says when nothing else ends the fit)
+    epochs = args["max_epochs"]
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or
+                               epochs < -1):
+        raise _fail("max_epochs", epochs, "an integer >= 0, -1 (no epoch limit) or None")
     for name, minimum in (
-        ("max_epochs", 0),
         ("max_steps", 0),
         ("min_epochs", 0),
         ("min_steps", 0),
@@ -65,6 +111,7 @@ def check_arguments(args: dict[str, Any]) -> None:
         ("num_sanity_val_steps", 0),
         ("log_every_n_steps", 1),
         ("seed", 0),
+        ("reload_dataloaders_every_n_epochs", 0),
     ):
         check_count(
             name,
@@ -86,14 +133,24 @@ def check_arguments(args: dict[str, Any]) -> None:
         "limit_test_batches",
         "limit_predict_batches",
         "overfit_batches",
-        "val_check_interval",
     ):
         check_limit(name, args[name])
+    if val_check_duration(args["val_check_interval"]) is None:
+        try:
+            check_limit("val_check_interval", args["val_check_interval"])
+        except MisconfigurationError:
+            raise _fail("val_check_interval", args["val_check_interval"],
+                        "an int >= 0 (number of batches), a float in [0.0, 1.0] (fraction of the "
+                        f"epoch) or {_DURATION_FORMS}") from None
     if args["check_val_every_n_epoch"] is None and isinstance(args["val_check_interval"], float):
+        # Lightning's words, then what each choice means
         raise MisconfigurationError(
-            f"Trainer(val_check_interval={args['val_check_interval']}) is a fraction of an epoch, "
-            "but check_val_every_n_epoch=None counts batches across epochs.",
-            "pass an int val_check_interval (validate every N training batches), or "
+            "`val_check_interval` should be an integer or a time-based duration (str "
+            "'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) when "
+            "`check_val_every_n_epoch=None`. Trainer(val_check_interval="
+            f"{args['val_check_interval']}) is a fraction of an epoch, but "
+            "check_val_every_n_epoch=None counts batches across epochs.",
+            "pass an int val_check_interval (validate every N training batches), a duration, or "
             "check_val_every_n_epoch=1.")
     check_choice("gradient_clip_algorithm", args["gradient_clip_algorithm"], ("norm", "value"))
     check_choice("nonfinite_loss", args["nonfinite_loss"], ("raise", "skip"))

@@ -90,6 +90,8 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
     ``teardown(stage)`` after a normal end; on the way out restore what changed (``on_exception``
     after an error). Yields the run."""
     config, strategy, task = run.config, run.strategy, run.task
+    # a run inside another's hook (a finder's trial): the task goes back to the outer run after
+    outer = task.trainer
     strategy.setup_environment()
     if config.seed is not None:
         seed_everything(config.seed, workers=seeds_workers())  # as a seed_everything call set it
@@ -111,7 +113,10 @@ def running(run: Run, weights: str | None = None) -> Iterator[Run]:
             restore_sigchld()
             if run.fn == "fit" and config.accumulate_grad_batches > 1 and run.model is not None:
                 strategy.gradient_sync(run.model, True)  # a group cut short (an error) left it off
-            task.trainer = None  # (a data module keeps its trainer after the run, as Lightning's)
+            # (a data module keeps its trainer after the run, as Lightning's)
+            task.trainer = outer
+            if outer is not None and run.data.datamodule is not None:
+                run.data.datamodule.trainer = outer
 
 
 def _attach(run: Run, weights: str | None) -> Run:
@@ -183,22 +188,7 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
     run.checkpointer.hold_folders()
     # before the loaders
     checkpoint = open_checkpoint(run, ckpt_path) if ckpt_path is not None else None
-    val_source = ASK
-    if config.num_sanity_val_steps and config.limits["val"] and not config.overfit_batches \
-            and checkpoint is None:
-        # a sanity check will run: Lightning asks for the validation loader first, inside its
-        # isolate_rng (what that draws from the global RNG is undone), then the training loader
-        with isolated_rng():
-            val_source = run.data.val_dataloader()
-    run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
-        run.data, config.limits, bool(config.overfit_batches), run.data_seed, strategy,
-        config.preempt_signals, val_source)
-    # Lightning: `task.validation_step = None`
-    if "validation_step" in vars(task) and task.validation_step is None:
-        # turns validation off (the sanity check too)
-        run.val_loader, run.num_val_batches = None, []
-    run.val_schedule = ValidationSchedule(config.val_check_interval, config.check_val_every_n_epoch,
-                                          run.num_train_batches, run.val_loader is not None)
+    load_fit_loaders(run, resuming=checkpoint is not None)
     run.before_step_work = run.precision.scales_loss or bool(hooks["on_before_optimizer_step"])
     run.zero_grad = with_hooks(
         run,
@@ -213,6 +203,33 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
         restore(run, *checkpoint)
         run.checkpointer.resumed_from(checkpoint[0])
         run.state.resumed = True
+        run.loaders_epoch = run.state.epoch  # the loaders serve the resumed epoch on
+
+
+def load_fit_loaders(run: Run, resuming: bool = False) -> None:
+    """The fit's training and validation loaders, their batch counts and the validation schedule,
+    from the run's data source: in ``setup_fit``, and again every
+    ``reload_dataloaders_every_n_epochs`` epochs (the loop's ``reload_loaders``)."""
+    config, strategy = run.config, run.strategy
+    val_source = ASK
+    if config.num_sanity_val_steps and config.limits["val"] and not config.overfit_batches \
+            and not resuming:
+        # a sanity check will run: Lightning asks for the validation loader first, inside its
+        # isolate_rng (what that draws from the global RNG is undone), then the training loader
+        with isolated_rng():
+            val_source = run.data.val_dataloader()
+    run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
+        run.data, config.limits, bool(config.overfit_batches), run.data_seed, strategy,
+        config.preempt_signals, val_source)
+    # Lightning: `task.validation_step = None`
+    if "validation_step" in vars(run.task) and run.task.validation_step is None:
+        # turns validation off (the sanity check too)
+        run.val_loader, run.num_val_batches = None, []
+    run.val_schedule = ValidationSchedule(
+        config.val_check_interval, config.check_val_every_n_epoch, run.num_train_batches,
+        run.val_loader is not None, sync_every=config.log_every_n_steps,
+        broadcast=strategy.broadcast if strategy.world_size > 1 else None)
+    run.loaders_epoch = run.state.epoch
 
 
 def with_hooks(run: Run, call: Callable[..., Any], before: list[Hook], after: list[Hook],

@@ -80,6 +80,8 @@ class Run:
     # of each validation loader
     num_val_batches: list[float] = dataclasses.field(default_factory=list)
     val_schedule: ValidationSchedule | None = None
+    # the epoch the loaders were (re)built for (reload_dataloaders_every_n_epochs: not again)
+    loaders_epoch: int = 0
     batches: Any = None  # the epoch's training batches being iterated (loaders.epoch_batches)
     # The step's callables, chosen once per fit (setup_fit): the plain call when no hook is defined
     # steps.training_step (forward and loss) under autocast

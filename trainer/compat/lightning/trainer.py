@@ -21,10 +21,15 @@ from typing import Any
 
 import torch
 
-from ... import callbacks
+from ... import callbacks, console
 from ...arguments import argument_error
 from ...errors import MisconfigurationError
-from .trainer_arguments import ENTRY_POINT_ARGUMENTS, TRAINER_ARGUMENTS, lightning_values
+from .trainer_arguments import (
+    ENTRY_POINT_ARGUMENTS,
+    TRAINER_ARGUMENTS,
+    batch_limit_notes,
+    lightning_values,
+)
 
 _RENAMED = {"model": "task", "filepath": "path"}  # Lightning's keyword -> taskfit's argument
 
@@ -34,6 +39,7 @@ class LightningArguments(type):
     cannot bind."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        given = {k: v for k, v in kwargs.items() if v is not None}  # None: Lightning's default
         kwargs = lightning_values(cls.__init__, kwargs)
         signature = inspect.signature(cls.__init__)
         try:
@@ -42,7 +48,13 @@ class LightningArguments(type):
             raise argument_error(
                 cls.__name__, signature, args, kwargs, TRAINER_ARGUMENTS, "docs/trainer.md"
             ) from None
-        return super().__call__(*args, **kwargs)
+        trainer = super().__call__(*args, **kwargs)
+        # Lightning's lines for a batch limit passed as 1 or 1.0, on rank 0; not for the taskfit
+        # command's Trainer (config=...), which passes every argument and prints its config
+        if kwargs.get("config") is None and trainer.strategy.rank == 0:
+            for note in batch_limit_notes(given):
+                console.echo(note, name="taskfit.trainer")
+        return trainer
 
 
 def entry_keywords(
@@ -110,6 +122,9 @@ class LightningNames:
         lambda self: self.strategy.local_rank, doc="This process's rank on its machine."
     )
     is_global_zero = property(lambda self: self.strategy.is_main, doc="Rank 0 (``is_main``).")
+    val_dataloaders = property(
+        lambda self: self.val_loader,
+        doc="The fit's validation loader(s) (a loader, or the list/dict passed), or None.")
     num_training_batches = property(
         lambda self: self.num_train_batches, doc="Training batches per epoch."
     )

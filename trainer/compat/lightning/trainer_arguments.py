@@ -8,8 +8,8 @@ ported code still passes (``gpus``, ``resume_from_checkpoint``...). tests/test_l
 holds Lightning 2.6.6's argument list and checks that each is taken or in this table.
 
 :func:`lightning_values` lets the Trainer take the values Lightning documents as "the default" or
-"no limit": ``None`` for the arguments that have a default here, ``max_steps=-1``, ``max_epochs=-1``
-with ``max_steps``, ``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``.
+"no limit": ``None`` for the arguments that have a default here, ``max_steps=-1``,
+``num_sanity_val_steps=-1`` (every validation batch) and ``accelerator="gpu"``.
 trainer.py in this folder applies both (the Trainer's metaclass) and the entry points' Lightning
 keywords.
 """
@@ -53,10 +53,6 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "sync_batchnorm": "convert the model yourself for ddp: self.net = "
                       "torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.net) in your "
                       "TaskModule's __init__ or configure_model.",
-    "reload_dataloaders_every_n_epochs": "the loaders are built once per fit; change what an epoch "
-                                         "sees in the dataset itself (e.g. in "
-                                         "on_train_epoch_start, with num_workers=0 or "
-                                         "non-persistent workers).",
     "enable_autolog_hparams": "taskfit's loggers always record the task's hyperparameters "
                               "(docs/logging.md); leave the argument out.",
     "model_registry": "not available: copy trainer.checkpoint_callback.best_model_path to your "
@@ -102,8 +98,7 @@ TRAINER_ARGUMENTS: dict[str, str] = {
     "truncated_bptt_steps": "split the sequence in your own training_step (Lightning 2 removed it "
                             "too).",
     "distributed_backend": "strategy='ddp', 'dp' or 'fsdp'.",
-    "reload_dataloaders_every_epoch": "the loaders are built once per fit; change what an epoch "
-                                      "sees in the dataset itself (e.g. in on_train_epoch_start).",
+    "reload_dataloaders_every_epoch": "reload_dataloaders_every_n_epochs=1, as in Lightning 2.",
 }
 
 # Lightning's value for "the default" or "no limit" -> taskfit's: the arguments whose default is not
@@ -138,14 +133,6 @@ def lightning_values(init: Callable[..., None], kwargs: dict[str, Any]) -> dict[
             kwargs[name] = defaults[name]
     if kwargs.get("max_steps") == -1:  # Lightning's default: no step limit
         kwargs["max_steps"] = None
-    if kwargs.get("max_epochs") == -1:  # Lightning: no epoch limit, i.e. endless without max_steps
-        if kwargs.get("max_steps") is None:
-            raise MisconfigurationError(
-                "Trainer(max_epochs=-1) without max_steps asks for a fit that never ends; taskfit "
-                "does not train without a "
-                "limit.", "pass max_steps=N, or a number of epochs; a run stopped by SIGTERM "
-                "saves a checkpoint that fit(task, ckpt_path='last') continues.")
-        kwargs["max_epochs"] = None
     if kwargs.get("num_sanity_val_steps") == -1:  # Lightning: every validation batch
         kwargs["num_sanity_val_steps"] = sys.maxsize
     if kwargs.get("accelerator") == "gpu":  # Lightning: CUDA, or Apple's MPS
@@ -177,3 +164,32 @@ ENTRY_POINT_ARGUMENTS = {
     "storage_options": "checkpoints are written to local or mounted paths; copy them elsewhere "
                        "after saving.",
 }
+
+
+_LIMIT_NOTES = ("limit_train_batches", "limit_val_batches", "limit_test_batches",
+                "limit_predict_batches", "overfit_batches", "val_check_interval")
+
+
+def batch_limit_notes(given: dict[str, Any]) -> list[str]:
+    """Lightning's informational line for each ``limit_*_batches``, ``overfit_batches`` and
+    ``val_check_interval`` passed as ``1`` or ``1.0`` (``given``: the arguments as passed; a
+    default left out says nothing), since an int and a float of the same value mean different
+    things there. ``fast_dev_run`` sets the limits itself: only ``overfit_batches`` speaks then, as
+    in Lightning."""
+    notes = []
+    for name in _LIMIT_NOTES:
+        value = given.get(name)
+        if given.get("fast_dev_run") and name != "overfit_batches":
+            continue
+        if type(value) is int and value == 1:
+            what = {"limit_train_batches": "1 batch per epoch will be used.",
+                    "val_check_interval": "validation will run after every batch."}
+            notes.append(f"`Trainer({name}=1)` was configured so "
+                         f"{what.get(name, '1 batch will be used.')}")
+        elif type(value) is float and value == 1.0:
+            what = {"limit_train_batches": "100% of the batches per epoch will be used",
+                    "val_check_interval": "validation will run at the end of the training epoch"}
+            notes.append(f"`Trainer({name}=1.0)` was configured so "
+                         f"{what.get(name, '100% of the batches will be used')}.")
+    return notes
+
