@@ -35,11 +35,12 @@ class LearningRateMonitor(Callback):
     Reading ``param_groups`` is host-side: no device sync.
 
     Args:
-        logging_interval: None (Lightning's default): an optimizer whose scheduler steps per epoch
-            is logged at each epoch start, the others at every ``log_every_n_steps``; ``"step"``:
-            all at every ``log_every_n_steps`` (the value at global step ``s`` is the rate the next
-            optimizer step uses); ``"epoch"``: all at each epoch start (the rate that epoch starts
-            with).
+        logging_interval: None (Lightning's default): an optimizer is logged at its schedulers'
+            intervals (per epoch: at each epoch start; per step: at every ``log_every_n_steps``),
+            one without a scheduler at both (``names="vitals"``: at the steps only); ``"step"``:
+            all at every ``log_every_n_steps``; ``"epoch"``: all at each epoch start (the rate that
+            epoch starts with). A value at step ``s`` is the rate the optimizer step from ``s`` to
+            ``s + 1`` uses, read before it (and before its scheduler step), as Lightning's.
         log_momentum: also log the momentum (``momentum``, or ``betas[0]`` for Adam-like optimizers;
             Lightning's names log 0 for an optimizer without either, as Lightning does).
         log_weight_decay: also log the weight decay.
@@ -65,8 +66,12 @@ class LearningRateMonitor(Callback):
         self.logging_interval, self.log_momentum, self.log_weight_decay, self.names = \
             logging_interval, log_momentum, log_weight_decay, names
         self.log_key_prefix = log_key_prefix or ""
+        # the step the rates were last logged at, at a batch's start (on_log_interval logs the rest)
+        self._logged_at: int | None = None
         # (optimizer, group, name)
         self._keys: dict[str, list[tuple[Any, int, str]]] = {"step": [], "epoch": []}
+        # every group once, in Lightning's order (optimizers with a scheduler first)
+        self._groups: list[tuple[Any, int, str]] = []
         self._counts: list[int] = []  # each optimizer's parameter groups when they were named
         self.lrs: dict[str, list[float]] = {}  # Lightning's: every logged rate, by name
         self.last_momentum_values: dict[str, float | None] = {}
@@ -91,7 +96,7 @@ class LearningRateMonitor(Callback):
                           "momentum (an optimizer with neither momentum nor betas, as Lightning "
                           "does). HINT: "
                           "log_momentum=False if that is not wanted.", RuntimeWarning, stacklevel=2)
-        named = [name for keys in self._keys.values() for _, _, name in keys]
+        named = [name for _, _, name in self._groups]
         self.lrs = {self._key("lr", name): [] for name in named}
         self.last_momentum_values = {self._key("momentum", name): None for name in named}
         self.last_weight_decay_values = {self._key("weight_decay", name): None for name in named}
@@ -101,13 +106,12 @@ class LearningRateMonitor(Callback):
         were named at."""
         configs = list(getattr(trainer.schedulers, "configs", []))
         self._counts = [len(optimizer.param_groups) for optimizer in trainer.optimizers]
-        self._keys = {"step": [], "epoch": []}
+        self._keys, self._groups = {"step": [], "epoch": []}, []
         seen: Counter[str] = Counter()
+        scheduled: list[tuple[Any, int, str]] = []
         for optimizer in trainer.optimizers:
             mine = [c for c in configs if getattr(c.scheduler, "optimizer", None) is optimizer]
-            interval = self.logging_interval or (
-                "epoch" if mine and all(c.interval == "epoch" for c in mine) else "step"
-            )
+            intervals = self._intervals([c.interval for c in mine])
             name = next((c.name for c in mine if getattr(c, "name", None)), None)
             if name is None:
                 kind = type(optimizer).__name__
@@ -124,17 +128,32 @@ class LearningRateMonitor(Callback):
                     "single `Optimizer` cannot have multiple parameter groups with identical "
                     "`name` values).",
                     "give each parameter group its own name (Lightning refuses this too).")
-            self._keys[interval] += [
+            named = [
                 (optimizer, i, self._group_name(name, groups, i)) for i in range(len(groups))
             ]
+            for interval in intervals:
+                self._keys[interval] += named
+            (scheduled if mine else self._groups).extend(named)
+        self._groups[:0] = scheduled
+
+    def _intervals(self, scheduled: list[str]) -> tuple[str, ...]:
+        """When an optimizer whose schedulers step at ``scheduled`` intervals is logged: at each
+        scheduler's interval (Lightning's); without a scheduler, at both, as Lightning's monitor
+        logs it at every epoch start and every logged step (the vitals: at logged steps); a
+        ``logging_interval`` decides for all."""
+        if self.logging_interval:
+            return (self.logging_interval,)
+        if self.names == "vitals":
+            return ("epoch",) if scheduled and set(scheduled) == {"epoch"} else ("step",)
+        return tuple(i for i in ("step", "epoch") if i in scheduled or not scheduled)
 
     def _rename(self, trainer: Any) -> None:
         """Groups were added since the names were made (BaseFinetuning): name them again and move
         each renamed group's history to its new name, at the end (Lightning's order: ``lr-SGD``
         becomes ``lr-SGD/pg1``)."""
-        before = {(id(o), i): name for keys in self._keys.values() for o, i, name in keys}
+        before = {(id(o), i): name for o, i, name in self._groups}
         self._name_groups(trainer)
-        for optimizer, i, name in [k for keys in self._keys.values() for k in keys]:
+        for optimizer, i, name in self._groups:
             old = before.get((id(optimizer), i))
             for kind, values in (("lr", self.lrs), ("momentum", self.last_momentum_values),
                                  ("weight_decay", self.last_weight_decay_values)):
@@ -185,8 +204,19 @@ class LearningRateMonitor(Callback):
                 out[key] = self.last_weight_decay_values[key] = float(group["weight_decay"])
         return out
 
-    def on_log_interval(self, trainer: Any, task: Any) -> None:
+    def on_logged_batch_start(self, trainer: Any, task: Any) -> None:
+        """The rates this batch's optimizer step uses, before it and its scheduler step, at the
+        step its values are logged at (Lightning's ``on_train_batch_start``)."""
         if self._keys["step"]:
+            self._logged_at = trainer.state.log_step
+            trainer.log_metrics(self.values(trainer, "step"))
+
+    def on_log_interval(self, trainer: Any, task: Any) -> None:
+        """An epoch shorter than ``log_every_n_steps`` logs its last step at its end (taskfit's
+        curves of a short run): the vitals log the rate there too. Lightning's names log where
+        Lightning's monitor does, only."""
+        if (self.names == "vitals" and self._keys["step"]
+                and self._logged_at != trainer.state.log_step):
             trainer.log_metrics(self.values(trainer, "step"))
 
     def on_train_epoch_start(self, trainer: Any, task: Any) -> None:

@@ -1,10 +1,10 @@
 """The learning-rate finder on the digits job: a range test suggests an lr, then the job trains with
 it and, on the same seed, with its default lr (AdamW, 3e-3), and the two are compared.
 
-    python examples/lr_find.py            # 100 finder steps, then 10 epochs each (~30 s on 2 CPU
-    cores) python examples/lr_find.py --quick    # 100 finder steps, 3 epochs each (what
-    tests/test_examples.py runs) taskfit mode=lr_find                  # the same range test from
-    the command line: prints the override to use
+    python examples/lr_find.py            # 100 finder steps, then 10 epochs each (~30 s, 2 cores)
+    python examples/lr_find.py --quick    # 100 finder steps, 3 epochs each (the test's)
+    taskfit mode=lr_find                  # the same range test from the command line: prints the
+                                          # override to use
 
 The curve is written to taskfit_logs/lr_find/version_N (lr_find.png, a TensorBoard image,
 lr_find.json).

@@ -2,8 +2,8 @@
 moving average of the weights (EMAWeightAveraging) and with stochastic weight averaging
 (StochasticWeightAveraging).
 
-    python examples/weight_averaging.py            # 10 epochs each (~30 s on 2 CPU cores) python
-    examples/weight_averaging.py --quick    # 3 epochs each (what tests/test_examples.py runs)
+    python examples/weight_averaging.py            # 10 epochs each (~30 s on 2 CPU cores)
+    python examples/weight_averaging.py --quick    # 3 epochs each (the test's)
 
 Validation (and the test after fit) use the averaged weights; the three runs start from the same
 initial weights and see the batches in the same order, so the difference is the averaging alone.

@@ -163,19 +163,96 @@ def expected_rates(task, scheduler_steps: int) -> list[float]:
     return scheduler.get_last_lr()
 
 
-def test_lr_monitor_step_values_match_the_scheduler(tmp_path):
-    task = TwoGroupTask("step", momentum=0.9)
+class ManualTwoGroupTask(TwoGroupTask):
+    """TwoGroupTask under manual optimization: the training step steps the optimizer and its scheduler."""
+
+    automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        loss = self.loss(self(batch[0]), batch[1])
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        scheduler.step()
+        return loss
+
+
+# Lightning 2.6.6's LearningRateMonitor(log_momentum=True) on the same optimizer (SGD, groups "weights" at 0.1 and
+# one unnamed at 0.02, momentum 0.9), StepLR(step_size=3, gamma=0.5) at interval "step", 4 batches per epoch.
+# Observed with `pip install lightning==2.6.6` and a LightningModule of the same optimizer, scheduler and loader
+# (CSVLogger; its metrics.csv rows of lr-SGD/weights as (step, value), and the monitor's `lrs`): Lightning reads the
+# rates in on_train_batch_start of a batch whose step logs, before its optimizer and scheduler step, at the count
+# of batches that stepped before it; under accumulation every batch of the logged group logs (the same value).
+LIGHTNING_STEP_RATES = [
+    (dict(max_steps=10, log_every_n_steps=1), TwoGroupTask,
+     [(0, 0.1), (1, 0.1), (2, 0.1), (3, 0.05), (4, 0.05), (5, 0.05), (6, 0.025), (7, 0.025), (8, 0.025),
+      (9, 0.0125)]),
+    (dict(max_steps=12, log_every_n_steps=3), TwoGroupTask, [(2, 0.1), (5, 0.05), (8, 0.025), (11, 0.0125)]),
+    (dict(max_steps=6, log_every_n_steps=2, accumulate_grad_batches=2), TwoGroupTask,
+     [(1, 0.1), (1, 0.1), (3, 0.05), (3, 0.05), (5, 0.05), (5, 0.05)]),
+    (dict(max_steps=6, log_every_n_steps=3, accumulate_grad_batches=3), TwoGroupTask,
+     [(2, 0.1), (2, 0.1), (2, 0.1), (5, 0.05)]),
+    (dict(max_steps=10, log_every_n_steps=2), ManualTwoGroupTask,
+     [(1, 0.1), (3, 0.05), (5, 0.05), (7, 0.025), (9, 0.0125)]),
+]
+
+
+@pytest.mark.parametrize("settings, kind, lightning", LIGHTNING_STEP_RATES,
+                         ids=["every-step", "every-3", "accumulate-2", "accumulate-3", "manual"])
+def test_lr_monitor_logs_lightnings_rates_with_a_per_step_scheduler(tmp_path, settings, kind, lightning):
+    monitor = LearningRateMonitor(log_momentum=True)
+    trainer = Trainer(default_root_dir=str(tmp_path), callbacks=[monitor], **settings, **QUIET)
+    trainer.fit(kind("step", momentum=0.9))
+    # Lightning's lrs (the second group at a fifth of the first), and its points in the loggers
+    assert monitor.lrs == {"lr-SGD/weights": pytest.approx([v for _, v in lightning]),
+                           "lr-SGD/pg2": pytest.approx([v / 5 for _, v in lightning])}
+    assert logged(trainer, "lr-SGD/weights") == [(s, pytest.approx(v)) for s, v in lightning]
+    assert [v for _, v in logged(trainer, "lr-SGD/weights-momentum")] == pytest.approx([0.9] * len(lightning))
+
+
+class Unscheduled(RegressionTask):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("interval, steps", [(None, [0, 2, 4, 5, 8, 8, 11]), ("step", [2, 5, 8, 11]),
+                                             ("epoch", [0, 4, 8])])
+def test_lr_monitor_logs_an_optimizer_without_scheduler_when_lightnings_does(tmp_path, interval, steps):
+    """Lightning 2.6.6 (`pip install lightning==2.6.6`, the same SGD without a scheduler, 3 epochs of 4 batches,
+    log_every_n_steps=3; its metrics.csv rows of lr-SGD): without logging_interval such an optimizer is logged at every
+    epoch start (0, 4, 8) and every logged step's batch start (2, 5, 8, 11)."""
+    monitor = LearningRateMonitor(logging_interval=interval)
+    trainer = Trainer(max_epochs=3, log_every_n_steps=3, default_root_dir=str(tmp_path), callbacks=[monitor], **QUIET)
+    trainer.fit(Unscheduled(n=32, batch_size=8))
+    assert logged(trainer, "lr-SGD") == [(s, pytest.approx(0.1)) for s in steps]
+    assert monitor.lrs == {"lr-SGD": pytest.approx([0.1] * len(steps))}
+
+
+def test_lr_monitor_vitals_log_the_rates_lightnings_names_do(tmp_path):
+    """The monitor taskfit adds (names="vitals") logs at the same steps, the same rates: each step's own."""
     trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),
-                      callbacks=[LearningRateMonitor(log_momentum=True, names="vitals")], **QUIET)
+                      callbacks=[LearningRateMonitor(names="vitals")], **QUIET)
+    task = TwoGroupTask("step")
     trainer.fit(task)
     weights, bias = logged(trainer, "vitals/lr/SGD/weights"), logged(trainer, "vitals/lr/SGD/pg1")
-    assert [s for s, _ in weights] == list(range(10))  # Lightning's steps (the batches stepped before)
-    # at step s: the rate of the next step, after s + 1 scheduler steps (Lightning's monitor: after s, read at
-    # the batch's start; a difference the report of issue 45 names)
+    assert weights == [(s, pytest.approx(v)) for s, v in LIGHTNING_STEP_RATES[0][2]]
+    # at step s: the rates of the step from s to s + 1, after s scheduler steps
     for (step, w), (_, b) in zip(weights, bias):
-        assert [w, b] == pytest.approx(expected_rates(task, step + 1)), step
-    assert weights[1][1] == pytest.approx(0.1) and weights[2][1] == pytest.approx(0.05)  # StepLR(3) halves at 3
-    assert [v for _, v in logged(trainer, "vitals/momentum/SGD/weights")] == pytest.approx([0.9] * 10)
+        assert [w, b] == pytest.approx(expected_rates(task, step)), step
+
+
+def test_lr_monitor_vitals_log_the_last_step_of_an_epoch_shorter_than_the_interval(tmp_path):
+    """taskfit's curves of a short run: an epoch of fewer steps than log_every_n_steps logs its last step at its end;
+    the vitals' rate is there too (Lightning's names are not: Lightning's monitor logs nothing there)."""
+    lightning, vitals = LearningRateMonitor(), LearningRateMonitor(names="vitals")
+    trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path), callbacks=[lightning, vitals], **QUIET)
+    task = TwoGroupTask("step")
+    trainer.fit(task)
+    assert [s for s, _ in logged(trainer, "train/loss")] == [3, 7]
+    assert logged(trainer, "vitals/lr/SGD/weights") == [(s, pytest.approx(expected_rates(task, s + 1)[0]))
+                                                        for s in (3, 7)]
+    assert lightning.lrs == {"lr-SGD/weights": [], "lr-SGD/pg2": []}
 
 
 def test_lr_monitor_epoch_interval_logs_at_epoch_start(tmp_path):

@@ -548,6 +548,44 @@ def test_a_program_that_logs_nothing_still_gets_taskfits_loss_curve():
     assert trainer.test(Silent(), verbose=False)[0].keys() == {"test/loss"}
 
 
+class _LogsAccuracyOnly(TaskModule):
+    """A training_step that logs a value that is not its loss (``acc``) and returns the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        outputs = self.net(batch[0])
+        self.log("acc", (outputs.argmax(-1) == batch[1]).float().mean())
+        return nn.functional.cross_entropy(outputs, batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randint(0, 2, (32,), generator=generator))
+        return DataLoader(data, batch_size=4)
+
+
+def test_a_program_that_logs_only_a_value_that_is_not_its_loss_gets_no_loss_curve_as_lightning(tmp_path):
+    """Lightning 2.6.6 on the same program (a LightningModule of the same code, CSVLogger, max_epochs=2,
+    log_every_n_steps=2; `pip install lightning==2.6.6`) logs nothing of its own: callback_metrics, logged_metrics
+    ['acc'], progress_bar_metrics [], metrics.csv's header acc,epoch,step. taskfit's views are the same; its loggers
+    add vitals/* only: no train/loss, which could be a second version of a loss logged under any name."""
+    from taskfit.callbacks import CSVLogger
+
+    trainer = Trainer(max_epochs=2, log_every_n_steps=2, logger=CSVLogger(str(tmp_path)),
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(_LogsAccuracyOnly())
+    assert (sorted(trainer.callback_metrics), sorted(trainer.logged_metrics), sorted(trainer.progress_bar_metrics)) \
+        == (["acc"], ["acc"], [])
+    with open(os.path.join(trainer.log_dir, "metrics.csv"), encoding="utf-8") as f:
+        header = f.readline().strip().split(",")
+    assert {k for k in header if not k.startswith("vitals/")} == {"acc", "epoch", "step"}
+
+
 def test_lightning_shows_the_recorded_views(tmp_path):
     lightning = pytest.importorskip("lightning.pytorch")
 

@@ -15,9 +15,10 @@ import os
 
 import pytest
 import torch
-from taskfit import MisconfigurationError, Trainer, seed_everything
+from taskfit import MisconfigurationError, TaskModule, Trainer, seed_everything
 from taskfit.callbacks import Callback, ModelCheckpoint
 from tasks import Line, RegressionTask
+from torch.utils.data import DataLoader, TensorDataset
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
 
@@ -337,6 +338,85 @@ def test_a_training_step_returning_none_skips_the_batch_and_validation_step_none
     # loop such as lr_find's ends
     assert trainer.state.global_step == 8
     assert trainer.num_val_batches == [] and not any(key.startswith("val/") for key in trainer.callback_metrics)
+
+
+class SkipsSome(TaskModule):
+    """A Linear(4, 1) on 8 batches of 4, SGD(lr=0.1) halved by StepLR every step; ``training_step`` returns None
+    for the batches in ``skip``."""
+
+    def __init__(self, skip: tuple[int, ...]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net, self.skip = torch.nn.Linear(4, 1), skip
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx in self.skip:
+            return None
+        return torch.nn.functional.mse_loss(self.net(batch[0]).squeeze(-1), batch[1])
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randn(32, generator=generator))
+        return DataLoader(data, batch_size=4)
+
+
+# Lightning 2.6.6 on SkipsSome (a LightningModule of the same code; `pip install lightning==2.6.6`, one epoch,
+# Trainer(accumulate_grad_batches=k)): (k, skipped batches) -> global_step, the final rate, weight and bias. A batch
+# whose training_step returns None has no backward but counts toward its accumulation group: the group's last batch
+# steps the optimizer with the gradients the group has (none: no weight changes) and the scheduler, and the step
+# counts (k=1 included).
+NONE_STEPS = [
+    (1, (), 8, 0.000390625, [-0.0695619136095047, 0.03545308858156204, -0.30139395594596863, -0.03182391822338104],
+     -0.15611332654953003),
+    (1, (3,), 8, 0.000390625, [-0.05940042436122894, 0.03703375533223152, -0.3157360255718231, -0.03988027200102806],
+     -0.16201573610305786),
+    (2, (), 4, 0.00625, [-0.073252834379673, 0.008587642572820187, -0.29520362615585327, -0.06290535628795624],
+     -0.11019720137119293),
+    (2, (2,), 4, 0.00625, [-0.06301424652338028, 0.06446249037981033, -0.33587557077407837, -0.10651960968971252],
+     -0.08321693539619446),
+    (2, (3,), 4, 0.00625, [-0.050580330193042755, 0.008814655244350433, -0.3318178951740265, -0.09438016265630722],
+     -0.12591451406478882),
+    (2, (2, 3), 4, 0.00625, [-0.04034174606204033, 0.064689502120018, -0.3724898099899292, -0.1379944235086441],
+     -0.09893424063920975),
+    (3, (6, 7), 3, 0.0125, [-0.07516131550073624, 0.019263090565800667, -0.2805812954902649, -0.10296396166086197],
+     -0.1520356386899948),
+]
+
+
+@pytest.mark.parametrize("k, skip, steps, lr, weight, bias", NONE_STEPS,
+                         ids=[f"k{k}-skip{'-'.join(map(str, skip)) or 'none'}" for k, skip, *_ in NONE_STEPS])
+def test_a_training_step_returning_none_counts_toward_accumulation_as_lightning(k, skip, steps, lr, weight, bias):
+    task = SkipsSome(skip)
+    trainer = Trainer(max_epochs=1, accumulate_grad_batches=k, **QUIET)
+    trainer.fit(task)
+    assert trainer.state.global_step == steps
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(lr)
+    assert task.net.weight.flatten().tolist() == pytest.approx(weight, abs=1e-7)
+    assert task.net.bias.item() == pytest.approx(bias, abs=1e-7)
+
+
+def test_a_16_mixed_group_ending_in_none_counts_its_step_without_stepping_the_optimizer():
+    """Lightning's MixedPrecision.optimizer_step (read in its source: 16-mixed is refused on the CPU, where these
+    tests run) neither unscales nor steps after a stepping batch whose training_step returned None, even when the
+    group's earlier batches have gradients: the group [2, 3] with batch 3 skipped changes no weight, as with both
+    skipped; the step counts and the scheduler steps."""
+    def fit(skip):
+        task = SkipsSome(skip)
+        trainer = Trainer(max_epochs=1, accumulate_grad_batches=2, precision="16-mixed", **QUIET)
+        trainer.fit(task)
+        return trainer, torch.cat([p.detach().flatten() for p in task.parameters()])
+
+    (trainer, last_skipped), (_, both_skipped), (unskipped, _) = fit((3,)), fit((2, 3)), fit(())
+    assert torch.equal(last_skipped, both_skipped)
+    # as many steps and scheduler steps as without a skip (the GradScaler's overflow skips aside)
+    assert trainer.state.global_step == unskipped.state.global_step == 4
+    rate = unskipped.optimizers[0].param_groups[0]["lr"]
+    assert trainer.optimizers[0].param_groups[0]["lr"] == rate < 0.1
 
 
 def test_callback_metrics_after_test_hold_the_tests_values_only():

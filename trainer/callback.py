@@ -1,14 +1,22 @@
 """Callback: the hooks the Trainer calls, in this order (the table in docs/callbacks.md says when
 each fires)::
 
-    fit: on_fit_start [sanity check: on_sanity_check_start, on_sanity_check_end] per epoch:
-    on_train_epoch_start per batch:  on_train_batch_start (on_before_optimizer_step)
-    (on_log_interval, every log_every_n_steps optimizer steps) [validation: on_validation_start,
-    on_validation_end] on_train_batch_end on_train_epoch_end on_fit_end
-    (on_exception instead, when any entry point raises or is interrupted) validate:
-    on_validation_start, on_validation_end test:      on_test_start, on_test_end predict:
-    on_predict_start, per batch on_predict_batch_end, on_predict_end on_log whenever values are
-    written out (log interval, after each validation/epoch/test, callbacks' values)
+    fit:      on_fit_start
+              [sanity check: on_sanity_check_start, on_sanity_check_end]
+              per epoch: on_train_epoch_start
+                per batch: (on_logged_batch_start, before a batch whose step logs)
+                           on_train_batch_start (on_before_optimizer_step)
+                           (on_log_interval, every log_every_n_steps optimizer steps)
+                           [validation: on_validation_start, on_validation_end]
+                           on_train_batch_end
+                on_train_epoch_end
+              on_fit_end
+              (on_exception instead, when any entry point raises or is interrupted)
+    validate: on_validation_start, on_validation_end
+    test:     on_test_start, on_test_end
+    predict:  on_predict_start, per batch on_predict_batch_end, on_predict_end
+    on_log    whenever values are written out (log interval, after each validation/epoch/test,
+              callbacks' values)
 
 Every hook receives ``(trainer, task, ...)``; read ``trainer.state`` for where the run is
 (``state.fn`` is the entry point: "fit", "validate", "test" or "predict"). The Trainer calls a hook
@@ -39,6 +47,7 @@ HOOKS = (
     "on_train_batch_start",
     "on_train_batch_end",
     "on_before_optimizer_step",
+    "on_logged_batch_start",
     "on_log_interval",
     "on_validation_start",
     "on_validation_end",
@@ -112,6 +121,14 @@ class Callback:
         self, trainer: Trainer, task: TaskModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Gradients are ready (unscaled, before clipping); ``optimizer`` steps next."""
+
+    def on_logged_batch_start(self, trainer: Trainer, task: TaskModule) -> None:
+        """Before each training batch whose step is logged (the one ``on_log_interval`` follows),
+        before ``on_train_batch_start`` and the batch's optimizer and scheduler steps: the place to
+        read what that step uses (``LearningRateMonitor`` reads the rates there, as Lightning's
+        does in ``on_train_batch_start``). Values published here are at the step the batch's
+        values are logged at; under ``accumulate_grad_batches`` every batch of the stepping group
+        starts here, as in Lightning."""
 
     def on_log_interval(self, trainer: Trainer, task: TaskModule) -> None:
         """Every ``log_every_n_steps`` optimizer steps, after the training values of that step were

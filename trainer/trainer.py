@@ -317,6 +317,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             run.call_hooks("on_fit_start")
             # a per-batch call only where it does work
             on_start, on_end = drop_idle_batch_hooks(run.hooks, self)
+            on_logged_start = run.hooks["on_logged_batch_start"]
             config = run.config
             max_steps = math.inf if config.max_steps is None else config.max_steps
             log_every = config.log_every_n_steps
@@ -352,6 +353,12 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                     # on the CPU a batch stays where it is, without even a call
                     if run.moves_batches:
                         batch = run.batch_to_device(batch)
+                    # this batch's step logs (Lightning's should_update_logs: the count with it, if
+                    # it steps, is a multiple of log_every_n_steps); its rates are read before it
+                    logs_step = (st.stepped_batches + 1) % log_every == 0
+                    if logs_step and on_logged_start:
+                        for fn in on_logged_start:
+                            fn(self, task)
                     for fn in on_start:
                         fn(self, task, batch, batch_idx)
                     step = st.global_step
@@ -359,7 +366,7 @@ class Trainer(LightningNames, metaclass=LightningArguments):
                     st.log_at_previous = stepped = every_batch or st.global_step != step
                     # Lightning's log_every_n_steps counts these (manual: batches)
                     st.stepped_batches += stepped
-                    if stepped and st.stepped_batches % log_every == 0:
+                    if stepped and logs_step:
                         # at state.log_step: the count before this batch, as Lightning
                         self._log_interval()
                     st.batches_done = batch_idx + 1
@@ -470,9 +477,11 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             if not steps:
                 return outputs
             if run.precision.scales_loss:
-                # a GradScaler has nothing to unscale: its step is skipped (Lightning's too), and
-                # counted as a skipped step is
+                # Lightning's 16-mixed neither unscales nor steps the optimizer after a batch
+                # without a loss (not an overflow: the schedulers step, as Lightning's)
                 st.global_step += 1
+                if run.schedulers.per_step:
+                    run.schedulers.after_step(st.global_step, st.metrics)
                 return outputs
         else:
             if not run.loss_checked:

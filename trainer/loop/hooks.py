@@ -57,7 +57,7 @@ LIGHTNING_HOOKS: dict[str, str] = {
 }
 HOOKS: tuple[str, ...] = (*CORE_HOOKS, *LIGHTNING_HOOKS)
 # taskfit's own callback hooks: not Lightning names on a task
-LOGGING_HOOKS = ("on_log", "on_log_interval")
+LOGGING_HOOKS = ("on_log", "on_logged_batch_start", "on_log_interval")
 
 # Lightning's hooks of a LightningModule that the Trainer calls on a TaskModule (with Lightning's
 # arguments).

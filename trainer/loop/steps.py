@@ -62,8 +62,8 @@ def training_step(task: TaskModule, model: nn.Module, manual: bool, unsynced: nn
 
 def step_loss(out: Any, task: TaskModule, manual: bool) -> torch.Tensor | None:
     """The loss in what a training step returned: the tensor itself or its mapping's ``"loss"``;
-    None with manual optimization (which has already done its backward), or to skip the batch
-    (Lightning: no backward, no step)."""
+    None with manual optimization (which has already done its backward), or to skip the batch's
+    backward (Lightning's meaning: the batch still counts toward its accumulation group)."""
     if isinstance(out, torch.Tensor) or not defines(task, "training_step"):
         return out  # (the default step returns what loss returned: check_loss names it)
     if isinstance(out, Mapping) and "loss" in out:
