@@ -4,7 +4,7 @@ must be the same (issue 45 under ddp).
 
     python tests/ddp_rng_program.py lightning shuffled ROOT   # prints the JSON of what it observed
     python tests/ddp_rng_program.py taskfit unshuffled ROOT
-    python tests/ddp_rng_program.py record tests/data/lightning_ddp.json  # Lightning's, every setting
+    python tests/ddp_rng_program.py record tests/data/lightning_ddp.json  # Lightning's
 
 A small MLP with dropout (each rank's global RNG moves its masks), a training loader of 21 samples
 in batches of 4 (11 per rank after DistributedSampler's padding: batches of 4, 4, 3) whose dataset
@@ -119,7 +119,7 @@ def run(name: str, setting: str, root: str) -> dict[str, Any] | None:
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=root)
     trainer.fit(model)
-    # Lightning's "ddp" runs this script again for rank 1: only rank 0 (the launching process) reports
+    # Lightning's "ddp" runs this script again for rank 1: only rank 0 (the launcher) reports
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return None
     out: dict[str, Any] = {"rand_after_fit": torch.rand(1).item()}
