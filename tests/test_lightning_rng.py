@@ -12,12 +12,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import ddp_rng_program
 import rng_program
 from taskfit import Trainer, seed_everything
 from taskfit.data.loaders import OneAhead, epoch_batches
 
 with open(os.path.join(os.path.dirname(__file__), "data", "lightning_rng.json")) as f:
     LIGHTNING = json.load(f)
+# Lightning 2.6.6's values of tests/ddp_rng_program.py (2 gloo processes, strategy="ddp"), observed
+# by `python tests/ddp_rng_program.py record tests/data/lightning_ddp.json`
+with open(os.path.join(os.path.dirname(__file__), "data", "lightning_ddp.json")) as f:
+    LIGHTNING_DDP = json.load(f)
 
 
 @pytest.fixture(autouse=True)
@@ -36,6 +41,21 @@ def _same(observed: dict, expected: dict) -> None:
 @pytest.mark.parametrize("setting", list(rng_program.SETTINGS))
 def test_a_seeded_program_ends_with_lightnings_weights_and_random_state(setting, tmp_path):
     _same(rng_program.run("taskfit", setting, str(tmp_path)), LIGHTNING[setting])
+
+
+def test_under_ddp_a_seeded_program_ends_with_lightnings_weights_order_and_random_state(tmp_path):
+    """2 gloo processes, a training DataLoader with shuffle=False: Lightning shuffles it anyway
+    (DistributedSampler, seed PL_GLOBAL_SEED), re-seeds each rank at setup, and its launching
+    process is rank 0, so the script's next draw after fit is rank 0's."""
+    observed = ddp_rng_program.run("taskfit", "unshuffled", str(tmp_path))
+    expected = LIGHTNING_DDP["unshuffled"]
+    assert rng_program.max_difference(observed["weights"], expected["weights"]) == 0.0
+    # each rank's samples of epochs 0 and 1 (21 samples: rank 1's shard is padded with one)
+    for rank in ("rank0", "rank1"):
+        assert observed[rank]["seen"] == expected[rank]["seen"], rank
+        assert observed[rank]["rand"] == expected[rank]["rand"], rank
+    assert observed["rand_after_fit"] == expected["rand_after_fit"]
+    assert observed["callback_metrics"] == expected["callback_metrics"]
 
 
 def test_an_iterable_dataset_is_fetched_one_batch_ahead_as_lightning(tmp_path):

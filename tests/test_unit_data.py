@@ -218,3 +218,15 @@ def test_a_random_sampler_with_its_own_generator_keeps_its_order_in_one_process(
     sharded = prepare_loader(loader, train=True, seed=0, rank=1, world_size=2)
     # ddp: DistributedSampler's order, as Lightning
     assert isinstance(sharded.sampler, ResumableSampler)
+
+
+def test_under_ddp_a_training_loader_is_shuffled_even_with_shuffle_false():
+    # Lightning's DistributedSampler for training is shuffled whatever the loader's sampler
+    # (use_distributed_sampler); evaluation keeps its order; overfit_batches does not shuffle
+    def sampler(train, **kwargs):
+        loader = DataLoader(dataset(6), batch_size=2)
+        return prepare_loader(loader, train=train, seed=0, rank=1, world_size=2, **kwargs).sampler
+
+    assert sampler(True).shuffle and not sampler(False).shuffle
+    assert not sampler(True, shuffle=False).shuffle
+    assert not prepare_loader(DataLoader(dataset(6)), train=True, seed=0).sampler.shuffle

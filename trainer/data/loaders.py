@@ -4,7 +4,8 @@ batches.
 A shuffled loader's order is the one Lightning's sampler gives, drawn from the global RNG at the
 same moment: single-process, ``RandomSampler``'s (a seed drawn from the global torch RNG when the
 epoch's iteration starts, then ``randperm(n)`` from it); under ddp, ``DistributedSampler``'s
-``randperm(n, seed + epoch)``, which draws nothing. Creating an iterator draws the DataLoader's base
+``randperm(n, seed + epoch)``, which draws nothing (a training loader with ``shuffle=False``
+included, as Lightning's). Creating an iterator draws the DataLoader's base
 seed from the global RNG, as torch does. The epoch's seed is recorded, so a resume jumps to sample
 ``k`` of the epoch without loading (or replaying) the batches before it and without drawing again:
 the global RNG after a resume is the one of the uninterrupted run.
@@ -149,7 +150,9 @@ def prepare_loader(
             shield(loader, ignore_signals)
         return loader
     if shuffle is None:
-        shuffle = isinstance(sampler, RandomSampler)
+        # Under ddp the training order is DistributedSampler's shuffled one even for a loader with
+        # shuffle=False, as Lightning's (use_distributed_sampler: shuffle=True for training).
+        shuffle = isinstance(sampler, RandomSampler) or (train and world_size > 1)
     new_sampler = ResumableSampler(len(loader.dataset), shuffle, seed, rank, world_size, train,
                                    loader.generator)
     kwargs: dict[str, Any] = {}

@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 
+from ..checkpoint.rng import rng_state, set_rng_state
 from ..cluster import orphaned
 from ..errors import MisconfigurationError
 from ..seed import current_seed, seed_everything, seeds_workers
@@ -240,12 +241,16 @@ def _owner(fn: Callable[..., Any]) -> WorkerSnapshots | None:
 def _snapshot(
     fn: Callable[..., Any], args: tuple[Any, ...], weights: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """What the parent should see of rank 0's run: the launcher's (``worker_snapshot``) and, after
-    fit, the weights."""
+    """What the parent should see of rank 0's run: the launcher's (``worker_snapshot``), after
+    fit the weights, and in a seeded run the global random state."""
     owner = _owner(fn)
     snapshot: dict[str, Any] = {}
     if weights is not None:
         snapshot["weights"] = weights
+    # A seeded run: rank 0's random state (python, numpy, torch's CPU generator), so that the
+    # script draws after fit what Lightning's, whose rank 0 is the launching process, draws.
+    if current_seed() is not None:
+        snapshot["rng"] = {k: v for k, v in rng_state().items() if k != "cuda"}
     if owner is not None:
         snapshot["trainer"] = owner.worker_snapshot()
     return snapshot
@@ -259,6 +264,8 @@ def _restore(fn: Callable[..., Any], args: tuple[Any, ...], snapshot: dict[str, 
         task.load_state_dict(snapshot["weights"], assign=has_meta(task))
     if "trainer" in snapshot and owner is not None:
         owner.load_worker_snapshot(snapshot["trainer"], task)
+    if "rng" in snapshot:
+        set_rng_state(snapshot["rng"])
 
 
 def _write_error(out: str, rank: int, exc: BaseException) -> None:
