@@ -55,8 +55,12 @@ def _fit(task_cls, batch_size, root, strategy="single", callbacks=(), ckpt_path=
     seed_everything(0)
     # batch 16 is one process (= 2 ranks x 8): ddp's data order, whole (tasks.one_process_of_ddp)
     task = (one_process_of_ddp(task_cls) if batch_size == 16 else task_cls)(batch_size=batch_size)
-    checkpointing = ModelCheckpoint(every_n_train_steps=2, every_n_epochs=None, save_top_k=-1)
-    trainer = Trainer(strategy=strategy, default_root_dir=str(root), callbacks=[checkpointing, *callbacks],
+    # a save every 2 steps, unless the caller turns checkpointing off (a ModelCheckpoint then is
+    # refused, as Lightning refuses it)
+    saves = [ModelCheckpoint(every_n_train_steps=2, every_n_epochs=None, save_top_k=-1)]
+    if kwargs.get("enable_checkpointing") is False:
+        saves = []
+    trainer = Trainer(strategy=strategy, default_root_dir=str(root), callbacks=[*saves, *callbacks],
                       **{**COMMON, **kwargs})
     return task, trainer.fit(task, ckpt_path=ckpt_path), trainer
 
