@@ -119,7 +119,7 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
         "hyper_parameters": hparams,
         **({"state_dict": state["module"]} if alias_weights else {}),
     }
-    return {
+    contents = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "versions": {"taskfit": __version__, "torch": str(torch.__version__)},
@@ -129,6 +129,11 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
         "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams},
         **lightning,
     }
+    if state.get("datamodule"):
+        # Lightning's key of a non-empty data module state: the class's __qualname__ (the same
+        # dict, pickled once); never in place of one of the file's own keys
+        contents.setdefault(type(run.data.datamodule).__qualname__, state["datamodule"])
+    return contents
 
 
 # ---- reading the checkpoint to resume ("last" and "best": the manager, loop/checkpointer.py) ---
@@ -195,8 +200,12 @@ def task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
     for fn in run.hooks["on_load_checkpoint"]:
         if is_task_hook(fn):
             fn(run.trainer, run.task, ckpt)
-    if run.data.datamodule is not None and ckpt.get("datamodule"):
-        run.data.datamodule.load_state_dict(ckpt["datamodule"])
+    datamodule = run.data.datamodule
+    if datamodule is not None:
+        # taskfit's key, else Lightning's (a Lightning .ckpt): the class's __qualname__
+        state = ckpt.get("datamodule") or ckpt.get(type(datamodule).__qualname__)
+        if state:
+            datamodule.load_state_dict(state)
 
 
 def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:
