@@ -605,3 +605,21 @@ def test_node_rank_and_num_nodes(tmp_path):
     trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
     # Lightning 2.6.6: Trainer().node_rank == 0 and num_nodes == 1 on one machine
     assert (trainer.node_rank, trainer.num_nodes) == (0, 1)
+
+
+def test_a_resume_past_max_epochs_is_refused_in_lightnings_words(tmp_path):
+    trainer = Trainer(max_epochs=3, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(Plain())
+    path = str(tmp_path / "a.ckpt")
+    trainer.save_checkpoint(path)
+    epoch = torch.load(path, weights_only=True)["epoch"]
+    # Lightning 2.6.6 (checkpoint_connector.restore_training_state): MisconfigurationException
+    # "You restored a checkpoint with current_epoch=2, but you have set Trainer(max_epochs=1)."
+    with pytest.raises(MisconfigurationError, match=re.escape(
+            f"You restored a checkpoint with current_epoch={epoch}, but you have set "
+            "Trainer(max_epochs=1)")):
+        Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET).fit(Plain(), ckpt_path=path)
+    # max_epochs at or above the checkpoint's epoch resumes, as in Lightning
+    again = Trainer(max_epochs=epoch + 1, default_root_dir=tmp_path, **QUIET)
+    again.fit(Plain(), ckpt_path=path)
+    assert again.current_epoch == epoch + 1

@@ -45,7 +45,7 @@ from ..checkpoint.sharded import (
 from ..cluster import requeue_job, slurm_job_id
 from ..console import echo
 from ..data.loaders import ResumableSampler, data_position, finite, restore_position, stateful
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MisconfigurationError
 from ..init_args import plain_hparams, run_hparams
 from ..optim import check_optimizer_state, lr_course
 from ..strategies.base import unwrap
@@ -180,8 +180,24 @@ def open_checkpoint(run: Run, ckpt_path: Any) -> tuple[str, dict[str, Any]] | No
             "writes is one), or start a new fit from these weights with "
             "TaskModule.load_from_checkpoint(path).",
         )
+    _check_max_epochs(run, ckpt, path)
     task_loads(run, ckpt)
     return path, ckpt
+
+
+def _check_max_epochs(run: Run, ckpt: Mapping[str, Any], path: str) -> None:
+    """Refuse a resume past ``max_epochs``: such a fit would train nothing (Lightning refuses it
+    too, in its checkpoint connector's restore_training_state, with the words kept here)."""
+    max_epochs, epoch = run.config.max_epochs, ckpt.get("epoch")
+    if max_epochs in (None, -1) or not isinstance(epoch, int) or epoch <= max_epochs:
+        return
+    raise MisconfigurationError(
+        f"You restored a checkpoint with current_epoch={epoch}, but you have set "
+        f"Trainer(max_epochs={max_epochs}): {path} is past the end of this fit, which would train "
+        "nothing.",
+        "resume with a max_epochs larger than that of the run that wrote it, or load only its "
+        "weights with "
+        "TaskModule.load_from_checkpoint(path) to start a new fit from them.")
 
 
 def load_resumable(path: str) -> dict[str, Any]:
