@@ -527,3 +527,99 @@ def test_a_loader_method_set_to_none_turns_that_loader_off(tmp_path):
     trainer.fit(task)
     # Lightning 2.6.6: the fit trains its epoch without validating (no sanity check either)
     assert trainer.current_epoch == 1 and "x" not in trainer.callback_metrics
+
+
+class StatefulData(DataModule):
+    """A data module with a state to save (Lightning's test_dm_checkpoint_save_and_load)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = None
+
+    def train_dataloader(self):
+        return DataLoader(torch.randn(8, 32), batch_size=4)
+
+    def state_dict(self):
+        return {"my": "state_dict"}
+
+    def load_state_dict(self, state):
+        self.loaded = state
+
+
+def test_a_data_modules_state_is_also_under_its_class_qualname(tmp_path):
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(Plain(), datamodule=StatefulData())
+    path = str(tmp_path / "a.ckpt")
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=True)
+    # Lightning 2.6.6 (checkpoint_connector.dump_checkpoint): checkpoint[<the class qualname>]
+    # = datamodule.state_dict() when it is not empty; taskfit's own key stays
+    assert ckpt[StatefulData.__qualname__] == {"my": "state_dict"} == ckpt["datamodule"]
+    # a Lightning file holds only the qualname key (and no checksums): it restores the data
+    # module too
+    del ckpt["datamodule"], ckpt["checksums"]
+    lightning_file = str(tmp_path / "lightning.ckpt")
+    torch.save(ckpt, lightning_file)
+    data = StatefulData()
+    Trainer(max_epochs=2, default_root_dir=tmp_path, **QUIET).fit(
+        Plain(), datamodule=data, ckpt_path=lightning_file)
+    assert data.loaded == {"my": "state_dict"}
+
+
+def test_save_hyperparameters_keeps_a_dictconfig_as_given():
+    omegaconf = pytest.importorskip("omegaconf")
+
+    class Data(DataModule):
+        def __init__(self, arg0, *args, **kwargs):
+            super().__init__()
+            self.save_hyperparameters(arg0)
+
+    config = omegaconf.OmegaConf.create({"hello": "world"})
+    data = Data(config, "foo", kwarg0="bar")
+    # Lightning 2.6.6 (test_hyperparameters_saving): data.hparams == OmegaConf.create(...), a
+    # DictConfig (its _set_hparams keeps ALLOWED_CONFIG_TYPES as given)
+    assert isinstance(data.hparams, omegaconf.DictConfig) and data.hparams == config
+    assert data.hparams.hello == "world"
+
+
+def test_a_numpy_learning_rate_is_saved_as_its_python_number(tmp_path):
+    import numpy as np
+
+    class Float64LR(Plain):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=np.float64(0.01))
+
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(Float64LR())
+    path = str(tmp_path / "a.ckpt")
+    # Lightning 2.6.6 (test_lr_monitor_with_float64_lr): the fit and its checkpoint succeed;
+    # taskfit's file still loads with weights_only=True, the lr a Python float
+    trainer.save_checkpoint(path)
+    (group,) = torch.load(path, weights_only=True)["optimizer"]["param_groups"]
+    assert type(group["lr"]) is float and group["lr"] == 0.01
+    # the optimizer's own value is untouched
+    assert type(trainer.optimizers[0].param_groups[0]["lr"]) is np.float64
+
+
+def test_node_rank_and_num_nodes(tmp_path):
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
+    # Lightning 2.6.6: Trainer().node_rank == 0 and num_nodes == 1 on one machine
+    assert (trainer.node_rank, trainer.num_nodes) == (0, 1)
+
+
+def test_a_resume_past_max_epochs_is_refused_in_lightnings_words(tmp_path):
+    trainer = Trainer(max_epochs=3, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(Plain())
+    path = str(tmp_path / "a.ckpt")
+    trainer.save_checkpoint(path)
+    epoch = torch.load(path, weights_only=True)["epoch"]
+    # Lightning 2.6.6 (checkpoint_connector.restore_training_state): MisconfigurationException
+    # "You restored a checkpoint with current_epoch=2, but you have set Trainer(max_epochs=1)."
+    with pytest.raises(MisconfigurationError, match=re.escape(
+            f"You restored a checkpoint with current_epoch={epoch}, but you have set "
+            "Trainer(max_epochs=1)")):
+        Trainer(max_epochs=1, default_root_dir=tmp_path, **QUIET).fit(Plain(), ckpt_path=path)
+    # max_epochs at or above the checkpoint's epoch resumes, as in Lightning
+    again = Trainer(max_epochs=epoch + 1, default_root_dir=tmp_path, **QUIET)
+    again.fit(Plain(), ckpt_path=path)
+    assert again.current_epoch == epoch + 1

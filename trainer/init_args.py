@@ -85,6 +85,11 @@ def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
     but ``ignore``d ones; a mapping or an ``argparse.Namespace`` replaces them (Lightning's
     ``save_hyperparameters(config)``)."""
     hparams = owner.__dict__["_hparams"]
+    # an OmegaConf DictConfig is kept as given, as Lightning's _set_hparams does (its
+    # ALLOWED_CONFIG_TYPES): hparams == OmegaConf.create(...) holds, interpolations stay
+    if len(args) == 1 and _is_config_container(args[0]) and not ignore:
+        owner.__dict__["_hparams"] = args[0]
+        return
     if len(args) == 1 and isinstance(args[0], argparse.Namespace):
         chosen = vars(args[0]).copy()
     elif len(args) == 1 and isinstance(args[0], Mapping):
@@ -101,6 +106,11 @@ def select_hparams(owner: Any, args: tuple[Any, ...], ignore: Any) -> None:
     ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
     hparams.clear()
     hparams.update({k: v for k, v in chosen.items() if k not in ignored})
+
+
+def _is_config_container(value: Any) -> bool:
+    """An OmegaConf ``DictConfig`` (without importing omegaconf, an optional dependency)."""
+    return isinstance(value, Mapping) and type(value).__module__.startswith("omegaconf")
 
 
 def plain_hparams(owner: Any) -> dict[str, Any]:

@@ -431,17 +431,25 @@ def _remove(path: str) -> None:
 
 def check_plain(obj: Any, where: str) -> None:
     """Refuse to write anything ``torch.load(weights_only=True)`` could not read back (names the
-    culprit)."""
+    culprit). A numpy number held in a dict or list (``SGD(lr=np.float64(0.01))``: the param
+    group's ``lr``) is stored as the Python number it equals, as Lightning's file reads it back:
+    the file still holds only plain types."""
     kind = type(obj)
     if kind in _PLAIN:
         return
     if kind in (dict, OrderedDict):
         for key, value in obj.items():
             check_plain(key, f"{where} key {key!r}")
+            if _numpy_number(value):
+                obj[key] = value.item()
+                continue
             check_plain(value, f"{where}[{key!r}]")
         return
     if kind in (list, tuple, set):
         for i, value in enumerate(obj):
+            if kind is list and _numpy_number(value):
+                obj[i] = value.item()
+                continue
             check_plain(value, f"{where}[{i}]")
         return
     raise CheckpointError(
@@ -450,6 +458,13 @@ def check_plain(obj: Any, where: str) -> None:
         "checkpoints hold only tensors, dicts, lists, tuples and numbers/strings (so loading them "
         "never runs code): convert it in the state_dict() that returns it (numpy arrays: "
         "torch.from_numpy(a); numpy numbers: float(x); objects: a dict of their fields).")
+
+
+def _numpy_number(value: Any) -> bool:
+    """A numpy scalar (``np.float64(0.01)``, ``np.int64``, ``np.bool_``), not an array."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ != "ndarray" and hasattr(value, "item") \
+        and getattr(value, "shape", None) == ()
 
 
 # ---- reading -------------------------------------------------------------------------------------

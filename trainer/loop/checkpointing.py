@@ -45,7 +45,7 @@ from ..checkpoint.sharded import (
 from ..cluster import requeue_job, slurm_job_id
 from ..console import echo
 from ..data.loaders import ResumableSampler, data_position, finite, restore_position, stateful
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MisconfigurationError
 from ..init_args import plain_hparams, run_hparams
 from ..optim import check_optimizer_state, lr_course
 from ..strategies.base import unwrap
@@ -119,7 +119,7 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
         "hyper_parameters": hparams,
         **({"state_dict": state["module"]} if alias_weights else {}),
     }
-    return {
+    contents = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "versions": {"taskfit": __version__, "torch": str(torch.__version__)},
@@ -129,6 +129,11 @@ def _contents(run: Run, state: dict[str, Any], alias_weights: bool = True) -> di
         "task": {"class": f"{type(task).__module__}.{type(task).__qualname__}", "hparams": hparams},
         **lightning,
     }
+    if state.get("datamodule"):
+        # Lightning's key of a non-empty data module state: the class's __qualname__ (the same
+        # dict, pickled once); never in place of one of the file's own keys
+        contents.setdefault(type(run.data.datamodule).__qualname__, state["datamodule"])
+    return contents
 
 
 # ---- reading the checkpoint to resume ("last" and "best": the manager, loop/checkpointer.py) ---
@@ -175,8 +180,24 @@ def open_checkpoint(run: Run, ckpt_path: Any) -> tuple[str, dict[str, Any]] | No
             "writes is one), or start a new fit from these weights with "
             "TaskModule.load_from_checkpoint(path).",
         )
+    _check_max_epochs(run, ckpt, path)
     task_loads(run, ckpt)
     return path, ckpt
+
+
+def _check_max_epochs(run: Run, ckpt: Mapping[str, Any], path: str) -> None:
+    """Refuse a resume past ``max_epochs``: such a fit would train nothing (Lightning refuses it
+    too, in its checkpoint connector's restore_training_state, with the words kept here)."""
+    max_epochs, epoch = run.config.max_epochs, ckpt.get("epoch")
+    if max_epochs in (None, -1) or not isinstance(epoch, int) or epoch <= max_epochs:
+        return
+    raise MisconfigurationError(
+        f"You restored a checkpoint with current_epoch={epoch}, but you have set "
+        f"Trainer(max_epochs={max_epochs}): {path} is past the end of this fit, which would train "
+        "nothing.",
+        "resume with a max_epochs larger than that of the run that wrote it, or load only its "
+        "weights with "
+        "TaskModule.load_from_checkpoint(path) to start a new fit from them.")
 
 
 def load_resumable(path: str) -> dict[str, Any]:
@@ -195,8 +216,12 @@ def task_loads(run: Run, ckpt: Mapping[str, Any]) -> None:
     for fn in run.hooks["on_load_checkpoint"]:
         if is_task_hook(fn):
             fn(run.trainer, run.task, ckpt)
-    if run.data.datamodule is not None and ckpt.get("datamodule"):
-        run.data.datamodule.load_state_dict(ckpt["datamodule"])
+    datamodule = run.data.datamodule
+    if datamodule is not None:
+        # taskfit's key, else Lightning's (a Lightning .ckpt): the class's __qualname__
+        state = ckpt.get("datamodule") or ckpt.get(type(datamodule).__qualname__)
+        if state:
+            datamodule.load_state_dict(state)
 
 
 def restore(run: Run, path: str, ckpt: dict[str, Any]) -> None:

@@ -169,6 +169,19 @@ class Strategy:
             self.device.type != "cpu" or type(self).batch_to_device is not Strategy.batch_to_device
         )
 
+    # processes on this machine (ddp: LOCAL_WORLD_SIZE, or the devices it starts)
+    num_processes = 1
+
+    @property
+    def node_rank(self) -> int:
+        """This machine's index among the run's machines (Lightning's ``trainer.node_rank``)."""
+        return self.rank // self.num_processes
+
+    @property
+    def num_nodes(self) -> int:
+        """How many machines the run spans (Lightning's ``trainer.num_nodes``)."""
+        return max(1, self.world_size // self.num_processes)
+
     @property
     def is_main(self) -> bool:
         """True on rank 0: the process that logs, draws progress and writes files."""

@@ -122,6 +122,10 @@ class LightningNames:
     local_rank = property(
         lambda self: self.strategy.local_rank, doc="This process's rank on its machine."
     )
+    node_rank = property(lambda self: self.strategy.node_rank,
+                         doc="This machine's index among the run's machines.")
+    num_nodes = property(lambda self: self.strategy.num_nodes,
+                         doc="How many machines the run spans.")
     is_global_zero = property(lambda self: self.strategy.is_main, doc="Rank 0 (``is_main``).")
     val_dataloaders = property(
         lambda self: self.val_loader,
