@@ -213,8 +213,9 @@ def setup_fit(run: Run, ckpt_path: str | None) -> None:
 
 def load_fit_loaders(run: Run, resuming: bool = False) -> None:
     """The fit's training and validation loaders, their batch counts and the validation schedule,
-    from the run's data source: in ``setup_fit``, and again every
-    ``reload_dataloaders_every_n_epochs`` epochs (the loop's ``reload_loaders``)."""
+    from the run's data source: in ``setup_fit``, again every
+    ``reload_dataloaders_every_n_epochs`` epochs (the loop's ``reload_loaders``), and when a
+    callback changed what the loaders read (``trainer.reload_dataloaders()``: BatchSizeFinder)."""
     config, strategy = run.config, run.strategy
     val_source = ASK
     if config.num_sanity_val_steps and config.limits["val"] and not config.overfit_batches \
@@ -235,29 +236,6 @@ def load_fit_loaders(run: Run, resuming: bool = False) -> None:
         run.val_loader is not None, sync_every=config.log_every_n_steps,
         broadcast=strategy.broadcast if strategy.world_size > 1 else None)
     run.loaders_epoch = run.state.epoch
-
-
-def load_fit_loaders(run: Run, resuming: bool = False) -> None:
-    """The fit's training and validation loaders, their batch counts and the validation schedule,
-    from the run's data source: in ``setup_fit``, and again when a callback changed what the
-    loaders read (``trainer.reload_dataloaders()``: BatchSizeFinder's batch size)."""
-    config = run.config
-    val_source = ASK
-    if config.num_sanity_val_steps and config.limits["val"] and not config.overfit_batches \
-            and not resuming:
-        # a sanity check will run: Lightning asks for the validation loader first, inside its
-        # isolate_rng (what that draws from the global RNG is undone), then the training loader
-        with isolated_rng():
-            val_source = run.data.val_dataloader()
-    run.train_dataloader, run.num_train_batches, run.val_loader, run.num_val_batches = fit_loaders(
-        run.data, config.limits, bool(config.overfit_batches), run.data_seed, run.strategy,
-        config.preempt_signals, val_source)
-    # Lightning: `task.validation_step = None`
-    if "validation_step" in vars(run.task) and run.task.validation_step is None:
-        # turns validation off (the sanity check too)
-        run.val_loader, run.num_val_batches = None, []
-    run.val_schedule = ValidationSchedule(config.val_check_interval, config.check_val_every_n_epoch,
-                                          run.num_train_batches, run.val_loader is not None)
 
 
 def with_hooks(run: Run, call: Callable[..., Any], before: list[Hook], after: list[Hook],
