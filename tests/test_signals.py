@@ -107,22 +107,22 @@ def _trial(tmp: Path, twice: bool, after: str, delay: float) -> dict:
             "stderr": [err[-1500:] for _, err in done], "twice": twice, "after": after}
 
 
-def test_a_late_or_second_sigusr1_never_kills_a_slurm_rank_10_times(tmp_path):
-    """10 simulated SLURM jobs of 2 tasks (a stand-in ``scontrol``): rank 0 gets SIGUSR1 at step 4, rank 1 learns of
+def test_a_late_or_second_sigusr1_never_kills_a_slurm_rank_6_times(tmp_path):
+    """6 simulated SLURM jobs of 2 tasks (a stand-in ``scontrol``): rank 0 gets SIGUSR1 at step 4, rank 1 learns of
     it from rank 0, saves with it and exits; rank 1's own SIGUSR1 lands late: on even trials once rank 1 is in its
     way out (after its handlers used to be restored), on odd ones 0.27-0.48 s after rank 0 started exiting (the
     issue's stagger). Every third trial rank 1 also got one with rank 0, and rank 0 gets a second one while it
     exits. Every trial: both ranks exit 138, one `scontrol requeue`, one last.ckpt at step 4-6."""
     rng = random.Random(39)
     runs = []
-    for trial in range(10):
+    for trial in range(6):
         after = "1" if trial % 2 == 0 else "0"
         delay = rng.uniform(0.0, 0.3) if after == "1" else rng.uniform(0.27, 0.48)
         runs.append(_trial(tmp_path / f"trial{trial}", twice=trial % 3 == 0, after=after, delay=delay))
     failed = [r for r in runs if r["codes"] != [USR1, USR1] or r["calls"] != "requeue 4242\n" or r["lasts"] != 1
               or not 4 <= r["step"] <= 6 or not r["exiting"]]
     assert not failed, failed[:2]
-    assert sum(r["late"] for r in runs if r["after"] == "1") == 5  # the late signal did land while rank 1 exited
+    assert sum(r["late"] for r in runs if r["after"] == "1") == 3  # the late signal did land while rank 1 exited
     assert not [r for r in runs if any("Traceback" in err for err in r["stderr"])]
 
 
