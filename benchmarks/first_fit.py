@@ -1,21 +1,23 @@
-"""What the defaults cost in a user's own measurement: one script, one process, the fits one after another.
+"""What the defaults cost in a user's own measurement: one script, one process, the fits one after
+another.
 
-    python benchmarks/first_fit.py                  # 3 processes; the defaults and each default taken out
-    python benchmarks/first_fit.py --runs 5 --epochs 4
+    python benchmarks/first_fit.py                  # 3 processes; the defaults and each default
+    taken out python benchmarks/first_fit.py --runs 5 --epochs 4
 
 A user who wants to know what the Trainer costs writes one script: time a hand-written loop, then
-``Trainer(max_epochs=4).fit(task)`` with its defaults, then the loop again, and divides (issue 48: 1.080 for
-the tiny MLP). Unlike ``separate.py`` (per-epoch medians, the first epoch dropped) this counts the whole
-``fit`` call: everything the Trainer does once per fit (imports it makes on first use, the model summary,
-the logger's files, the epoch-end checkpoints and their writer thread, the progress bar) lands in the ratio.
+``Trainer(max_epochs=4).fit(task)`` with its defaults, then the loop again, and divides (issue 48:
+1.080 for the tiny MLP). Unlike ``separate.py`` (per-epoch medians, the first epoch dropped) this
+counts the whole ``fit`` call: everything the Trainer does once per fit (imports it makes on first
+use, the model summary, the logger's files, the epoch-end checkpoints and their writer thread, the
+progress bar) lands in the ratio.
 
-Each run is a fresh process (``--child``) that runs one untimed epoch of the loop (torch's first use),
-then times, in this order: the hand-written loop, the Trainer with one variant, the loop again, the
-Trainer again. A ratio is a fit's wall time over the mean of the two loops: the first fit pays what the
-Trainer does once per process (its imports on first use), the second what it costs per fit. The
-variants are the defaults, the defaults with one of them switched off, and everything off; each variant
-gets processes of its own, so one variant's first-use costs are not carried by the next.
-Printed: per variant the median ratio over ``--runs`` processes and its range.
+Each run is a fresh process (``--child``) that runs one untimed epoch of the loop (torch's first
+use), then times, in this order: the hand-written loop, the Trainer with one variant, the loop
+again, the Trainer again. A ratio is a fit's wall time over the mean of the two loops: the first fit
+pays what the Trainer does once per process (its imports on first use), the second what it costs per
+fit. The variants are the defaults, the defaults with one of them switched off, and everything off;
+each variant gets processes of its own, so one variant's first-use costs are not carried by the
+next. Printed: per variant the median ratio over ``--runs`` processes and its range.
 """
 from __future__ import annotations
 
