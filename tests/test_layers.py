@@ -41,11 +41,7 @@ LAYERS: Layers = (
 # Except where the Run is built:
 CORE = ("domains", "loop")
 TRAINER_NAMES = ("trainer", "run.trainer", "self.trainer", "self._trainer", "self.run.trainer")
-ALLOWED_READS = {  # (module, function, attribute): why
-    ("taskfit.loop.lifecycle", "new_run", "trainer_config"): "the run's configuration",
-    ("taskfit.loop.lifecycle", "new_run", "strategy"): "the run's strategy",
-    ("taskfit.loop.lifecycle", "new_run", "checkpoint_writer"): "background saves outlive a run",
-}
+ALLOWED_READS: dict[tuple[str, str, str], str] = {}  # (module, function, attribute): why; none
 
 
 def _modules() -> dict[str, str]:

@@ -310,7 +310,8 @@ class Trainer(LightningNames, metaclass=LightningArguments):
         if self._task_callbacks:
             self.callbacks = merge_task_callbacks(self.callbacks, task)
         self.run = run = lifecycle.new_run(self, task, "fit", data, self.callbacks, self.state,
-                                           log_dir=None, policies=self._checkpoint_policies())
+                                           log_dir=None, policies=self._checkpoint_policies(),
+                                           **self._run_parts())
         with lifecycle.running(run):
             lifecycle.setup_fit(run, ckpt_path)
             st = self.state
@@ -662,9 +663,16 @@ class Trainer(LightningNames, metaclass=LightningArguments):
             log_dir=self.log_dir,
             verbose=verbose,
             policies=self._checkpoint_policies(),
+            **self._run_parts(),
         )
         with lifecycle.running(run, weights=ckpt_path):
             return run_entry(run, fn, keep)
+
+    def _run_parts(self) -> dict[str, Any]:
+        """What a run takes from this Trainer: its configuration, strategy and checkpoint writer
+        (handed down: nothing below the Trainer reads it)."""
+        return dict(config=self.trainer_config, strategy=self.strategy,
+                    writer=self.checkpoint_writer)
 
     # ---- what tools run: short runs on the task, loaders read again ------------------------------
     def trial_trainer(self, callbacks: Sequence[Callback], **settings: Any) -> Trainer:

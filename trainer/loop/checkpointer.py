@@ -123,7 +123,7 @@ def _unwritable_error(folder: str, problem: str) -> CheckpointError:
 
 class Checkpointer:
     """One run's checkpoint manager (``run.checkpointer``). ``policies``: the ``ModelCheckpoint``
-    callbacks, first the one ``trainer.checkpoint_callback`` names."""
+    callbacks, first the one the Trainer names its checkpoint callback."""
 
     def __init__(self, run: Run, policies: list[CheckpointPolicy]) -> None:
         self.run = run
@@ -139,8 +139,9 @@ class Checkpointer:
     def save(
         self, path: str | os.PathLike, background: bool = False, weights_only: bool = False
     ) -> str:
-        """Write the run's state to ``path`` (``trainer.save_checkpoint`` and every policy save come
-        here): never from a state whose recent losses are not finite. Returns the absolute path."""
+        """Write the run's state to ``path`` (the Trainer's ``save_checkpoint`` and every policy
+        save come here): never from a state whose recent losses are not finite. Returns the
+        absolute path."""
         run = self.run
         if run.optimizer is None:
             raise no_training_state(path)

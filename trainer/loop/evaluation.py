@@ -112,7 +112,7 @@ def per_loader(values: dict[str, float], idx: int, count: int,
 
 def sanity_pass(run: Run, limit: float) -> None:
     """The sanity check's validation batches (at most ``limit`` of each loader), with the hooks
-    Lightning calls there (``trainer.sanity_checking``), except the callbacks'
+    Lightning calls there (while the run's state says it is sanity checking), except the callbacks'
     ``on_validation_start``/``on_validation_end``: those mean a real validation in taskfit
     (ModelCheckpoint, EarlyStopping and the loggers react to them). Nothing is published."""
     task_only = {name: [fn for fn in run.hooks[name] if is_task_hook(fn)]

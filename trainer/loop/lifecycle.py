@@ -8,7 +8,7 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
@@ -41,17 +41,8 @@ from .run import Run
 from .steps import ManualOptimizer, defines, training_step
 
 
-class RunSource(Protocol):
-    """What :func:`new_run` reads of the Trainer, and nothing else below it does
-    (tests/test_layers.py)."""
-
-    trainer_config: TrainerConfig
-    strategy: Strategy
-    checkpoint_writer: CheckpointWriter
-
-
 def new_run(
-    trainer: RunSource,
+    trainer: object,
     task: TaskModule,
     fn: str,
     data: DataSource,
@@ -60,13 +51,17 @@ def new_run(
     log_dir: str | None,
     verbose: bool = True,
     policies: Sequence[CheckpointPolicy] = (),
+    *,
+    config: TrainerConfig,
+    strategy: Strategy,
+    writer: CheckpointWriter,
 ) -> Run:
     """The run of ``fn`` (nothing built yet but its hook table): the Trainer holds it before any
-    hook fires. The only place below the Trainer that reads it (tests/test_layers.py): its
-    configuration, strategy and checkpoint writer become the run's. ``policies``: the
-    ModelCheckpoint callbacks, which configure the run's checkpoint manager."""
-    run = Run(trainer, trainer.trainer_config, fn, task, data, trainer.strategy, callbacks, state,
-              trainer.checkpoint_writer, {}, log_dir, verbose=verbose)
+    hook fires. ``trainer`` is handed to hooks, never read; the Trainer hands down its
+    ``config``, ``strategy`` and checkpoint ``writer`` (background saves outlive a run).
+    ``policies``: the ModelCheckpoint callbacks, which configure the run's checkpoint manager."""
+    run = Run(trainer, config, fn, task, data, strategy, callbacks, state, writer, {}, log_dir,
+              verbose=verbose)
     run.hooks = hook_table(callbacks, task, data.datamodule, publish=late_publisher(run))
     warn_uncalled(callbacks, task, data.datamodule)
     run.checkpointer = Checkpointer(run, list(policies))
