@@ -1,12 +1,13 @@
-"""Lightning's imports pointed at taskfit, for ``benchmarks/lightning_tests.py`` (loaded by its conftest).
+"""Lightning's imports pointed at taskfit, for ``benchmarks/lightning_tests.py`` (loaded by its
+conftest).
 
 An import finder answers every ``lightning``, ``lightning.pytorch``, ``pytorch_lightning`` and
 ``lightning_fabric`` module: a public name resolves to taskfit's after the guide's rename
 (docs/migrating-lightning.md: ``LightningModule`` -> ``TaskModule``...); Lightning's test helpers
-(``demos/boring_classes.py``) are loaded from the fetched snapshot with the same redirection; any other
-name is a placeholder. A placeholder costs nothing until a test uses it: then it raises
-``LightningInternal`` (a private name or module: out of reach) or ``MissingInTaskfit`` (a public name
-taskfit lacks: a gap), and the test's report says which. Nothing of Lightning's is stored here.
+(``demos/boring_classes.py``) are loaded from the fetched snapshot with the same redirection; any
+other name is a placeholder. A placeholder costs nothing until a test uses it: then it raises
+``LightningInternal`` (a private name or module: out of reach) or ``MissingInTaskfit`` (a public
+name taskfit lacks: a gap), and the test's report says which. Nothing of Lightning's is stored here.
 """
 from __future__ import annotations
 
@@ -47,16 +48,23 @@ PUBLIC = {
     "lightning.pytorch.strategies": ("taskfit",),
     "lightning.pytorch.tuner": ("taskfit.tools",),
 }
-PREFIXES = ("lightning.pytorch.callbacks.", "lightning.pytorch.loggers.", "lightning.pytorch.profilers.",
-            "lightning.pytorch.tuner.")
+PREFIXES = (
+    "lightning.pytorch.callbacks.",
+    "lightning.pytorch.loggers.",
+    "lightning.pytorch.profilers.",
+    "lightning.pytorch.tuner.",
+)
 RENAMES = {"LightningModule": "TaskModule", "LightningDataModule": "DataModule",
            "MisconfigurationException": "MisconfigurationError", "TQDMProgressBar": "ProgressBar"}
-# Lightning's warning classes: the standard class they derive from (pytest.warns still matches the text)
+# Lightning's warning classes: the standard class they derive from (pytest.warns still matches the
+# text)
 WARNINGS = {"PossibleUserWarning": UserWarning, "LightningDeprecationWarning": DeprecationWarning}
-# Lightning modules run from the snapshot's source, their imports redirected too (the tests' helpers)
+# Lightning modules run from the snapshot's source, their imports redirected too (the tests'
+# helpers)
 FROM_SOURCE = {"lightning.pytorch.demos.boring_classes"}
-# Lightning modules whose functions a test patches (``mock.patch("...batch_size_scaling.is_oom_error")``):
-# the taskfit module that calls the function of that name, so that the patch reaches it
+# Lightning modules whose functions a test patches
+# (``mock.patch("...batch_size_scaling.is_oom_error")``): the taskfit module that calls the function
+# of that name, so that the patch reaches it
 PATCHED_IN = {"lightning.pytorch.tuner.batch_size_scaling": "taskfit.callbacks.batch_size_finder"}
 TOUCHED: list[str] = []  # placeholders used by the running test ("internal:..." or "missing:...")
 
@@ -98,12 +106,16 @@ def placeholder(path: str, kind: str) -> Any:
     name = path.rsplit(".", 1)[-1]
     if name.endswith(("Error", "Exception")):
         return type(name, (Exception,), {"_path": path})
-    # (an __init__ of its own, as Lightning's classes have: pytest does not collect a Test* subclass of it)
-    return _Placeholder(name, (), {"_path": path, "_kind": kind, "__init__": lambda self, *a, **k: None})
+    # (an __init__ of its own, as Lightning's classes have: pytest does not collect a Test* subclass
+    # of it)
+    return _Placeholder(
+        name, (), {"_path": path, "_kind": kind, "__init__": lambda self, *a, **k: None}
+    )
 
 
 def flag(name: str) -> Any:
-    """Lightning's environment flags (``_X_AVAILABLE``, ``_TORCH_GREATER_EQUAL_2_6``...) from this machine."""
+    """Lightning's environment flags (``_X_AVAILABLE``, ``_TORCH_GREATER_EQUAL_2_6``...) from this
+    machine."""
     if name == "_IS_WINDOWS":
         return sys.platform == "win32"
     match = re.fullmatch(r"_TORCH_GREATER_EQUAL_(\d+)_(\d+)", name)
@@ -117,15 +129,20 @@ def flag(name: str) -> Any:
 
 
 def canonical(fullname: str) -> str:
-    """``pytorch_lightning.x`` and ``lightning_fabric.x`` as ``lightning.pytorch.x``/``lightning.fabric.x``."""
-    for old, new in (("pytorch_lightning", "lightning.pytorch"), ("lightning_fabric", "lightning.fabric")):
+    """``pytorch_lightning.x`` and ``lightning_fabric.x`` as
+    ``lightning.pytorch.x``/``lightning.fabric.x``."""
+    for old, new in (
+        ("pytorch_lightning", "lightning.pytorch"),
+        ("lightning_fabric", "lightning.fabric"),
+    ):
         if fullname == old or fullname.startswith(old + "."):
             return new + fullname[len(old):]
     return fullname
 
 
 def homes(module: str) -> tuple[str, ...]:
-    """The taskfit modules holding the public names of Lightning's ``module`` (none: it is internal)."""
+    """The taskfit modules holding the public names of Lightning's ``module`` (none: it is
+    internal)."""
     if module in PUBLIC:
         return PUBLIC[module]
     for prefix in PREFIXES:
@@ -135,7 +152,8 @@ def homes(module: str) -> tuple[str, ...]:
 
 
 def is_module(path: str) -> bool:
-    """Whether Lightning's snapshot has a module or package at ``path`` (``lightning.pytorch.callbacks``)."""
+    """Whether Lightning's snapshot has a module or package at ``path``
+    (``lightning.pytorch.callbacks``)."""
     return path.replace(".", "/") in _source_modules()
 
 
@@ -144,8 +162,12 @@ _MODULES: set[str] = set()
 
 def _source_modules() -> set[str]:
     if not _MODULES and GIT_DIR:
-        out = subprocess.run(["git", f"--git-dir={GIT_DIR}", "ls-tree", "-r", "--name-only", REV, "src/"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", f"--git-dir={GIT_DIR}", "ls-tree", "-r", "--name-only", REV, "src/"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for line in out.splitlines():
             if line.endswith(".py"):
                 path = line[len("src/"):-len(".py")]
@@ -176,8 +198,8 @@ def resolve(module: str, name: str) -> Any:
 
 
 class _Forwarding(types.ModuleType):
-    """A Lightning module of PATCHED_IN: setting or deleting a public name (a test's mock.patch) does
-    it on the taskfit module instead."""
+    """A Lightning module of PATCHED_IN: setting or deleting a public name (a test's mock.patch)
+    does it on the taskfit module instead."""
 
     def __setattr__(self, attr: str, value: Any) -> None:
         if attr.startswith("__"):
@@ -232,8 +254,22 @@ def install() -> None:
 
 
 # Requirements a CPU-only machine without Lightning cannot meet (RunIf's keywords)
-_PLATFORM = {"min_cuda_gpus", "tpu", "mps", "standalone", "deepspeed", "bf16_cuda", "dynamo", "onnx",
-             "windows", "ipu", "hpu", "fairscale", "horovod", "xla"}
+_PLATFORM = {
+    "min_cuda_gpus",
+    "tpu",
+    "mps",
+    "standalone",
+    "deepspeed",
+    "bf16_cuda",
+    "dynamo",
+    "onnx",
+    "windows",
+    "ipu",
+    "hpu",
+    "fairscale",
+    "horovod",
+    "xla",
+}
 
 
 def RunIf(**kwargs: Any) -> Any:  # noqa: N802 (Lightning's name)
@@ -244,7 +280,10 @@ def RunIf(**kwargs: Any) -> Any:  # noqa: N802 (Lightning's name)
             continue
         if key in _PLATFORM and value:
             reasons.append(key)
-        elif key in ("sklearn", "rich", "omegaconf", "onnx", "tensorboard", "wandb", "mlflow") and value:
+        elif (
+            key in ("sklearn", "rich", "omegaconf", "onnx", "tensorboard", "wandb", "mlflow")
+            and value
+        ):
             if importlib.util.find_spec({"sklearn": "sklearn"}.get(key, key)) is None:
                 reasons.append(key)
         elif key == "min_torch" and torch.__version__ < str(value):
@@ -297,14 +336,18 @@ def pytest_collectreport(report: Any) -> None:
 
 
 def pytest_runtest_makereport(item: Any, call: Any) -> None:
-    """Each phase's outcome, first error line and placeholders used, one JSON line (LIGHTNING_TESTS_OUT)."""
+    """Each phase's outcome, first error line and placeholders used, one JSON line
+    (LIGHTNING_TESTS_OUT)."""
     if call.when != "call" and call.excinfo is None:
         return
     excinfo = call.excinfo
     if excinfo is None:
         outcome, first = "passed", ""
     elif excinfo.errisinstance(pytest.skip.Exception):
-        outcome, first = "skipped", str(excinfo.value.msg if hasattr(excinfo.value, "msg") else excinfo.value)
+        outcome, first = (
+            "skipped",
+            str(excinfo.value.msg if hasattr(excinfo.value, "msg") else excinfo.value),
+        )
     else:
         outcome = "failed" if call.when == "call" else "error"
         text = str(excinfo.value).strip().splitlines()

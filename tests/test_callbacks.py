@@ -1,5 +1,6 @@
-"""The monitoring callbacks: EarlyStopping on scripted metric sequences (and across a checkpoint resume),
-LearningRateMonitor against the scheduler, ThroughputMonitor's counts, data-wait advice and validation time.
+"""The monitoring callbacks: EarlyStopping on scripted metric sequences (and across a checkpoint
+resume), LearningRateMonitor against the scheduler, ThroughputMonitor's counts, data-wait advice and
+validation time.
 """
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import time
 import pytest
 import torch
 from taskfit import MisconfigurationError, Trainer
-from taskfit.callbacks import Callback, EarlyStopping, LearningRateMonitor, TensorBoardLogger, ThroughputMonitor
+from taskfit.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    TensorBoardLogger,
+    ThroughputMonitor,
+)
 from tasks import RegressionTask
 from torch.utils.data import DataLoader, Dataset
 
@@ -26,12 +33,14 @@ def logged(trainer, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in run.Scalars(tag)]
 
 
-# ---- EarlyStopping --------------------------------------------------------------------------------------
+# ---- EarlyStopping -------------------------------------------------------------------------------
 class ScriptedTask(RegressionTask):
-    """Logs ``val/score = script[epoch]`` at each validation (``sanity`` during the sanity check)."""
+    """Logs ``val/score = script[epoch]`` at each validation (``sanity`` during the sanity
+    check)."""
 
     def __init__(self, script, sanity: float = 0.0, lr: float = 0.05) -> None:
-        super().__init__(n=16, batch_size=8, val_n=8, lr=lr)  # one validation batch: the mean is the value
+        # one validation batch: the mean is the value
+        super().__init__(n=16, batch_size=8, val_n=8, lr=lr)
         self.script, self.sanity, self.epoch = list(script), sanity, -1
 
     def loss(self, outputs, targets):
@@ -46,39 +55,61 @@ class EpochToTask(Callback):
 
 
 def fit_scripted(script, stopper, max_epochs=None, **kwargs):
-    trainer = Trainer(max_epochs=max_epochs or len(script), logger=False, callbacks=[stopper, EpochToTask()],
-                      **QUIET, **kwargs)
+    trainer = Trainer(
+        max_epochs=max_epochs or len(script),
+        logger=False,
+        callbacks=[stopper, EpochToTask()],
+        **QUIET,
+        **kwargs,
+    )
     task = ScriptedTask(script)
     trainer.fit(task)
     return trainer, task
 
 
 def test_early_stopping_counts_patience_and_min_delta(capsys):
-    # best 0.8 at epoch 1; 0.75 is not better by more than 0.1; epochs 2, 3, 4 without improvement -> stop at 4.
-    # The sanity check logs 0.0: were it counted, nothing would improve on it and fit would stop at epoch 2.
+    # best 0.8 at epoch 1; 0.75 is not better by more than 0.1; epochs 2, 3, 4 without improvement
+    # -> stop at 4. The sanity check logs 0.0: were it counted, nothing would improve on it and fit
+    # would stop at epoch 2.
     stopper = EarlyStopping(monitor="val/score", mode="min", patience=3, min_delta=0.1)
     trainer, _ = fit_scripted([1.0, 0.8, 0.75, 0.79, 0.85, 0.5, 0.4, 0.3], stopper)
     assert stopper.stopped_epoch == 4 and trainer.state.epoch == 5  # epoch 4 completes, no epoch 5
     assert trainer.state.global_step == 5 * 2
     assert float(stopper.best_score) == pytest.approx(0.8) and stopper.wait_count == 3
     reason = trainer.state.stop_reason
-    assert reason == ("EarlyStopping: Monitored metric val/score did not improve in the last 3 records. Best score: "
-                      "0.800. Signaling Trainer to stop."), reason
+    assert reason == ("EarlyStopping: Monitored metric val/score did not improve in the last 3 "
+                      "records. Best score: 0.800. Signaling Trainer to stop."), reason
     assert "EarlyStopping: stopping at epoch 4 (global step 10)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("script, kwargs, epoch, why", [
-    ([0.5, 0.7, 0.91, 0.95, 0.99], dict(mode="max", stopping_threshold=0.9), 2, "Stopping threshold reached"),
-    ([1.0, 0.9, math.nan, 0.1], dict(mode="min"), 2, "val/score = nan is not finite"),
-    ([1.0, 0.9, 4.0, 0.1], dict(mode="min", divergence_threshold=3.0), 2, "Divergence threshold reached"),
-    ([0.1, 0.2, 0.3, 0.35, 0.4], dict(mode="max"), 0, None),  # always improving: never stops (stopped_epoch 0)
-])
+@pytest.mark.parametrize(
+    "script, kwargs, epoch, why",
+    [
+        (
+            [0.5, 0.7, 0.91, 0.95, 0.99],
+            dict(mode="max", stopping_threshold=0.9),
+            2,
+            "Stopping threshold reached",
+        ),
+        ([1.0, 0.9, math.nan, 0.1], dict(mode="min"), 2, "val/score = nan is not finite"),
+        (
+            [1.0, 0.9, 4.0, 0.1],
+            dict(mode="min", divergence_threshold=3.0),
+            2,
+            "Divergence threshold reached",
+        ),
+        # always improving: never stops (stopped_epoch 0)
+        ([0.1, 0.2, 0.3, 0.35, 0.4], dict(mode="max"), 0, None),
+    ],
+)
 def test_early_stopping_thresholds_and_non_finite(script, kwargs, epoch, why):
     stopper = EarlyStopping(monitor="val/score", patience=2, verbose=False, **kwargs)
     trainer, _ = fit_scripted(script, stopper)
     assert stopper.stopped_epoch == epoch
     assert trainer.state.epoch == (len(script) if why is None else epoch + 1)
-    assert (why or "") in trainer.state.stop_reason and bool(trainer.state.stop_reason) == (why is not None)
+    assert (why or "") in trainer.state.stop_reason and bool(trainer.state.stop_reason) == (
+        why is not None
+    )
 
 
 def test_early_stopping_on_a_training_key_checks_at_epoch_end():
@@ -97,43 +128,56 @@ def test_early_stopping_survives_a_checkpoint_resume(tmp_path):
     trainer.save_checkpoint(path)
 
     resumed = EarlyStopping(monitor="val/score", patience=4, verbose=False)
-    trainer = Trainer(max_epochs=len(script), logger=False, callbacks=[resumed, EpochToTask()], **QUIET)
+    trainer = Trainer(
+        max_epochs=len(script), logger=False, callbacks=[resumed, EpochToTask()], **QUIET
+    )
     trainer.fit(ScriptedTask(script), ckpt_path=path)
-    assert resumed.stopped_epoch == 4  # 2 restored + epochs 3, 4; a fresh counter would stop at epoch 7
+    # 2 restored + epochs 3, 4; a fresh counter would stop at epoch 7
+    assert resumed.stopped_epoch == 4
     assert float(resumed.best_score) == 1.0 and trainer.state.epoch == 5
 
     fresh = EarlyStopping(monitor="val/score", patience=4, verbose=False)
     fresh.load_state_dict(first.state_dict())
     assert fresh.state_dict() == first.state_dict()
-    assert fresh.state_key == "EarlyStopping{'monitor': 'val/score', 'mode': 'min'}"  # Lightning's key
+    # Lightning's key
+    assert fresh.state_key == "EarlyStopping{'monitor': 'val/score', 'mode': 'min'}"
 
 
 def test_early_stopping_explains_an_unknown_key():
     stopper = EarlyStopping(monitor="val/acc")
-    with pytest.raises(MisconfigurationError, match=r"monitors 'val/acc', which was not logged \(Lightning's words: Early stopping conditioned "
-                                                    r"on metric `val/acc` which is not available\)\. Logged keys: "
-                                                    r"train/loss, train/loss_epoch, val/loss, val/score\.\n  HINT: "
-                                                    r"did you mean 'val/score'\?"):
+    with pytest.raises(MisconfigurationError, match=r"monitors 'val/acc', which was not logged "
+                                                    r"\(Lightning's words: Early stopping "
+                                                    r"conditioned on metric `val/acc` which is not "
+                                                    r"available\)\. Logged keys: train/loss, "
+                                                    r"train/loss_epoch, val/loss, val/score\.\n  "
+                                                    r"HINT: did you mean 'val/score'\?"):
         fit_scripted([1.0, 0.5], stopper)
 
 
 def test_early_stopping_without_validation_data_fails_before_training():
     trainer = Trainer(max_epochs=2, logger=False, callbacks=[EarlyStopping()], **QUIET)
     task = RegressionTask(n=16)
-    with pytest.raises(MisconfigurationError, match=r"monitors 'val/loss', but RegressionTask has no validation"):
+    with pytest.raises(MisconfigurationError, match=r"monitors 'val/loss', but RegressionTask has "
+                                                    r"no validation"):
         trainer.fit(task)
     assert trainer.state.global_step == 0
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(mode="best"), r"mode='best'\) is not valid"), (dict(patience=-1), r"patience=-1\) is not valid"),
-    (dict(min_delta=-0.1), r"min_delta=-0.1\) is not valid"), (dict(monitor=""), r"monitor=''\) is not valid")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(mode="best"), r"mode='best'\) is not valid"),
+        (dict(patience=-1), r"patience=-1\) is not valid"),
+        (dict(min_delta=-0.1), r"min_delta=-0.1\) is not valid"),
+        (dict(monitor=""), r"monitor=''\) is not valid"),
+    ],
+)
 def test_early_stopping_rejects_bad_arguments(kwargs, match):
     with pytest.raises(MisconfigurationError, match=match):
         EarlyStopping(**kwargs)
 
 
-# ---- LearningRateMonitor --------------------------------------------------------------------------------
+# ---- LearningRateMonitor -------------------------------------------------------------------------
 class TwoGroupTask(RegressionTask):
     """Two param groups (one named) and a scheduler stepping every optimizer step or every epoch."""
 
@@ -143,20 +187,32 @@ class TwoGroupTask(RegressionTask):
 
     def build(self, params):
         weight, bias = params
-        optimizer = torch.optim.SGD([{"params": [weight], "lr": 0.1, "name": "weights"}, {"params": [bias]}],
-                                    lr=0.02, momentum=self.momentum)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5) if self.interval == "step" \
+        optimizer = torch.optim.SGD(
+            [{"params": [weight], "lr": 0.1, "name": "weights"}, {"params": [bias]}],
+            lr=0.02,
+            momentum=self.momentum,
+        )
+        scheduler = (
+            torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+            if self.interval == "step"
             else torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+        )
         return optimizer, scheduler
 
     def configure_optimizers(self):
         optimizer, scheduler = self.build([self.net[1].weight, self.net[1].bias])
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.interval}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": self.interval},
+        }
 
 
 def expected_rates(task, scheduler_steps: int) -> list[float]:
-    """Replay the task's scheduler on a throwaway optimizer: the rates after ``scheduler_steps`` steps."""
-    optimizer, scheduler = task.build([torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)])
+    """Replay the task's scheduler on a throwaway optimizer: the rates after ``scheduler_steps``
+    steps."""
+    optimizer, scheduler = task.build(
+        [torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)]
+    )
     for _ in range(scheduler_steps):
         optimizer.step()
         scheduler.step()
@@ -164,7 +220,8 @@ def expected_rates(task, scheduler_steps: int) -> list[float]:
 
 
 class ManualTwoGroupTask(TwoGroupTask):
-    """TwoGroupTask under manual optimization: the training step steps the optimizer and its scheduler."""
+    """TwoGroupTask under manual optimization: the training step steps the optimizer and its
+    scheduler."""
 
     automatic_optimization = False
 
@@ -178,29 +235,62 @@ class ManualTwoGroupTask(TwoGroupTask):
         return loss
 
 
-# Lightning 2.6.6's LearningRateMonitor(log_momentum=True) on the same optimizer (SGD, groups "weights" at 0.1 and
-# one unnamed at 0.02, momentum 0.9), StepLR(step_size=3, gamma=0.5) at interval "step", 4 batches per epoch.
-# Observed with `pip install lightning==2.6.6` and a LightningModule of the same optimizer, scheduler and loader
-# (CSVLogger; its metrics.csv rows of lr-SGD/weights as (step, value), and the monitor's `lrs`): Lightning reads the
-# rates in on_train_batch_start of a batch whose step logs, before its optimizer and scheduler step, at the count
-# of batches that stepped before it; under accumulation every batch of the logged group logs (the same value).
+# Lightning 2.6.6's LearningRateMonitor(log_momentum=True) on the same optimizer (SGD, groups
+# "weights" at 0.1 and one unnamed at 0.02, momentum 0.9), StepLR(step_size=3, gamma=0.5) at
+# interval "step", 4 batches per epoch. Observed with `pip install lightning==2.6.6` and a
+# LightningModule of the same optimizer, scheduler and loader (CSVLogger; its metrics.csv rows of
+# lr-SGD/weights as (step, value), and the monitor's `lrs`): Lightning reads the rates in
+# on_train_batch_start of a batch whose step logs, before its optimizer and scheduler step, at the
+# count of batches that stepped before it; under accumulation every batch of the logged group logs
+# (the same value).
 LIGHTNING_STEP_RATES = [
-    (dict(max_steps=10, log_every_n_steps=1), TwoGroupTask,
-     [(0, 0.1), (1, 0.1), (2, 0.1), (3, 0.05), (4, 0.05), (5, 0.05), (6, 0.025), (7, 0.025), (8, 0.025),
-      (9, 0.0125)]),
-    (dict(max_steps=12, log_every_n_steps=3), TwoGroupTask, [(2, 0.1), (5, 0.05), (8, 0.025), (11, 0.0125)]),
-    (dict(max_steps=6, log_every_n_steps=2, accumulate_grad_batches=2), TwoGroupTask,
-     [(1, 0.1), (1, 0.1), (3, 0.05), (3, 0.05), (5, 0.05), (5, 0.05)]),
-    (dict(max_steps=6, log_every_n_steps=3, accumulate_grad_batches=3), TwoGroupTask,
-     [(2, 0.1), (2, 0.1), (2, 0.1), (5, 0.05)]),
-    (dict(max_steps=10, log_every_n_steps=2), ManualTwoGroupTask,
-     [(1, 0.1), (3, 0.05), (5, 0.05), (7, 0.025), (9, 0.0125)]),
+    (
+        dict(max_steps=10, log_every_n_steps=1),
+        TwoGroupTask,
+        [
+            (0, 0.1),
+            (1, 0.1),
+            (2, 0.1),
+            (3, 0.05),
+            (4, 0.05),
+            (5, 0.05),
+            (6, 0.025),
+            (7, 0.025),
+            (8, 0.025),
+            (9, 0.0125),
+        ],
+    ),
+    (
+        dict(max_steps=12, log_every_n_steps=3),
+        TwoGroupTask,
+        [(2, 0.1), (5, 0.05), (8, 0.025), (11, 0.0125)],
+    ),
+    (
+        dict(max_steps=6, log_every_n_steps=2, accumulate_grad_batches=2),
+        TwoGroupTask,
+        [(1, 0.1), (1, 0.1), (3, 0.05), (3, 0.05), (5, 0.05), (5, 0.05)],
+    ),
+    (
+        dict(max_steps=6, log_every_n_steps=3, accumulate_grad_batches=3),
+        TwoGroupTask,
+        [(2, 0.1), (2, 0.1), (2, 0.1), (5, 0.05)],
+    ),
+    (
+        dict(max_steps=10, log_every_n_steps=2),
+        ManualTwoGroupTask,
+        [(1, 0.1), (3, 0.05), (5, 0.05), (7, 0.025), (9, 0.0125)],
+    ),
 ]
 
 
-@pytest.mark.parametrize("settings, kind, lightning", LIGHTNING_STEP_RATES,
-                         ids=["every-step", "every-3", "accumulate-2", "accumulate-3", "manual"])
-def test_lr_monitor_logs_lightnings_rates_with_a_per_step_scheduler(tmp_path, settings, kind, lightning):
+@pytest.mark.parametrize(
+    "settings, kind, lightning",
+    LIGHTNING_STEP_RATES,
+    ids=["every-step", "every-3", "accumulate-2", "accumulate-3", "manual"],
+)
+def test_lr_monitor_logs_lightnings_rates_with_a_per_step_scheduler(
+    tmp_path, settings, kind, lightning
+):
     monitor = LearningRateMonitor(log_momentum=True)
     trainer = Trainer(default_root_dir=str(tmp_path), callbacks=[monitor], **settings, **QUIET)
     trainer.fit(kind("step", momentum=0.9))
@@ -208,7 +298,9 @@ def test_lr_monitor_logs_lightnings_rates_with_a_per_step_scheduler(tmp_path, se
     assert monitor.lrs == {"lr-SGD/weights": pytest.approx([v for _, v in lightning]),
                            "lr-SGD/pg2": pytest.approx([v / 5 for _, v in lightning])}
     assert logged(trainer, "lr-SGD/weights") == [(s, pytest.approx(v)) for s, v in lightning]
-    assert [v for _, v in logged(trainer, "lr-SGD/weights-momentum")] == pytest.approx([0.9] * len(lightning))
+    assert [v for _, v in logged(trainer, "lr-SGD/weights-momentum")] == pytest.approx(
+        [0.9] * len(lightning)
+    )
 
 
 class Unscheduled(RegressionTask):
@@ -216,21 +308,32 @@ class Unscheduled(RegressionTask):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("interval, steps", [(None, [0, 2, 4, 5, 8, 8, 11]), ("step", [2, 5, 8, 11]),
-                                             ("epoch", [0, 4, 8])])
-def test_lr_monitor_logs_an_optimizer_without_scheduler_when_lightnings_does(tmp_path, interval, steps):
+@pytest.mark.parametrize(
+    "interval, steps",
+    [(None, [0, 2, 4, 5, 8, 8, 11]), ("step", [2, 5, 8, 11]), ("epoch", [0, 4, 8])],
+)
+def test_lr_monitor_logs_an_optimizer_without_scheduler_when_lightnings_does(
+    tmp_path, interval, steps
+):
     """Lightning 2.6.6 (`pip install lightning==2.6.6`, the same SGD without a scheduler, 3 epochs of 4 batches,
     log_every_n_steps=3; its metrics.csv rows of lr-SGD): without logging_interval such an optimizer is logged at every
     epoch start (0, 4, 8) and every logged step's batch start (2, 5, 8, 11)."""
     monitor = LearningRateMonitor(logging_interval=interval)
-    trainer = Trainer(max_epochs=3, log_every_n_steps=3, default_root_dir=str(tmp_path), callbacks=[monitor], **QUIET)
+    trainer = Trainer(
+        max_epochs=3,
+        log_every_n_steps=3,
+        default_root_dir=str(tmp_path),
+        callbacks=[monitor],
+        **QUIET,
+    )
     trainer.fit(Unscheduled(n=32, batch_size=8))
     assert logged(trainer, "lr-SGD") == [(s, pytest.approx(0.1)) for s in steps]
     assert monitor.lrs == {"lr-SGD": pytest.approx([0.1] * len(steps))}
 
 
 def test_lr_monitor_vitals_log_the_rates_lightnings_names_do(tmp_path):
-    """The monitor taskfit adds (names="vitals") logs at the same steps, the same rates: each step's own."""
+    """The monitor taskfit adds (names="vitals") logs at the same steps, the same rates: each step's
+    own."""
     trainer = Trainer(max_steps=10, log_every_n_steps=1, default_root_dir=str(tmp_path),
                       callbacks=[LearningRateMonitor(names="vitals")], **QUIET)
     task = TwoGroupTask("step")
@@ -243,25 +346,36 @@ def test_lr_monitor_vitals_log_the_rates_lightnings_names_do(tmp_path):
 
 
 def test_lr_monitor_vitals_log_the_last_step_of_an_epoch_shorter_than_the_interval(tmp_path):
-    """taskfit's curves of a short run: an epoch of fewer steps than log_every_n_steps logs its last step at its end;
-    the vitals' rate is there too (Lightning's names are not: Lightning's monitor logs nothing there)."""
+    """taskfit's curves of a short run: an epoch of fewer steps than log_every_n_steps logs its last
+    step at its end; the vitals' rate is there too (Lightning's names are not: Lightning's monitor
+    logs nothing there)."""
     lightning, vitals = LearningRateMonitor(), LearningRateMonitor(names="vitals")
-    trainer = Trainer(max_epochs=2, default_root_dir=str(tmp_path), callbacks=[lightning, vitals], **QUIET)
+    trainer = Trainer(
+        max_epochs=2, default_root_dir=str(tmp_path), callbacks=[lightning, vitals], **QUIET
+    )
     task = TwoGroupTask("step")
     trainer.fit(task)
     assert [s for s, _ in logged(trainer, "train/loss")] == [3, 7]
-    assert logged(trainer, "vitals/lr/SGD/weights") == [(s, pytest.approx(expected_rates(task, s + 1)[0]))
-                                                        for s in (3, 7)]
+    assert logged(trainer, "vitals/lr/SGD/weights") == [
+        (s, pytest.approx(expected_rates(task, s + 1)[0])) for s in (3, 7)
+    ]
     assert lightning.lrs == {"lr-SGD/weights": [], "lr-SGD/pg2": []}
 
 
 def test_lr_monitor_epoch_interval_logs_at_epoch_start(tmp_path):
     task = TwoGroupTask("epoch")
-    trainer = Trainer(max_epochs=3, default_root_dir=str(tmp_path),
-                      callbacks=[LearningRateMonitor(logging_interval="epoch", names="vitals")], **QUIET)
+    trainer = Trainer(
+        max_epochs=3,
+        default_root_dir=str(tmp_path),
+        callbacks=[LearningRateMonitor(logging_interval="epoch", names="vitals")],
+        **QUIET,
+    )
     trainer.fit(task)
-    assert logged(trainer, "vitals/lr/SGD/weights") == [(0, pytest.approx(0.1)), (4, pytest.approx(0.05)),
-                                                  (8, pytest.approx(0.025))]
+    assert logged(trainer, "vitals/lr/SGD/weights") == [
+        (0, pytest.approx(0.1)),
+        (4, pytest.approx(0.05)),
+        (8, pytest.approx(0.025)),
+    ]
     assert [v for _, v in logged(trainer, "vitals/lr/SGD/pg1")] == pytest.approx(
         [expected_rates(task, e)[1] for e in range(3)])
 
@@ -275,7 +389,9 @@ def test_logger_adds_the_monitors_by_default_and_logger_false_removes_them():
     def kinds(trainer):
         return {type(cb) for cb in trainer.callbacks}
 
-    assert {TensorBoardLogger, LearningRateMonitor, ThroughputMonitor} <= kinds(Trainer(max_epochs=1, **QUIET))
+    assert {TensorBoardLogger, LearningRateMonitor, ThroughputMonitor} <= kinds(
+        Trainer(max_epochs=1, **QUIET)
+    )
     assert not {TensorBoardLogger, LearningRateMonitor, ThroughputMonitor} & kinds(
         Trainer(max_epochs=1, logger=False, **QUIET))
     mine = LearningRateMonitor(logging_interval="epoch")
@@ -283,13 +399,18 @@ def test_logger_adds_the_monitors_by_default_and_logger_false_removes_them():
     assert [cb for cb in trainer.callbacks if isinstance(cb, LearningRateMonitor)] == [mine]
 
 
-# ---- ThroughputMonitor ----------------------------------------------------------------------------------
+# ---- ThroughputMonitor ---------------------------------------------------------------------------
 def test_throughput_counts_samples_and_logs_perf(tmp_path):
     stream = io.StringIO()
     monitor = ThroughputMonitor(stream=stream)
     task = RegressionTask(n=60, batch_size=8, val_n=16)  # 7 full batches and one of 4 per epoch
-    trainer = Trainer(max_epochs=2, log_every_n_steps=3, default_root_dir=str(tmp_path), callbacks=[monitor],
-                      **QUIET)
+    trainer = Trainer(
+        max_epochs=2,
+        log_every_n_steps=3,
+        default_root_dir=str(tmp_path),
+        callbacks=[monitor],
+        **QUIET,
+    )
     trainer.fit(task)
     s = monitor.summary
     assert (s["samples"], s["batches"], s["epochs"]) == (120, 16, 2)
@@ -297,11 +418,18 @@ def test_throughput_counts_samples_and_logs_perf(tmp_path):
     assert s["step_time_ms"] == pytest.approx(1000 * s["train_time_s"] / 16)
     assert 0 <= s["data_wait_pct"] <= 100 and "peak_memory_gib" not in s  # CPU: no CUDA memory
     report = stream.getvalue()
-    assert report.startswith("Throughput: ") and "samples/s" in report and "16 batches (120 samples)" in report
+    assert (
+        report.startswith("Throughput: ")
+        and "samples/s" in report
+        and "16 batches (120 samples)" in report
+    )
     # every log_every_n_steps (each epoch had a log interval, so its end adds none)
     assert [step for step, _ in logged(trainer, "vitals/samples_per_sec")] == [2, 5, 8, 11, 14]
-    assert [step for step, _ in logged(trainer, "vitals/epoch_time_s")] == [7, 15]  # each epoch's last step
-    assert logged(trainer, "vitals/fit/samples_per_sec") == [(15, pytest.approx(s["samples_per_sec"], rel=1e-6))]
+    # each epoch's last step
+    assert [step for step, _ in logged(trainer, "vitals/epoch_time_s")] == [7, 15]
+    assert logged(trainer, "vitals/fit/samples_per_sec") == [
+        (15, pytest.approx(s["samples_per_sec"], rel=1e-6))
+    ]
 
 
 class SlowData(Dataset):
@@ -333,12 +461,17 @@ def test_throughput_says_when_the_dataloader_is_the_bottleneck():
     trainer = Trainer(max_epochs=1, logger=False, callbacks=[monitor], **QUIET)
     trainer.fit(SlowDataTask(delay=0.005))
     assert monitor.summary["data_wait_pct"] > 50 and monitor.summary["data_wait_s"] >= 32 * 0.005
-    assert monitor.summary["data_wait_s"] == pytest.approx(trainer.state.data_wait_s)  # the loop's own timing
+    # the loop's own timing
+    assert monitor.summary["data_wait_s"] == pytest.approx(trainer.state.data_wait_s)
     report = stream.getvalue()
-    assert "the DataLoader is the bottleneck" in report and "(num_workers=0, pin_memory=False)" in report
+    assert (
+        "the DataLoader is the bottleneck" in report
+        and "(num_workers=0, pin_memory=False)" in report
+    )
     assert "HINT: raise DataLoader(num_workers=...)" in report
 
-    quick = ThroughputMonitor(stream=io.StringIO())  # the same loop without the delay, default thresholds
+    # the same loop without the delay, default thresholds
+    quick = ThroughputMonitor(stream=io.StringIO())
     Trainer(max_epochs=1, logger=False, callbacks=[quick], **QUIET).fit(SlowDataTask(delay=0.0))
     assert "bottleneck" not in quick.stream.getvalue()
 
@@ -352,12 +485,20 @@ class SlowValidationTask(RegressionTask):
 
 def test_throughput_leaves_validation_out_of_the_step_time():
     monitor = ThroughputMonitor(verbose=False)
-    trainer = Trainer(max_epochs=1, val_check_interval=2, num_sanity_val_steps=0, logger=False, callbacks=[monitor],
-                      **QUIET)
-    trainer.fit(SlowValidationTask(n=32, batch_size=8, val_n=8))  # 4 batches, 2 validations of 0.1 s
+    trainer = Trainer(
+        max_epochs=1,
+        val_check_interval=2,
+        num_sanity_val_steps=0,
+        logger=False,
+        callbacks=[monitor],
+        **QUIET,
+    )
+    # 4 batches, 2 validations of 0.1 s
+    trainer.fit(SlowValidationTask(n=32, batch_size=8, val_n=8))
     assert monitor.summary["batches"] == 4
-    # The 0.2 s the two validations sleep are part of the epoch but not of the training time (a bound on events,
-    # not on the machine's speed: training time is whatever the epoch took besides the validations).
+    # The 0.2 s the two validations sleep are part of the epoch but not of the training time (a
+    # bound on events, not on the machine's speed: training time is whatever the epoch took besides
+    # the validations).
     assert trainer.state.metrics["vitals/epoch_time_s"] - monitor.summary["train_time_s"] >= 0.2
 
 

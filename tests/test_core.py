@@ -1,4 +1,5 @@
-"""The core loop on one device: optimizers, schedulers, accumulation, precision, logging, metrics, hooks."""
+"""The core loop on one device: optimizers, schedulers, accumulation, precision, logging, metrics,
+hooks."""
 from __future__ import annotations
 
 import io
@@ -25,7 +26,8 @@ def test_digits_main_job_reaches_95_percent(quiet):
     metrics = trainer.fit(DigitsTask())
     assert metrics["val/acc"] >= 0.95
     assert metrics["val/loss"] < metrics["train/loss_epoch"] * 10
-    assert trainer.state.epoch == 6 and trainer.state.global_step == 6 * 20  # 1,259 training images, batch 64
+    # 1,259 training images, batch 64
+    assert trainer.state.epoch == 6 and trainer.state.global_step == 6 * 20
 
 
 def test_fit_reduces_loss_and_counts_steps(quiet):
@@ -40,11 +42,16 @@ def test_fit_reduces_loss_and_counts_steps(quiet):
 def test_max_steps_stops_mid_epoch(quiet):
     trainer = Trainer(max_steps=5, **quiet)
     trainer.fit(RegressionTask())
-    assert trainer.state.global_step == 5 and trainer.state.epoch == 0 and trainer.state.batches_done == 5
+    assert (
+        trainer.state.global_step == 5
+        and trainer.state.epoch == 0
+        and trainer.state.batches_done == 5
+    )
 
 
 def test_gradient_accumulation_equals_large_batch(quiet):
-    """k micro-batches of size b give the same update as one batch of k*b (mean losses, equal sizes)."""
+    """k micro-batches of size b give the same update as one batch of k*b (mean losses, equal
+    sizes)."""
     torch.manual_seed(0)
     small, large = RegressionTask(n=48, batch_size=4), RegressionTask(n=48, batch_size=12)
     large.load_state_dict(small.state_dict())
@@ -55,7 +62,8 @@ def test_gradient_accumulation_equals_large_batch(quiet):
 
 
 def test_last_short_accumulation_group_still_steps(quiet):
-    # 10 batches, accumulate 4 -> groups of 4, 4, 2: three optimizer steps per epoch, the last over 2 batches.
+    # 10 batches, accumulate 4 -> groups of 4, 4, 2: three optimizer steps per epoch, the last over
+    # 2 batches.
     torch.manual_seed(0)
     task = RegressionTask(n=40, batch_size=4)
     reference = RegressionTask(n=40, batch_size=16)  # batches of 16, 16, 8 = the same groups
@@ -79,7 +87,10 @@ class _Scheduled(RegressionTask):
         if self.form == "tuple":
             return opt, sched
         if self.form == "step":
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 2}}
+            return {
+                "optimizer": opt,
+                "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 2},
+            }
         plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.1)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
 
@@ -99,7 +110,8 @@ def test_scheduler_step_interval_with_frequency(quiet):
 def test_reduce_on_plateau_reads_monitor(quiet):
     task = _Scheduled("plateau", val_n=16, lr=1.0)
     trainer = Trainer(max_epochs=4, **quiet)
-    trainer.fit(task)  # lr=1.0 on this data diverges: val/loss rises and the plateau scheduler cuts the lr
+    # lr=1.0 on this data diverges: val/loss rises and the plateau scheduler cuts the lr
+    trainer.fit(task)
     assert "val/loss" in trainer.state.metrics
     assert trainer.optimizer.param_groups[0]["lr"] < 1.0
 
@@ -116,21 +128,27 @@ class _GradNorms(Callback):
         self.norms = []
 
     def on_before_optimizer_step(self, trainer, task, optimizer):
-        self.norms.append(torch.norm(torch.stack([p.grad.norm() for p in task.parameters()])).item())
+        self.norms.append(
+            torch.norm(torch.stack([p.grad.norm() for p in task.parameters()])).item()
+        )
 
 
 def test_16_mixed_unscales_before_clipping(quiet):
-    # seeded: the shuffled order is drawn from the global RNG (as Lightning's), which earlier tests moved
+    # seeded: the shuffled order is drawn from the global RNG (as Lightning's), which earlier tests
+    # moved
     torch.manual_seed(0)
     seen = _GradNorms()
     task = RegressionTask(lr=0.01)
     before = torch.cat([p.detach().flatten().clone() for p in task.parameters()])
-    trainer = Trainer(max_steps=4, precision="16-mixed", gradient_clip_val=0.01, callbacks=[seen], **quiet)
+    trainer = Trainer(
+        max_steps=4, precision="16-mixed", gradient_clip_val=0.01, callbacks=[seen], **quiet
+    )
     trainer.fit(task)
     after = torch.cat([p.detach().flatten() for p in task.parameters()])
     assert trainer.precision_plugin.scaler is not None
-    # on_before_optimizer_step sees unscaled gradients: norms of a few units, not scaled by 2**16. (The first
-    # steps overflow float16 at the initial scale and are skipped by the GradScaler: inf/nan norms.)
+    # on_before_optimizer_step sees unscaled gradients: norms of a few units, not scaled by 2**16.
+    # (The first steps overflow float16 at the initial scale and are skipped by the GradScaler:
+    # inf/nan norms.)
     finite = [n for n in seen.norms if n == n and n != float("inf")]
     assert len(seen.norms) == 4 and finite and all(0.1 < n < 1e3 for n in finite)
     # SGD with clipped (norm <= 0.01) gradients moves the parameters by at most lr * 0.01 per step.
@@ -139,7 +157,8 @@ def test_16_mixed_unscales_before_clipping(quiet):
 
 class _InfOnce(RegressionTask):
     def loss(self, outputs, targets):
-        loss = super().loss(outputs, targets) * 1e-3  # small enough not to overflow float16 at scale 2**16
+        # small enough not to overflow float16 at scale 2**16
+        loss = super().loss(outputs, targets) * 1e-3
         return loss * float("inf") if self._step == 0 else loss
 
     def forward(self, inputs):
@@ -149,8 +168,13 @@ class _InfOnce(RegressionTask):
 
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=0.01)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5),
-                                                   "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {
+                "scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5),
+                "interval": "step",
+            },
+        }
 
 
 def test_skipped_inf_step_does_not_advance_scheduler(quiet):
@@ -168,19 +192,31 @@ def test_self_log_epoch_mean_and_prefix(quiet):
             seen.append(dict(metrics))
 
     class Both(ClassifierTask):
-        def loss(self, outputs, targets):  # per step and per epoch (Lightning's defaults: step only in training)
+        # per step and per epoch (Lightning's defaults: step only in training)
+        def loss(self, outputs, targets):
             if self.stage == "train":
-                self.log("acc_both", (outputs.argmax(-1) == targets).float().mean(), on_step=True, on_epoch=True)
+                self.log(
+                    "acc_both",
+                    (outputs.argmax(-1) == targets).float().mean(),
+                    on_step=True,
+                    on_epoch=True,
+                )
             return super().loss(outputs, targets)
 
     trainer = Trainer(max_epochs=1, log_every_n_steps=1, callbacks=[Recorder()], **quiet)
     trainer.fit(Both(n=32, batch_size=8))
     steps = [m["train/acc_batch"] for m in seen if "train/acc_batch" in m]
-    assert len(steps) == 4 and "train/acc_batch_epoch" not in trainer.state.metrics  # the default: per step
+    # the default: per step
+    assert len(steps) == 4 and "train/acc_batch_epoch" not in trainer.state.metrics
     both = [m["acc_both_step"] for m in seen if "acc_both_step" in m]
-    assert both == steps and trainer.state.metrics["acc_both_epoch"] == pytest.approx(sum(steps) / 4, abs=1e-6)
-    assert trainer.state.metrics["acc_both"] == trainer.state.metrics["acc_both_epoch"]  # Lightning's alias
-    assert "acc_both" in trainer.state.metrics and not any(k.endswith("/acc_both") for k in trainer.state.metrics)
+    assert both == steps and trainer.state.metrics["acc_both_epoch"] == pytest.approx(
+        sum(steps) / 4, abs=1e-6
+    )
+    # Lightning's alias
+    assert trainer.state.metrics["acc_both"] == trainer.state.metrics["acc_both_epoch"]
+    assert "acc_both" in trainer.state.metrics and not any(
+        k.endswith("/acc_both") for k in trainer.state.metrics
+    )
     # a name is published as logged: no stage prefix (Lightning's meaning)
 
 
@@ -194,7 +230,8 @@ def test_validation_metrics_match_manual_computation(quiet):
     with torch.no_grad():
         out = task(x)
     assert result["val/acc"] == pytest.approx((out.argmax(-1) == y).float().mean().item(), abs=1e-6)
-    assert result["val/loss"] == pytest.approx(F.cross_entropy(out, y).item(), abs=1e-5)  # sample-weighted
+    # sample-weighted
+    assert result["val/loss"] == pytest.approx(F.cross_entropy(out, y).item(), abs=1e-5)
     assert trainer.test(task)[0]["test/acc"] == pytest.approx(result["val/acc"])
 
 
@@ -243,7 +280,8 @@ def test_seed_everything_reproduces_and_deterministic_flag(quiet):
         task = RegressionTask(shuffle=True, dropout=0.2)
         Trainer(max_epochs=2, deterministic=True, callbacks=[Probe()], **quiet).fit(task)
         runs.append(params(task))
-    assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()  # restored after fit
+    # restored after fit
+    assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
@@ -253,7 +291,11 @@ def test_batch_to_device_nested():
     Pair = namedtuple("Pair", "a b")
     batch = {"x": [torch.ones(2), (torch.zeros(1), "keep")], "p": Pair(torch.ones(1), 3)}
     moved = batch_to_device(batch, torch.device("cpu"))
-    assert isinstance(moved["p"], Pair) and moved["x"][1][1] == "keep" and torch.equal(moved["x"][0], torch.ones(2))
+    assert (
+        isinstance(moved["p"], Pair)
+        and moved["x"][1][1] == "keep"
+        and torch.equal(moved["x"][0], torch.ones(2))
+    )
 
 
 def test_cpu_skips_batch_to_device_unless_a_strategy_overrides_it(quiet):
@@ -276,15 +318,28 @@ def test_cpu_skips_batch_to_device_unless_a_strategy_overrides_it(quiet):
 
 def test_progress_bar_non_terminal_prints_one_line_per_epoch():
     stream = io.StringIO()
-    trainer = Trainer(max_epochs=3, enable_model_summary=False, enable_checkpointing=False, logger=False,
-                      callbacks=[ProgressBar(stream=stream)], log_every_n_steps=2)
+    trainer = Trainer(
+        max_epochs=3,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        callbacks=[ProgressBar(stream=stream)],
+        log_every_n_steps=2,
+    )
     trainer.fit(RegressionTask())
     lines = stream.getvalue().strip().splitlines()
-    assert len(lines) == 3 and lines[0].startswith("Epoch 0/2") and "8/8" in lines[0] and "loss=" in lines[0]
+    assert (
+        len(lines) == 3
+        and lines[0].startswith("Epoch 0/2")
+        and "8/8" in lines[0]
+        and "loss=" in lines[0]
+    )
 
 
 def test_model_summary_printed(capsys):
-    Trainer(max_steps=1, enable_progress_bar=False, enable_checkpointing=False, logger=False).fit(ClassifierTask())
+    Trainer(max_steps=1, enable_progress_bar=False, enable_checkpointing=False, logger=False).fit(
+        ClassifierTask()
+    )
     out = capsys.readouterr().out
     assert "net   Sequential  195" in out and "195 trainable params" in out
 
@@ -301,7 +356,8 @@ def test_nonfinite_loss_raises_with_step_and_epoch(quiet):
             self.__dict__["n"] = self.__dict__.get("n", 0) + 1
             return self.__dict__["n"]
 
-    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 0, batch 4 \(global step 4\)"):
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 0, batch 4 \(global step "
+                                                 r"4\)"):
         Trainer(max_epochs=2, log_every_n_steps=3, **quiet).fit(Exploding())
     trainer = Trainer(max_epochs=1, nonfinite_loss="skip", **quiet)
     task = Exploding()
@@ -311,7 +367,8 @@ def test_nonfinite_loss_raises_with_step_and_epoch(quiet):
 
 
 def test_huge_finite_losses_are_not_reported_as_nonfinite(quiet):
-    """The NaN/Inf check reads the interval's sum; finite losses whose sum overflows float32 are not an error."""
+    """The NaN/Inf check reads the interval's sum; finite losses whose sum overflows float32 are not
+    an error."""
 
     class Huge(RegressionTask):
         def loss(self, outputs, targets):  # 3e38: finite in float32, but two of them sum to inf
@@ -328,7 +385,8 @@ def test_huge_finite_losses_are_not_reported_as_nonfinite(quiet):
 class LogInForward(ClassifierTask):
     def forward(self, inputs):
         outputs = super().forward(inputs)
-        self.log("mean_logit", outputs.mean())  # inside the compiled graph's code: a graph break, run eagerly
+        # inside the compiled graph's code: a graph break, run eagerly
+        self.log("mean_logit", outputs.mean())
         return outputs
 
 

@@ -1,7 +1,7 @@
 """Lines a reader can hold: every line of the library's Python source fits in 100 columns.
 
-A comment goes above the code it explains, not at the end of a long line; a long message is written as
-adjacent string literals. docs/concepts.md ("Style") says why.
+A comment goes above the code it explains, not at the end of a long line; a long message is written
+as adjacent string literals. docs/concepts.md ("Style") says why.
 """
 from __future__ import annotations
 
@@ -43,5 +43,5 @@ def test_library_lines_fit_in_100_columns() -> None:
         with open(path, encoding="utf-8") as f:
             long += [f"{os.path.relpath(path, ROOT)}:{i}" for i in too_long(f.read())]
     assert not long, (
-        f"{len(long)} line(s) over {WIDTH} columns; move a trailing comment above its line and wrap "
-        "the rest:\n" + "\n".join(long[:40]))
+        f"{len(long)} line(s) over {WIDTH} columns; move a trailing comment above its line and "
+        "wrap the rest:\n" + "\n".join(long[:40]))

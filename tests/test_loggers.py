@@ -1,5 +1,6 @@
-"""Loggers: the Logger interface, Trainer(logger=...), CSVLogger and MLFlowLogger read back from their files and
-store (csv module, MlflowClient), errors at fit start, rank 0 only under ddp, and the `taskfit logger=...` groups.
+"""Loggers: the Logger interface, Trainer(logger=...), CSVLogger and MLFlowLogger read back from
+their files and store (csv module, MlflowClient), errors at fit start, rank 0 only under ddp, and
+the `taskfit logger=...` groups.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_check
 
 
 class Recorder(Callback):
-    """Every ``on_log`` call as (the step loggers record it at, values): what a logger must have written."""
+    """Every ``on_log`` call as (the step loggers record it at, values): what a logger must have
+    written."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, dict[str, float]]] = []
@@ -43,7 +45,8 @@ class Recorder(Callback):
 
 
 class RankCSV(CSVLogger):
-    """A CSVLogger that leaves a file per rank whose hook or setup ran (for the ddp test; pickled by reference)."""
+    """A CSVLogger that leaves a file per rank whose hook or setup ran (for the ddp test; pickled by
+    reference)."""
 
     def __init__(self, probe_dir: str) -> None:
         super().__init__()
@@ -68,45 +71,63 @@ def kinds(trainer) -> list[type]:
     return [type(cb) for cb in trainer.callbacks]
 
 
-# ---- Trainer(logger=...) -----------------------------------------------------------------------------------
+# ---- Trainer(logger=...) -------------------------------------------------------------------------
 def test_logger_argument_takes_one_a_list_true_or_false():
     csv_logger, tb = CSVLogger(), TensorBoardLogger()
     one = Trainer(max_epochs=1, logger=csv_logger, **QUIET)
     assert csv_logger in one.callbacks and TensorBoardLogger not in kinds(one)
-    assert {LearningRateMonitor, ThroughputMonitor} <= set(kinds(one))  # any logger brings the monitors
+    # any logger brings the monitors
+    assert {LearningRateMonitor, ThroughputMonitor} <= set(kinds(one))
     both = Trainer(max_epochs=1, logger=[tb, CSVLogger()], **QUIET)
     assert kinds(both).count(TensorBoardLogger) == 1 and CSVLogger in kinds(both)
     assert TensorBoardLogger in kinds(Trainer(max_epochs=1, **QUIET))  # True: the default
-    assert not [cb for cb in Trainer(max_epochs=1, logger=False, **QUIET).callbacks if isinstance(cb, Logger)]
-    assert not [cb for cb in Trainer(max_epochs=1, logger=[], **QUIET).callbacks if isinstance(cb, Logger)]
-    mine = Trainer(max_epochs=1, callbacks=[csv_logger], **QUIET)  # a Logger among the callbacks replaces TB
+    assert not [
+        cb
+        for cb in Trainer(max_epochs=1, logger=False, **QUIET).callbacks
+        if isinstance(cb, Logger)
+    ]
+    assert not [
+        cb for cb in Trainer(max_epochs=1, logger=[], **QUIET).callbacks if isinstance(cb, Logger)
+    ]
+    # a Logger among the callbacks replaces TB
+    mine = Trainer(max_epochs=1, callbacks=[csv_logger], **QUIET)
     assert kinds(mine).count(CSVLogger) == 1 and TensorBoardLogger not in kinds(mine)
     same = Trainer(max_epochs=1, callbacks=[csv_logger], logger=csv_logger, **QUIET)
     assert [cb for cb in same.callbacks if cb is csv_logger] == [csv_logger]  # not twice
     from taskfit import callbacks
 
-    assert callbacks.Logger is Logger and isinstance(tb, Logger) and issubclass(MLFlowLogger, Logger)
+    assert (
+        callbacks.Logger is Logger and isinstance(tb, Logger) and issubclass(MLFlowLogger, Logger)
+    )
 
 
 def test_logger_argument_of_a_wrong_type_is_explained():
-    with pytest.raises(MisconfigurationError, match=r"Trainer\(logger='csv'\) is not valid: expected True, False, "
-                                                    r"a Logger or a list of Loggers[\s\S]*HINT: .*logger=csv"):
+    with pytest.raises(MisconfigurationError, match=r"Trainer\(logger='csv'\) is not valid: "
+                                                    r"expected True, False, a Logger or a list of "
+                                                    r"Loggers[\s\S]*HINT: .*logger=csv"):
         Trainer(max_epochs=1, logger="csv")
     with pytest.raises(MisconfigurationError, match=r"logger=<class .*CSVLogger'>\) is not valid"):
         Trainer(max_epochs=1, logger=CSVLogger)  # the class, not an instance
-    with pytest.raises(MisconfigurationError, match=r"got an object of type EarlyStopping, not a Logger instance[\s\S]*"
-                                                    r"callbacks=\[\.\.\.\]"):
+    with pytest.raises(MisconfigurationError, match=r"got an object of type EarlyStopping, not a "
+                                                    r"Logger instance[\s\S]*callbacks=\[\.\.\.\]"):
         Trainer(max_epochs=1, logger=[CSVLogger(), EarlyStopping()])
-    with pytest.raises(MisconfigurationError, match=r"got the class CSVLogger, not a Logger instance"):
+    with pytest.raises(MisconfigurationError, match=r"got the class CSVLogger, not a Logger "
+                                                    r"instance"):
         Trainer(max_epochs=1, logger=[CSVLogger])
 
 
-# ---- CSVLogger ---------------------------------------------------------------------------------------------
+# ---- CSVLogger -----------------------------------------------------------------------------------
 def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
     recorder, logger = Recorder(), CSVLogger()
     task = ClassifierTask()  # 6 steps per epoch; validation at 6 and 12
-    trainer = Trainer(max_epochs=2, log_every_n_steps=2, default_root_dir=str(tmp_path), logger=logger,
-                      callbacks=[recorder], **QUIET)
+    trainer = Trainer(
+        max_epochs=2,
+        log_every_n_steps=2,
+        default_root_dir=str(tmp_path),
+        logger=logger,
+        callbacks=[recorder],
+        **QUIET,
+    )
     trainer.fit(task)
     path = tmp_path / "version_0" / "metrics.csv"
     assert logger.metrics_path == str(path) and logger.log_dir == trainer.log_dir
@@ -116,10 +137,13 @@ def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
     expected: dict[int, dict[str, float]] = {}
     for step, values in recorder.calls:
         expected.setdefault(step, {}).update(values)
-    assert header[:2] == ["step", "epoch"] and set(header[2:]) == {k for v in expected.values() for k in v}
+    assert header[:2] == ["step", "epoch"] and set(header[2:]) == {
+        k for v in expected.values() for k in v
+    }
     # one row per step, at Lightning's steps (a value logged after optimizer step k is at k - 1)
     assert [int(r["step"]) for r in rows] == sorted(expected) == [1, 3, 5, 7, 9, 11]
-    assert [int(r["epoch"]) for r in rows] == [0, 0, 0, 1, 1, 1]  # as Lightning's metrics.csv has it
+    # as Lightning's metrics.csv has it
+    assert [int(r["epoch"]) for r in rows] == [0, 0, 0, 1, 1, 1]
     for row in rows:
         values = expected[int(row["step"])]
         assert {k for k, v in row.items() if v != "" and k not in ("step", "epoch")} == set(values)
@@ -130,16 +154,23 @@ def test_csv_has_a_column_per_key_a_row_per_step_and_the_hparams(tmp_path):
     header2, rows2 = read_csv(path)
     assert header2[:len(header)] == header and "test/loss" in header2 and rows2[:-1] == [
         {**r, **{k: "" for k in header2[len(header):]}} for r in rows]
-    assert rows2[-1]["step"] == "12" and float(rows2[-1]["test/loss"]) == trainer.state.metrics["test/loss"]
+    assert (
+        rows2[-1]["step"] == "12"
+        and float(rows2[-1]["test/loss"]) == trainer.state.metrics["test/loss"]
+    )
 
-    (validated,) = Trainer(default_root_dir=str(tmp_path), logger=CSVLogger(), **QUIET).validate(task)
-    _, rows3 = read_csv(tmp_path / "version_1" / "metrics.csv")  # a validate on its own: a run of its own
+    (validated,) = Trainer(default_root_dir=str(tmp_path), logger=CSVLogger(), **QUIET).validate(
+        task
+    )
+    # a validate on its own: a run of its own
+    _, rows3 = read_csv(tmp_path / "version_1" / "metrics.csv")
     assert len(rows3) == 1 and float(rows3[0]["val/loss"]) == validated["val/loss"]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_csv_is_valid_after_the_process_is_killed(tmp_path):
-    """SIGKILL mid-fit (in a forked child), after the first validation widened the header: every row is whole."""
+    """SIGKILL mid-fit (in a forked child), after the first validation widened the header: every row
+    is whole."""
     trainer = Trainer(max_epochs=3, log_every_n_steps=1, logger=CSVLogger(), callbacks=[KillAt(9)],
                       default_root_dir=str(tmp_path), **QUIET)
     pid = os.fork()
@@ -152,8 +183,10 @@ def test_csv_is_valid_after_the_process_is_killed(tmp_path):
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     header, rows = read_csv(tmp_path / "version_0" / "metrics.csv")
     assert "val/loss" in header and "train/loss_epoch" in header
-    assert [int(r["step"]) for r in rows] == list(range(8))  # (Lightning's steps) step 8's row was not complete yet
-    assert all(None not in r and None not in r.values() for r in rows)  # every row as wide as the header
+    # (Lightning's steps) step 8's row was not complete yet
+    assert [int(r["step"]) for r in rows] == list(range(8))
+    # every row as wide as the header
+    assert all(None not in r and None not in r.values() for r in rows)
     assert all(r["train/loss"] for r in rows) and rows[5]["val/loss"] and not rows[4]["val/loss"]
 
 
@@ -161,15 +194,25 @@ def test_csv_is_valid_after_the_process_is_killed(tmp_path):
 @pytest.mark.filterwarnings("ignore:Skipped .*last.ckpt")
 @pytest.mark.parametrize("kill, every", [(7, 6), (8, 3), (12, 4), (13, 2), (18, 6)])
 def test_csv_of_a_fit_resumed_at_an_epochs_last_step_has_each_step_once(tmp_path, kill, every):
-    """5 trials: a fit killed (SIGKILL, in a forked child) at step ``kill``, its last checkpoint at an epoch's last
-    step (6, 12 or 18; 6 steps an epoch), then resumed. The resumed fit logs that step's epoch means again: they
-    merge into the step's row (it had a second row holding only train/loss_epoch), so every step has one row."""
+    """5 trials: a fit killed (SIGKILL, in a forked child) at step ``kill``, its last checkpoint at
+    an epoch's last step (6, 12 or 18; 6 steps an epoch), then resumed. The resumed fit logs that
+    step's epoch means again: they merge into the step's row (it had a second row holding only
+    train/loss_epoch), so every step has one row."""
     from taskfit.callbacks import ModelCheckpoint
 
     def trainer(*extra):
-        return Trainer(max_epochs=3, log_every_n_steps=1, logger=CSVLogger(), default_root_dir=str(tmp_path),
-                       callbacks=[ModelCheckpoint(every_n_train_steps=every, every_n_epochs=None, save_top_k=-1),
-                                  *extra], enable_progress_bar=False, enable_model_summary=False)
+        return Trainer(
+            max_epochs=3,
+            log_every_n_steps=1,
+            logger=CSVLogger(),
+            default_root_dir=str(tmp_path),
+            callbacks=[
+                ModelCheckpoint(every_n_train_steps=every, every_n_epochs=None, save_top_k=-1),
+                *extra,
+            ],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
 
     killed = trainer(KillAt(kill, settled=True))  # the checkpoint of step 6 is on disk
     pid = os.fork()
@@ -184,7 +227,8 @@ def test_csv_of_a_fit_resumed_at_an_epochs_last_step_has_each_step_once(tmp_path
     resumed.fit(ClassifierTask(), ckpt_path="last")
     assert resumed.state.resumed and resumed.log_dir == str(tmp_path / "version_0")
     header, rows = read_csv(tmp_path / "version_0" / "metrics.csv")
-    assert [int(r["step"]) for r in rows] == list(range(18))  # each step once, in order (Lightning's: from 0)
+    # each step once, in order (Lightning's: from 0)
+    assert [int(r["step"]) for r in rows] == list(range(18))
     assert all(None not in r and None not in r.values() and r["train/loss"] for r in rows)
     ends = {int(r["step"]): r for r in rows if r["train/loss_epoch"]}
     assert sorted(ends) == [5, 11, 17] and all(r["val/loss"] for r in ends.values())
@@ -208,7 +252,8 @@ def _last_row_torn(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("damage, kept_steps", [
-    (_not_utf8, [0, 1]), (_header_lost, []), (_last_row_torn, [0, 1, 2, 3, 4])])  # Lightning's steps
+    # Lightning's steps
+    (_not_utf8, [0, 1]), (_header_lost, []), (_last_row_torn, [0, 1, 2, 3, 4])])
 def test_a_resume_over_a_damaged_metrics_csv_keeps_it_aside_and_goes_on(tmp_path, damage,
                                                                         kept_steps):
     """Issue 47, row 5: a metrics.csv that is not UTF-8, lost its header or has a torn last row
@@ -244,9 +289,15 @@ def test_an_unwritable_directory_fails_at_fit_start_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     recorder = Recorder()
-    trainer = Trainer(max_epochs=1, default_root_dir=str(blocker / "runs"), logger=CSVLogger(), callbacks=[recorder],
-                      **QUIET)
-    with pytest.raises(MisconfigurationError, match=r"CSVLogger cannot write to .*a_file.*NotADirectoryError"):
+    trainer = Trainer(
+        max_epochs=1,
+        default_root_dir=str(blocker / "runs"),
+        logger=CSVLogger(),
+        callbacks=[recorder],
+        **QUIET,
+    )
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger cannot write to "
+                                                    r".*a_file.*NotADirectoryError"):
         trainer.fit(RegressionTask())
     assert trainer.state.global_step == 0 and recorder.calls == []
 
@@ -273,33 +324,55 @@ def test_a_custom_logger_gets_rank0_calls_in_order(tmp_path):
     task = RegressionTask(n=16, lr=0.1)  # 2 steps
     trainer = Trainer(max_epochs=1, logger=Memory(), default_root_dir=str(tmp_path), **QUIET)
     trainer.fit(task)
-    assert calls[:2] == [("setup", trainer.log_dir), ("hparams", task.hparams)] and task.hparams["lr"] == 0.1
+    assert (
+        calls[:2] == [("setup", trainer.log_dir), ("hparams", task.hparams)]
+        and task.hparams["lr"] == 0.1
+    )
     assert ("save",) in calls and calls[-1] == ("finalize", "success")
-    assert any(c[:2] == ("metrics", 1) and "train/loss_epoch" in c[2] for c in calls)  # the last step's, as Lightning
+    # the last step's, as Lightning
+    assert any(c[:2] == ("metrics", 1) and "train/loss_epoch" in c[2] for c in calls)
     calls.clear()
     with pytest.raises(ValueError, match="boom"):
-        Trainer(max_epochs=2, logger=Memory(), callbacks=[RaiseAtStep(1, 0)], **QUIET).fit(RegressionTask(n=16))
+        Trainer(max_epochs=2, logger=Memory(), callbacks=[RaiseAtStep(1, 0)], **QUIET).fit(
+            RegressionTask(n=16)
+        )
     assert calls[-1] == ("finalize", "failed")
 
 
 def test_ddp_writes_from_rank_0_only(tmp_path):
     probes = tmp_path / "probes"
     probes.mkdir()
-    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, log_every_n_steps=1,
-                      logger=RankCSV(str(probes)), default_root_dir=str(tmp_path / "runs"), **QUIET)
+    trainer = Trainer(
+        strategy="ddp",
+        accelerator="cpu",
+        devices=2,
+        max_epochs=2,
+        log_every_n_steps=1,
+        logger=RankCSV(str(probes)),
+        default_root_dir=str(tmp_path / "runs"),
+        **QUIET,
+    )
     trainer.fit(ClassifierTask(batch_size=8))  # 96 samples, 2 ranks x 8: 6 steps per epoch
-    assert sorted(p.name for p in probes.iterdir()) == ["on_log-rank0", "on_log-rank1", "setup-rank0"]
+    assert sorted(p.name for p in probes.iterdir()) == [
+        "on_log-rank0",
+        "on_log-rank1",
+        "setup-rank0",
+    ]
     header, rows = read_csv(Path(trainer.log_dir) / "metrics.csv")
     assert [int(r["step"]) for r in rows] == list(range(12))  # each step once: rank 1 wrote nothing
-    assert "val/acc" in header and float(rows[-1]["val/loss"]) == pytest.approx(trainer.state.metrics["val/loss"])
+    assert "val/acc" in header and float(rows[-1]["val/loss"]) == pytest.approx(
+        trainer.state.metrics["val/loss"]
+    )
     assert sorted(os.listdir(trainer.log_dir)) == ["hparams.yaml", "metrics.csv"]
 
 
-# ---- MLFlowLogger ------------------------------------------------------------------------------------------
+# ---- MLFlowLogger --------------------------------------------------------------------------------
 @pytest.fixture
 def mlflow_store(tmp_path, monkeypatch):
-    """A local file store in tmp_path (MLflow 3 keeps file stores behind MLFLOW_ALLOW_FILE_STORE)."""
-    pytest.importorskip("mlflow", reason="mlflow-skinny is not installed (pip install -e '.[mlflow]')")
+    """A local file store in tmp_path (MLflow 3 keeps file stores behind
+    MLFLOW_ALLOW_FILE_STORE)."""
+    pytest.importorskip("mlflow", reason="mlflow-skinny is not installed (pip install -e "
+                                         "'.[mlflow]')")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     return f"file:{tmp_path / 'mlruns'}"
 
@@ -313,30 +386,65 @@ def test_mlflow_run_has_params_metrics_tags_and_checkpoints(tmp_path, mlflow_sto
     monkeypatch.setattr(MlflowClient, "log_batch", lambda self, run_id, metrics=(), **kw: (
         batches.append(len(metrics)), real(self, run_id, metrics=metrics, **kw))[1])
     recorder = Recorder()
-    logger = MLFlowLogger(experiment_name="exp", run_name="first", tracking_uri=mlflow_store, tags={"team": "vision"},
-                          log_model=True, flush_secs=3600)
-    config = {"task": {"lr": 0.1, "note": "x" * (MAX_PARAM_VAL_LENGTH + 10), "layers": [1, 2]}, "seed": None}
-    trainer = Trainer(max_epochs=2, log_every_n_steps=2, logger=logger, callbacks=[recorder], config=config,
-                      default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
+    logger = MLFlowLogger(
+        experiment_name="exp",
+        run_name="first",
+        tracking_uri=mlflow_store,
+        tags={"team": "vision"},
+        log_model=True,
+        flush_secs=3600,
+    )
+    config = {
+        "task": {"lr": 0.1, "note": "x" * (MAX_PARAM_VAL_LENGTH + 10), "layers": [1, 2]},
+        "seed": None,
+    }
+    trainer = Trainer(
+        max_epochs=2,
+        log_every_n_steps=2,
+        logger=logger,
+        callbacks=[recorder],
+        config=config,
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(ClassifierTask())
     client = MlflowClient(tracking_uri=mlflow_store)
     run = client.get_run(logger.run_id)
-    assert logger.experiment is not None and logger.save_dir == str(tmp_path / "mlruns") and logger.log_dir is None
+    assert (
+        logger.experiment is not None
+        and logger.save_dir == str(tmp_path / "mlruns")
+        and logger.log_dir is None
+    )
     assert run.info.status == "FINISHED" and run.info.run_name == "first"
     assert client.get_experiment(run.info.experiment_id).name == "exp"
     assert run.data.tags["team"] == "vision" and run.data.tags["taskfit.log_dir"] == trainer.log_dir
     from mlflow.tracking.context.registry import resolve_tags
 
-    assert {k: v for k, v in resolve_tags().items() if k != "mlflow.source.name"}.items() <= run.data.tags.items()
+    assert {
+        k: v for k, v in resolve_tags().items() if k != "mlflow.source.name"
+    }.items() <= run.data.tags.items()
     params = run.data.params
-    assert params["task.lr"] == "0.1" and params["seed"] == "None" and len(params["task.note"]) == MAX_PARAM_VAL_LENGTH
+    assert (
+        params["task.lr"] == "0.1"
+        and params["seed"] == "None"
+        and len(params["task.note"]) == MAX_PARAM_VAL_LENGTH
+    )
     history = [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "val/loss")]
-    assert history == [(s, pytest.approx(v["val/loss"])) for s, v in recorder.calls if "val/loss" in v]
+    assert history == [
+        (s, pytest.approx(v["val/loss"])) for s, v in recorder.calls if "val/loss" in v
+    ]
     logged = sum(len(v) for _, v in recorder.calls)
-    assert sum(batches) == logged and len([b for b in batches if b]) == 3  # 2 epoch ends and the end, not per step
+    # 2 epoch ends and the end, not per step
+    assert sum(batches) == logged and len([b for b in batches if b]) == 3
     artifacts = sorted(a.path for a in client.list_artifacts(logger.run_id, "checkpoints"))
-    assert artifacts == sorted(f"checkpoints/{Path(p).name}" for p in {trainer.checkpoint_callback.best_model_path,
-                                                                      trainer.checkpoint_callback.last_model_path})
+    assert artifacts == sorted(
+        f"checkpoints/{Path(p).name}"
+        for p in {
+            trainer.checkpoint_callback.best_model_path,
+            trainer.checkpoint_callback.last_model_path,
+        }
+    )
 
 
 def test_mlflow_run_of_a_failed_fit_is_failed_and_keeps_its_metrics(tmp_path, mlflow_store):
@@ -348,7 +456,9 @@ def test_mlflow_run_of_a_failed_fit_is_failed_and_keeps_its_metrics(tmp_path, ml
                 default_root_dir=str(tmp_path), **QUIET).fit(ClassifierTask())
     client = MlflowClient(tracking_uri=mlflow_store)
     assert client.get_run(logger.run_id).info.status == "FAILED"
-    assert [m.step for m in client.get_metric_history(logger.run_id, "train/loss")] == list(range(9))
+    assert [m.step for m in client.get_metric_history(logger.run_id, "train/loss")] == list(
+        range(9)
+    )
 
 
 def test_mlflow_bad_uri_fails_at_fit_start_before_training(tmp_path, mlflow_store, monkeypatch):
@@ -356,7 +466,8 @@ def test_mlflow_bad_uri_fails_at_fit_start_before_training(tmp_path, mlflow_stor
 
     import urllib3.util.connection
 
-    attempts = []  # every TCP connection opened by taskfit's probe or by MLflow's HTTP client (urllib3), by port
+    # every TCP connection opened by taskfit's probe or by MLflow's HTTP client (urllib3), by port
+    attempts = []
 
     def counted(real):
         def connect(address, *args, **kwargs):
@@ -376,21 +487,25 @@ def test_mlflow_bad_uri_fails_at_fit_start_before_training(tmp_path, mlflow_stor
         recorder = Recorder()
         trainer = Trainer(max_epochs=1, logger=MLFlowLogger(tracking_uri=uri), callbacks=[recorder],
                           default_root_dir=str(tmp_path), **QUIET)
-        with pytest.raises(MisconfigurationError, match=rf"MLFlowLogger cannot start a run in the tracking store "
-                                                        rf"'{uri}'[\s\S]*HINT: check MLFlowLogger\(tracking_uri"):
+        with pytest.raises(MisconfigurationError, match=r"MLFlowLogger cannot start a run in the "
+                                                        rf"tracking store '{uri}'[\s\S]*HINT: "
+                                                        r"check MLFlowLogger\(tracking_uri"):
             trainer.fit(RegressionTask())
         assert trainer.state.global_step == 0 and recorder.calls == []
-    # A server that is down fails at the first refused connection, not after MLflow's retries (7 with backoff:
-    # minutes per URI): counted in connections, not seconds, so a busy machine cannot fail it.
+    # A server that is down fails at the first refused connection, not after MLflow's retries (7
+    # with backoff: minutes per URI): counted in connections, not seconds, so a busy machine cannot
+    # fail it.
     assert attempts.count(int(down.rsplit(":", 1)[1])) == 1, attempts
 
 
 @pytest.mark.parametrize("flush_secs", [3600.0, 0.0])
-def test_mlflow_says_how_to_see_the_run_and_sends_the_model_values_first(tmp_path, monkeypatch, capsys, flush_secs):
-    """Issue 38: the run's start prints the exact `mlflow ui --backend-store-uri` command and the runs table's URL
-    (in the UI's model-training mode); the run page lists metrics in the order the store first got them, so train/
-    and val/ go before vitals/, also when timed sends (flush_secs=0: every log call) come before the first
-    validation."""
+def test_mlflow_says_how_to_see_the_run_and_sends_the_model_values_first(
+    tmp_path, monkeypatch, capsys, flush_secs
+):
+    """Issue 38: the run's start prints the exact `mlflow ui --backend-store-uri` command and the
+    runs table's URL (in the UI's model-training mode); the run page lists metrics in the order the
+    store first got them, so train/ and val/ go before vitals/, also when timed sends (flush_secs=0:
+    every log call) come before the first validation."""
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
@@ -404,9 +519,11 @@ def test_mlflow_says_how_to_see_the_run_and_sends_the_model_values_first(tmp_pat
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("digits").experiment_id
     out = capsys.readouterr().out
-    assert (f"MLFlowLogger: run {logger.run_id} in experiment 'digits'.\n"
-            f"  see it: mlflow ui --backend-store-uri {uri}\n"
-            f"  then open http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning\n") in out
+    assert (
+        f"MLFlowLogger: run {logger.run_id} in experiment 'digits'.\n  see it: mlflow ui "
+        f"--backend-store-uri {uri}\n  then open "
+        f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning\n"
+    ) in out
     keys = list(client.get_run(logger.run_id).data.metrics)
     groups = [key.split("/")[0] for key in keys]
     assert {"train", "val", "vitals"} <= set(groups), keys
@@ -423,10 +540,13 @@ def test_mlflow_ui_lines_for_each_kind_of_store(tmp_path, monkeypatch):
     from taskfit.callbacks.loggers.mlflow_logger import _shown_uri
 
     monkeypatch.chdir(tmp_path)
-    assert _shown_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path / 'mlflow.db'}"  # from any folder
+    # from any folder
+    assert _shown_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert _shown_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
     assert _shown_uri("file:mlruns") == f"file:{tmp_path / 'mlruns'}"
-    assert _shown_uri("postgresql://me:secret@db:5432/mlflow") == "postgresql://me:***@db:5432/mlflow"
+    assert (
+        _shown_uri("postgresql://me:secret@db:5432/mlflow") == "postgresql://me:***@db:5432/mlflow"
+    )
     logger = MLFlowLogger()
     assert logger.ui_lines("first") == ["first"]  # no run yet
     logger._experiment = "7"
@@ -434,27 +554,41 @@ def test_mlflow_ui_lines_for_each_kind_of_store(tmp_path, monkeypatch):
     logger._uri = "http://tracking.example:5000/"
     assert logger.ui_lines("first") == ["first", f"  see it at http://tracking.example:5000{page}"]
     logger._uri = f"file:{tmp_path}/mlruns"
-    assert logger.ui_lines("first")[1] == f"  see it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri " \
-                                          f"file:{tmp_path}/mlruns"
+    assert (
+        logger.ui_lines("first")[1]
+        == f"  see it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri "
+        f"file:{tmp_path}/mlruns"
+    )
     logger._uri = "databricks"
     assert logger.ui_lines("first") == ["first"]
 
 
 def test_mlflow_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
-    with pytest.raises(MisconfigurationError, match=r"MLFlowLogger needs MLflow, which is not installed"
-                                                    r"[\s\S]*pip install \"taskfit\[mlflow\]\""):
+    with pytest.raises(MisconfigurationError, match=r"MLFlowLogger needs MLflow, which is not "
+                                                    r"installed[\s\S]*pip install "
+                                                    r"\"taskfit\[mlflow\]\""):
         MLFlowLogger()
 
 
-# ---- the command line ------------------------------------------------------------------------------------
-TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=1", "trainer.num_sanity_val_steps=0", "trainer.enable_model_summary=false",
-        "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "test=false"]
+# ---- the command line ----------------------------------------------------------------------------
+TINY = [
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_model_summary=false",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "test=false",
+]
 
 
 def taskfit(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("TASKFIT_SEED", "HYDRA_FULL_ERROR", "RANK")}
+    full_env = {
+        k: v for k, v in os.environ.items() if k not in ("TASKFIT_SEED", "HYDRA_FULL_ERROR", "RANK")
+    }
     full_env.update(OMP_NUM_THREADS="1", **env)
     result = subprocess.run([sys.executable, "-m", "taskfit", *args, *TINY], cwd=cwd, env=full_env,
                             capture_output=True, text=True, timeout=300)
@@ -463,8 +597,8 @@ def taskfit(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_logger_groups(tmp_path, monkeypatch):
-    """`taskfit logger=csv` and `logger=mlflow` compose to their callbacks (in this process); one real `taskfit`
-    run with a list of groups writes TensorBoard, CSV and (if installed) MLflow."""
+    """`taskfit logger=csv` and `logger=mlflow` compose to their callbacks (in this process); one
+    real `taskfit` run with a list of groups writes TensorBoard, CSV and (if installed) MLflow."""
     from taskfit.cli import build_callbacks, compose_config
 
     for group, cls in (("csv", CSVLogger), ("mlflow", MLFlowLogger)):
@@ -473,21 +607,28 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
             continue
         built = build_callbacks(config)
         assert [type(cb) for cb in built if isinstance(cb, Logger)] == [cls], group
-        assert TensorBoardLogger not in kinds(Trainer(callbacks=built, max_epochs=1))  # replaces the default
-    assert compose_config(["logger=mlflow"], run_dir=str(tmp_path))["logger"]["mlflow"]["experiment_name"] == "digits"
+        # replaces the default
+        assert TensorBoardLogger not in kinds(Trainer(callbacks=built, max_epochs=1))
+    assert (
+        compose_config(["logger=mlflow"], run_dir=str(tmp_path))["logger"]["mlflow"][
+            "experiment_name"
+        ]
+        == "digits"
+    )
 
     groups, uri = ["tensorboard", "csv"], f"file:{tmp_path / 'mlruns'}"
     if MLFLOW is not None:
         groups.append("mlflow")
-        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores behind it
+        # MLflow 3 keeps file stores behind it
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     extra = [f"logger.mlflow.tracking_uri={uri}", "logger.mlflow.run_name=cli"] if MLFLOW else []
     result = taskfit(f"logger=[{','.join(groups)}]", *extra, cwd=tmp_path)
     (run,) = (tmp_path / "logs" / "digits" / "runs").iterdir()
     version = run / "version_0"
     assert list(version.glob("events.out.tfevents.*")), sorted(os.listdir(version))
     header, rows = read_csv(version / "metrics.csv")
-    # 2 steps, at Lightning's steps 0 and 1; step 0 also holds the learning rate the first epoch starts with (the
-    # digits task's cosine steps per epoch), the last the epoch's values
+    # 2 steps, at Lightning's steps 0 and 1; step 0 also holds the learning rate the first epoch
+    # starts with (the digits task's cosine steps per epoch), the last the epoch's values
     assert [r["step"] for r in rows] == ["0", "1"] and "val/loss" in header and rows[-1]["val/loss"]
     assert yaml.safe_load((version / "hparams.yaml").read_text())["trainer.max_epochs"] == 1
     assert f"CSV:             {version / 'metrics.csv'}" in result.stdout
@@ -497,27 +638,38 @@ def test_cli_logger_groups(tmp_path, monkeypatch):
 
     client = MlflowClient(tracking_uri=uri)
     (found,) = client.search_runs([client.get_experiment_by_name("digits").experiment_id])
-    assert found.info.status == "FINISHED" and found.info.run_name == "cli" and found.info.run_id in result.stdout
-    assert (f"  MLflow:          experiment 'digits', run {found.info.run_id}\n"  # the report: how to see it
-            f"                   see it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}\n"
-            f"                   then open http://127.0.0.1:5000/#/experiments/{found.info.experiment_id}/runs"
-            "?workflowType=machine_learning\n") in result.stdout
+    assert (
+        found.info.status == "FINISHED"
+        and found.info.run_name == "cli"
+        and found.info.run_id in result.stdout
+    )
+    # the report: how to see it
+    assert (
+        f"  MLflow:          experiment 'digits', run {found.info.run_id}\n                   "
+        f"see it: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}\n           "
+        "        then open "
+        f"http://127.0.0.1:5000/#/experiments/{found.info.experiment_id}/runs?workflowType=machine_learning\n"
+    ) in result.stdout
     # the report's, not the start's too
     assert result.stdout.count("mlflow ui --backend-store-uri") == 1
-    assert found.data.params["trainer.max_epochs"] == "1" and "task.optimizer.lr" in found.data.params
+    assert (
+        found.data.params["trainer.max_epochs"] == "1" and "task.optimizer.lr" in found.data.params
+    )
     history = [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "val/loss")]
     assert history == [(1, pytest.approx(float(rows[-1]["val/loss"])))]
 
 
 def test_loggers_work_outside_a_run_as_lightnings(tmp_path):
-    """Lightning's loggers are usable without a Trainer: version and log_dir are known before the first write,
-    log_hyperparams takes a Namespace, log_metrics a step, TensorBoardLogger.log_graph a model and an input."""
+    """Lightning's loggers are usable without a Trainer: version and log_dir are known before the
+    first write, log_hyperparams takes a Namespace, log_metrics a step, TensorBoardLogger.log_graph
+    a model and an input."""
     import argparse
 
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (tmp_path / "csv" / "version_0").mkdir(parents=True)  # an earlier run: the next one is version_1
+    # an earlier run: the next one is version_1
+    (tmp_path / "csv" / "version_0").mkdir(parents=True)
     table = CSVLogger(tmp_path / "csv")
     assert (table.version, table.log_dir) == (1, str(tmp_path / "csv" / "version_1"))
     table.log_hyperparams(argparse.Namespace(lr=0.1, layers=2))
@@ -525,23 +677,35 @@ def test_loggers_work_outside_a_run_as_lightnings(tmp_path):
     table.log_metrics({"a": 2.0, "b": 5.0}, step=1)
     table.save()
     with open(tmp_path / "csv" / "version_1" / "metrics.csv", newline="") as fh:
-        assert [(r["step"], r["a"], r["b"]) for r in csv.DictReader(fh)] == [("0", "1.0", ""), ("1", "2.0", "5.0")]
-    assert yaml.safe_load((tmp_path / "csv" / "version_1" / "hparams.yaml").read_text()) == {"lr": 0.1, "layers": 2}
+        assert [(r["step"], r["a"], r["b"]) for r in csv.DictReader(fh)] == [
+            ("0", "1.0", ""),
+            ("1", "2.0", "5.0"),
+        ]
+    assert yaml.safe_load((tmp_path / "csv" / "version_1" / "hparams.yaml").read_text()) == {
+        "lr": 0.1,
+        "layers": 2,
+    }
 
     board = TensorBoardLogger(tmp_path / "tb", name="exp")
-    assert board.log_dir == str(tmp_path / "tb" / "exp" / "version_0") and board.experiment is not None
+    assert (
+        board.log_dir == str(tmp_path / "tb" / "exp" / "version_0") and board.experiment is not None
+    )
     board.log_hyperparams({"lr": 0.2})
-    assert yaml.safe_load((Path(board.log_dir) / "hparams.yaml").read_text()) == {"lr": 0.2}  # as Lightning's
+    # as Lightning's
+    assert yaml.safe_load((Path(board.log_dir) / "hparams.yaml").read_text()) == {"lr": 0.2}
     board.log_metrics({"x": 3.0}, step=5)
     board.log_graph(torch.nn.Linear(2, 1), torch.zeros(1, 2))
     board.finalize("success")
     events = EventAccumulator(board.log_dir)
     events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("x")] == [(5, 3.0)] and events.Graph() is not None
+    assert [(e.step, e.value) for e in events.Scalars("x")] == [
+        (5, 3.0)
+    ] and events.Graph() is not None
     with pytest.warns(UserWarning, match=r"Could not log computational graph to TensorBoard: The "
                                          r"`model.example_input_array` attribute is not set"):
         board.log_graph(torch.nn.Linear(2, 1))
-    assert CSVLogger().log_dir is None  # no save_dir: the Trainer's default_root_dir decides, at fit
+    # no save_dir: the Trainer's default_root_dir decides, at fit
+    assert CSVLogger().log_dir is None
 
 
 def test_csv_logger_outside_a_run_flushes_every_n_steps_as_lightnings(tmp_path):
@@ -564,23 +728,32 @@ def test_csv_logger_outside_a_run_flushes_every_n_steps_as_lightnings(tmp_path):
     table.save()
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert list(rows[0]) == ["step", "a", "n", "c"] and rows[-1] == {"step": "2", "a": "", "n": "", "c": "3.0"}
+    assert list(rows[0]) == ["step", "a", "n", "c"] and rows[-1] == {
+        "step": "2",
+        "a": "",
+        "n": "",
+        "c": "3.0",
+    }
     table.log_hyperparams()
     assert yaml.safe_load((path.parent / ExperimentWriter.NAME_HPARAMS_FILE).read_text()) == {}
 
-    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(flush_logs_every_n_steps=0\) is not valid"):
+    with pytest.raises(MisconfigurationError, match=r"CSVLogger\(flush_logs_every_n_steps=0\) is "
+                                                    r"not valid"):
         CSVLogger(tmp_path, flush_logs_every_n_steps=0)
     # in a run each step's row is written when the step is complete, whatever the setting
     logger = CSVLogger(tmp_path / "run", flush_logs_every_n_steps=1000)
-    Trainer(max_epochs=1, log_every_n_steps=1, logger=logger, **QUIET).fit(RegressionTask(n=16, val_n=8))
+    Trainer(max_epochs=1, log_every_n_steps=1, logger=logger, **QUIET).fit(
+        RegressionTask(n=16, val_n=8)
+    )
     with open(logger.metrics_path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0])[:2] == ["step", "epoch"] and [r["step"] for r in rows] == ["0", "1"]
 
 
 def test_tensorboard_default_hp_metric_is_off_and_lightnings_minus_one_when_asked(tmp_path):
-    """taskfit writes no hp_metric placeholder by default (issue 48); default_hp_metric=True writes Lightning's -1
-    at the hyperparameters' step, as an HParams column; log_hyperparams(params, metrics) logs the given metrics."""
+    """taskfit writes no hp_metric placeholder by default (issue 48); default_hp_metric=True writes
+    Lightning's -1 at the hyperparameters' step, as an HParams column; log_hyperparams(params,
+    metrics) logs the given metrics."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -592,7 +765,10 @@ def test_tensorboard_default_hp_metric_is_off_and_lightnings_minus_one_when_aske
             data = plugin_data_pb2.HParamsPluginData.FromString(content)
             if data.HasField("experiment"):
                 columns += [m.name.tag for m in data.experiment.metric_infos]
-        scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+        scalars = {
+            tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]
+        }
         return scalars, columns
 
     off = TensorBoardLogger(tmp_path, name="off")
@@ -610,21 +786,23 @@ def test_tensorboard_default_hp_metric_is_off_and_lightnings_minus_one_when_aske
     alone.log_hyperparams({"lr": 0.1}, {"abc": 0.5})  # positional, as Lightning's tests call it
     alone.finalize("success")
     assert read(alone)[0]["abc"] == [(0, 0.5)]
-    with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(default_hp_metric='yes'\) is not valid"):
+    with pytest.raises(MisconfigurationError, match=r"TensorBoardLogger\(default_hp_metric='yes'\) "
+                                                    r"is not valid"):
         TensorBoardLogger(tmp_path, default_hp_metric="yes")
 
 
 def test_log_graph_of_a_task_outside_a_run_and_lightnings_warnings(tmp_path):
-    """Lightning's TensorBoardLogger.log_graph(model, input_array) works on a LightningModule outside a run (torch.jit
-    reads every attribute: taskfit's stage_metrics must not raise then); a dict input is not traced, with Lightning's
-    warning."""
+    """Lightning's TensorBoardLogger.log_graph(model, input_array) works on a LightningModule
+    outside a run (torch.jit reads every attribute: taskfit's stage_metrics must not raise then); a
+    dict input is not traced, with Lightning's warning."""
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     board = TensorBoardLogger(tmp_path, log_graph=True)
     task = RegressionTask()
     board.log_graph(task, torch.zeros(2, 4))
-    with pytest.warns(UserWarning, match=r"Could not log computational graph to TensorBoard: .* can't be traced"):
+    with pytest.warns(UserWarning, match=r"Could not log computational graph to TensorBoard: .* "
+                                         r"can't be traced"):
         board.log_graph(task, {"x": 1})
     board.finalize("success")
     events = EventAccumulator(board.log_dir)
@@ -633,39 +811,49 @@ def test_log_graph_of_a_task_outside_a_run_and_lightnings_warnings(tmp_path):
 
 
 def test_loggers_get_log_metrics_with_lightnings_keywords(tmp_path):
-    """Lightning calls ``logger.log_metrics(metrics=..., step=...)``: a logger written for it with keyword-only
-    parameters works."""
+    """Lightning calls ``logger.log_metrics(metrics=..., step=...)``: a logger written for it with
+    keyword-only parameters works."""
     calls = []
 
     class KeywordsOnly(Logger):
         def log_metrics(self, *, metrics, step):
             calls.append((step, dict(metrics)))
 
-    Trainer(max_epochs=1, log_every_n_steps=1, logger=KeywordsOnly(), default_root_dir=str(tmp_path),
-            **QUIET).fit(RegressionTask(n=16, val_n=8))
+    Trainer(
+        max_epochs=1,
+        log_every_n_steps=1,
+        logger=KeywordsOnly(),
+        default_root_dir=str(tmp_path),
+        **QUIET,
+    ).fit(RegressionTask(n=16, val_n=8))
     assert calls and all(isinstance(step, int) for step, _ in calls)
 
 
 @pytest.mark.parametrize("cls", [CSVLogger, TensorBoardLogger])
 def test_a_url_save_dir_is_refused_not_made_a_local_folder(tmp_path, monkeypatch, cls):
-    """Lightning's loggers write through fsspec ("memory://", "s3://"); taskfit's write local folders: a URL is one
-    clear error, not a folder named "memory:" in the working directory."""
+    """Lightning's loggers write through fsspec ("memory://", "s3://"); taskfit's write local
+    folders: a URL is one clear error, not a folder named "memory:" in the working directory."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(MisconfigurationError, match=rf"{cls.__name__}\(save_dir='memory://logs'\) is a URL"):
+    with pytest.raises(MisconfigurationError, match=rf"{cls.__name__}\(save_dir='memory://logs'\) "
+                                                    r"is a URL"):
         cls(save_dir="memory://logs")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_trainer_log_dir_before_fit_is_where_the_run_goes_and_save_dir_expands_home_and_variables(
         tmp_path, monkeypatch):
-    """Lightning's trainer.log_dir before fit is the first logger's log_dir; "~" and "$VAR" in save_dir expand."""
+    """Lightning's trainer.log_dir before fit is the first logger's log_dir; "~" and "$VAR" in
+    save_dir expand."""
     logger = TensorBoardLogger(tmp_path)
     trainer = Trainer(max_epochs=1, logger=logger, **QUIET)
-    assert trainer.log_dir == logger.log_dir == str(tmp_path / "version_0")  # Lightning 2.6.6: the same
+    # Lightning 2.6.6: the same
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "version_0")
     assert not (tmp_path / "version_0").exists()  # nothing written before the run
     trainer.fit(RegressionTask(n=16))
     assert trainer.log_dir == str(tmp_path / "version_0")
-    assert Trainer(logger=False, default_root_dir=str(tmp_path / "r"), **QUIET).log_dir == str(tmp_path / "r" / "version_0")
+    assert Trainer(logger=False, default_root_dir=str(tmp_path / "r"), **QUIET).log_dir == str(
+        tmp_path / "r" / "version_0"
+    )
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LOGS_ROOT", str(tmp_path / "var"))
@@ -675,7 +863,8 @@ def test_trainer_log_dir_before_fit_is_where_the_run_goes_and_save_dir_expands_h
 
 @pytest.mark.parametrize("cls", [CSVLogger, TensorBoardLogger])
 def test_a_run_opened_before_fit_is_the_one_fit_continues(tmp_path, cls):
-    """Lightning's logger.experiment (or log_hyperparams) before fit fixes the version: fit writes there too."""
+    """Lightning's logger.experiment (or log_hyperparams) before fit fixes the version: fit writes
+    there too."""
     logger = cls(tmp_path)
     assert logger.experiment is not None and (tmp_path / "version_0").is_dir()
     trainer = Trainer(max_epochs=1, logger=logger, **QUIET)

@@ -1,6 +1,7 @@
-"""Preemption signals that reach a rank late, or twice (issue 39): under a launcher a rank's handlers stay in place
-until the process exits, so a signal landing while it exits never kills it by the default action; every rank exits
-with the documented status (128 + signal) and the SLURM job is requeued once."""
+"""Preemption signals that reach a rank late, or twice (issue 39): under a launcher a rank's
+handlers stay in place until the process exits, so a signal landing while it exits never kills it by
+the default action; every rank exits with the documented status (128 + signal) and the SLURM job is
+requeued once."""
 from __future__ import annotations
 
 import os
@@ -55,11 +56,35 @@ Trainer(accelerator="cpu", max_epochs=20, default_root_dir=os.path.join(out, "ru
 
 
 def _env(rank: int, port: int, bin_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in
-           ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKFIT_SEED")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", SLURM_JOB_ID="4242", SLURM_JOB_NAME="train",
-               SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_NNODES="1", SLURM_NODEID="0",
-               SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NODELIST="localhost", MASTER_PORT=str(port))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_")
+        and k
+        not in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TASKFIT_SEED",
+        )
+    }
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NAME="train",
+        SLURM_NTASKS="2",
+        SLURM_NTASKS_PER_NODE="2",
+        SLURM_NNODES="1",
+        SLURM_NODEID="0",
+        SLURM_PROCID=str(rank),
+        SLURM_LOCALID=str(rank),
+        SLURM_NODELIST="localhost",
+        MASTER_PORT=str(port),
+    )
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     return env
@@ -85,15 +110,24 @@ def _trial(tmp: Path, twice: bool, after: str, delay: float) -> dict:
     script = tmp / "train.py"
     script.write_text(JOB)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp), "twice" if twice else "once"], cwd=tmp,
-                              env=_env(rank, port, bin_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp), "twice" if twice else "once"],
+            cwd=tmp,
+            env=_env(rank, port, bin_dir),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     try:
         exiting = _wait_for(tmp / f"exiting{after}", procs)  # rank `after` has started its way out
         time.sleep(delay)
         late = procs[1].poll() is None
         if exiting and late:
-            os.kill(procs[1].pid, signal.SIGUSR1)  # the late signal (a second one, on `twice` trials)
+            # the late signal (a second one, on `twice` trials)
+            os.kill(procs[1].pid, signal.SIGUSR1)
         if twice and procs[0].poll() is None:
             os.kill(procs[0].pid, signal.SIGUSR1)  # rank 0: a second one while it exits
         done = [p.communicate(timeout=150) for p in procs]
@@ -101,32 +135,52 @@ def _trial(tmp: Path, twice: bool, after: str, delay: float) -> dict:
         for p in procs:
             p.kill()
     lasts = list((tmp / "runs").rglob("last.ckpt"))
-    return {"codes": [p.returncode for p in procs], "exiting": exiting, "late": late,
-            "calls": calls.read_text() if calls.exists() else "", "lasts": len(lasts),
-            "step": torch.load(lasts[0], weights_only=True)["loop"]["state"]["global_step"] if lasts else None,
-            "stderr": [err[-1500:] for _, err in done], "twice": twice, "after": after}
+    return {
+        "codes": [p.returncode for p in procs],
+        "exiting": exiting,
+        "late": late,
+        "calls": calls.read_text() if calls.exists() else "",
+        "lasts": len(lasts),
+        "step": torch.load(lasts[0], weights_only=True)["loop"]["state"]["global_step"]
+        if lasts
+        else None,
+        "stderr": [err[-1500:] for _, err in done],
+        "twice": twice,
+        "after": after,
+    }
 
 
 def test_a_late_or_second_sigusr1_never_kills_a_slurm_rank_6_times(tmp_path):
-    """6 simulated SLURM jobs of 2 tasks (a stand-in ``scontrol``): rank 0 gets SIGUSR1 at step 4, rank 1 learns of
-    it from rank 0, saves with it and exits; rank 1's own SIGUSR1 lands late: on even trials once rank 1 is in its
-    way out (after its handlers used to be restored), on odd ones 0.27-0.48 s after rank 0 started exiting (the
-    issue's stagger). Every third trial rank 1 also got one with rank 0, and rank 0 gets a second one while it
-    exits. Every trial: both ranks exit 138, one `scontrol requeue`, one last.ckpt at step 4-6."""
+    """6 simulated SLURM jobs of 2 tasks (a stand-in ``scontrol``): rank 0 gets SIGUSR1 at step 4,
+    rank 1 learns of it from rank 0, saves with it and exits; rank 1's own SIGUSR1 lands late: on
+    even trials once rank 1 is in its way out (after its handlers used to be restored), on odd ones
+    0.27-0.48 s after rank 0 started exiting (the issue's stagger). Every third trial rank 1 also
+    got one with rank 0, and rank 0 gets a second one while it exits. Every trial: both ranks exit
+    138, one `scontrol requeue`, one last.ckpt at step 4-6."""
     rng = random.Random(39)
     runs = []
     for trial in range(6):
         after = "1" if trial % 2 == 0 else "0"
         delay = rng.uniform(0.0, 0.3) if after == "1" else rng.uniform(0.27, 0.48)
-        runs.append(_trial(tmp_path / f"trial{trial}", twice=trial % 3 == 0, after=after, delay=delay))
-    failed = [r for r in runs if r["codes"] != [USR1, USR1] or r["calls"] != "requeue 4242\n" or r["lasts"] != 1
-              or not 4 <= r["step"] <= 6 or not r["exiting"]]
+        runs.append(
+            _trial(tmp_path / f"trial{trial}", twice=trial % 3 == 0, after=after, delay=delay)
+        )
+    failed = [
+        r
+        for r in runs
+        if r["codes"] != [USR1, USR1]
+        or r["calls"] != "requeue 4242\n"
+        or r["lasts"] != 1
+        or not 4 <= r["step"] <= 6
+        or not r["exiting"]
+    ]
     assert not failed, failed[:2]
-    assert sum(r["late"] for r in runs if r["after"] == "1") == 3  # the late signal did land while rank 1 exited
+    # the late signal did land while rank 1 exited
+    assert sum(r["late"] for r in runs if r["after"] == "1") == 3
     assert not [r for r in runs if any("Traceback" in err for err in r["stderr"])]
 
 
-# ---- in one process: what a signal does after the fit, under a launcher and not --------------------------------
+# ---- in one process: what a signal does after the fit, under a launcher and not ------------------
 class _Strategy:
     is_main, world_size = True, 1
 
@@ -158,7 +212,9 @@ def test_after_a_preemption_exit_under_slurm_late_signals_are_ignored(monkeypatc
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
 
 
-def test_after_a_normal_end_under_a_launcher_a_signal_exits_with_128_plus_it(monkeypatch, usr1_restored):
+def test_after_a_normal_end_under_a_launcher_a_signal_exits_with_128_plus_it(
+    monkeypatch, usr1_restored
+):
     for key in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RANK", "1")

@@ -1,6 +1,7 @@
-"""The learning-rate finder (trainer/tune.py): a fit after lr_find is bit for bit the fit without it, the suggestion
-is the steepest descent of the smoothed curve, the curve is in a PNG, TensorBoard and JSON, ddp ranks (real gloo
-processes) agree and equal one process with the same global batch, and `taskfit mode=lr_find` prints the override."""
+"""The learning-rate finder (trainer/tune.py): a fit after lr_find is bit for bit the fit without
+it, the suggestion is the steepest descent of the smoothed curve, the curve is in a PNG, TensorBoard
+and JSON, ddp ranks (real gloo processes) agree and equal one process with the same global batch,
+and `taskfit mode=lr_find` prints the override."""
 from __future__ import annotations
 
 import functools
@@ -16,12 +17,14 @@ from taskfit.tools.lr_finder import LRFinder, lr_find
 from tasks import ClassifierTask, RegressionTask, one_process_of_ddp, same_state
 from test_cli import _env, read_events, taskfit
 
-QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
+QUIET = dict(
+    enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False
+)
 
 
 class KeepsItsOptimizer(ClassifierTask):
-    """Builds its optimizer and scheduler once and returns the same objects from every configure_optimizers call,
-    with dropout (RNG in every step) and momentum (optimizer state)."""
+    """Builds its optimizer and scheduler once and returns the same objects from every
+    configure_optimizers call, with dropout (RNG in every step) and momentum (optimizer state)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -30,13 +33,16 @@ class KeepsItsOptimizer(ClassifierTask):
         self.sched = torch.optim.lr_scheduler.StepLR(self.opt, 2, gamma=0.5)
 
     def configure_optimizers(self):
-        return {"optimizer": self.opt, "lr_scheduler": {"scheduler": self.sched, "interval": "step"}}
+        return {
+            "optimizer": self.opt,
+            "lr_scheduler": {"scheduler": self.sched, "interval": "step"},
+        }
 
 
 @pytest.mark.parametrize("cls", [ClassifierTask, KeepsItsOptimizer])
 def test_a_fit_after_lr_find_is_bitwise_the_fit_without_it(cls, tmp_path):
-    """Unseeded Trainer: the fit draws from the global RNG (shuffle, dropout), which the finder must put back, with
-    the weights and an optimizer/scheduler the task keeps between fits."""
+    """Unseeded Trainer: the fit draws from the global RNG (shuffle, dropout), which the finder must
+    put back, with the weights and an optimizer/scheduler the task keeps between fits."""
     def fit(find: bool):
         seed_everything(0)
         task = cls()
@@ -50,7 +56,8 @@ def test_a_fit_after_lr_find_is_bitwise_the_fit_without_it(cls, tmp_path):
     assert same_state(plain[0].state_dict(), found[0].state_dict())
     assert plain[1] == found[1]  # every logged value
     assert torch.equal(plain[2], found[2])  # the global RNG after the fit
-    assert os.listdir(tmp_path) == ["lr_find"]  # the finder wrote its curve only (these fits write nothing)
+    # the finder wrote its curve only (these fits write nothing)
+    assert os.listdir(tmp_path) == ["lr_find"]
 
 
 def test_curve_png_tensorboard_and_json(tmp_path):
@@ -60,7 +67,8 @@ def test_curve_png_tensorboard_and_json(tmp_path):
     out = tmp_path / "lr_find" / "version_0"
     assert finder.output_dir == str(out) and finder.png_path == str(out / "lr_find.png")
     lrs = finder.results["lr"]
-    assert lrs[0] == pytest.approx(1e-4) and lrs[1] / lrs[0] == pytest.approx(10 ** (5 / 29))  # even on a log scale
+    # even on a log scale
+    assert lrs[0] == pytest.approx(1e-4) and lrs[1] / lrs[0] == pytest.approx(10 ** (5 / 29))
     saved = json.loads((out / "lr_find.json").read_text())
     assert saved["suggestion"] == finder.suggestion() and saved["loss"] == finder.results["loss"]
     from PIL import Image
@@ -73,22 +81,39 @@ def test_curve_png_tensorboard_and_json(tmp_path):
     events = read_events(out)
     assert events.Tags()["images"] == ["lr_find/loss_vs_lr"]
     assert [e.value for e in events.Scalars("lr_find/lr")] == pytest.approx(lrs)
-    assert [e.value for e in events.Scalars("lr_find/loss_smoothed")] == pytest.approx(finder.results["loss"])
+    assert [e.value for e in events.Scalars("lr_find/loss_smoothed")] == pytest.approx(
+        finder.results["loss"]
+    )
 
 
 def test_suggestion_is_the_steepest_descent_on_the_lr_scale_of_the_range():
     lrs = [10 ** (-6 + i / 4) for i in range(25)]  # 1e-6 .. 1
-    losses = [2.0 - 0.001 * i for i in range(12)] + [1.9, 1.6, 1.2, 1.0, 0.9, 0.85] + [0.84, 1.0, 2, 4, 8, 16, 30]
-    finder = LRFinder("exponential", 1e-6, 1, 25, {"lr": lrs, "loss": losses, "raw": losses, "stopped_early": False})
+    losses = (
+        [2.0 - 0.001 * i for i in range(12)]
+        + [1.9, 1.6, 1.2, 1.0, 0.9, 0.85]
+        + [0.84, 1.0, 2, 4, 8, 16, 30]
+    )
+    finder = LRFinder(
+        "exponential",
+        1e-6,
+        1,
+        25,
+        {"lr": lrs, "loss": losses, "raw": losses, "stopped_early": False},
+    )
     assert finder.suggestion() == lrs[13]  # 1.9 -> 1.6 -> 1.2: the steepest fall per decade
     assert finder.suggestion(skip_begin=0) == lrs[13]
     over_lr = torch.gradient(torch.tensor(losses[:-1], dtype=torch.float64),
                              spacing=[torch.tensor(lrs[:-1], dtype=torch.float64)])[0]
-    assert int(torch.argmin(over_lr)) == 0  # over lr itself (Lightning 2.6) the 0.001 steps at 1e-6 would win
+    # over lr itself (Lightning 2.6) the 0.001 steps at 1e-6 would win
+    assert int(torch.argmin(over_lr)) == 0
     assert finder.suggestion(skip_begin=24) is None  # fewer than 2 points
     nan = losses[:5] + [math.nan] * 20
-    assert LRFinder("linear", 0, 1, 25, {"lr": lrs, "loss": nan, "raw": nan, "stopped_early": True}).suggestion() \
+    assert (
+        LRFinder(
+            "linear", 0, 1, 25, {"lr": lrs, "loss": nan, "raw": nan, "stopped_early": True}
+        ).suggestion()
         is None
+    )
 
 
 def test_update_attr_sets_the_task_attribute_and_the_optimizer_factory(tmp_path):
@@ -100,18 +125,20 @@ def test_update_attr_sets_the_task_attribute_and_the_optimizer_factory(tmp_path)
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
     finder = lr_find(trainer, task, num_training=15, update_attr=True)
     assert task.lr == finder.suggestion() == task.optimizer_factory.keywords["lr"]
-    with pytest.raises(MisconfigurationError, match=r"lr_find\(attr_name='rate'\): ClassifierTask has no such"):
+    with pytest.raises(MisconfigurationError, match=r"lr_find\(attr_name='rate'\): ClassifierTask "
+                                                    r"has no such"):
         lr_find(trainer, task, update_attr=True, attr_name="rate")
 
 
 def test_lr_find_takes_a_datamodule_and_updates_a_learning_rate_kept_in_hparams(tmp_path):
-    """Lightning's Tuner.lr_find(model, datamodule=dm): the data from the module, the suggestion into
-    self.hparams.lr, which configure_optimizers reads (lightning_setattr)."""
+    """Lightning's Tuner.lr_find(model, datamodule=dm): the data from the module, the suggestion
+    into self.hparams.lr, which configure_optimizers reads (lightning_setattr)."""
     from taskfit import DataModule
 
     class FromHparams(RegressionTask):
         def __init__(self, lr: float = 0.5) -> None:
-            super().__init__()  # RegressionTask's own self.lr is not what configure_optimizers reads here
+            # RegressionTask's own self.lr is not what configure_optimizers reads here
+            super().__init__()
             self.save_hyperparameters()
 
         def configure_optimizers(self):
@@ -123,22 +150,39 @@ def test_lr_find_takes_a_datamodule_and_updates_a_learning_rate_kept_in_hparams(
     source = RegressionTask()
     data = DataModule.from_datasets(source.data, batch_size=8)
     task = FromHparams()
-    finder = lr_find(Trainer(default_root_dir=str(tmp_path), **QUIET), task, num_training=40, update_attr=True,
-                     datamodule=data)
+    finder = lr_find(
+        Trainer(default_root_dir=str(tmp_path), **QUIET),
+        task,
+        num_training=40,
+        update_attr=True,
+        datamodule=data,
+    )
     assert task.hparams.lr == finder.suggestion() != 0.5
 
 
 def test_a_loss_that_diverges_to_inf_ends_the_test_without_an_error(tmp_path):
     seed_everything(0)
     trainer = Trainer(max_epochs=1, default_root_dir=str(tmp_path), **QUIET)
-    finder = lr_find(trainer, RegressionTask(), min_lr=1e-3, max_lr=1e8, num_training=40, early_stop_threshold=None)
-    assert finder.stopped_early and not math.isfinite(finder.raw_losses[-1]) and len(finder.raw_losses) < 40
+    finder = lr_find(
+        trainer,
+        RegressionTask(),
+        min_lr=1e-3,
+        max_lr=1e8,
+        num_training=40,
+        early_stop_threshold=None,
+    )
+    assert (
+        finder.stopped_early
+        and not math.isfinite(finder.raw_losses[-1])
+        and len(finder.raw_losses) < 40
+    )
     assert finder.suggestion() is not None
 
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(mode="log"), r"lr_find\(mode='log'\) is not valid"),
-    # Lightning takes min_lr > max_lr (a sweep downwards) and num_training=1 (one point, no suggestion)
+    # Lightning takes min_lr > max_lr (a sweep downwards) and num_training=1 (one point, no
+    # suggestion)
     (dict(min_lr=0.1, max_lr=0.1), r"lr_find\(min_lr=0.1, max_lr=0.1\) is not a range"),
     (dict(min_lr=0.0, max_lr=0.1), r"lr_find\(min_lr=0.0, max_lr=0.1\) is not a range"),
     (dict(num_training=0), r"lr_find\(num_training=0\) is not valid"),
@@ -162,13 +206,21 @@ def test_ddp_ranks_agree_and_equal_one_process_with_the_same_global_batch(tmp_pa
                   early_stop_threshold=None)
     assert same_state(task.state_dict(), before)  # the parent's task is untouched
     assert ddp.results["lr"] == single.results["lr"]
-    assert ddp.raw_losses == pytest.approx(single.raw_losses, abs=1e-5)  # the mean over ranks = the global batch's
+    # the mean over ranks = the global batch's
+    assert ddp.raw_losses == pytest.approx(single.raw_losses, abs=1e-5)
     assert ddp.suggestion() == single.suggestion()
 
 
 def test_the_command_prints_the_suggestion_and_the_override(tmp_path):
-    result = taskfit("mode=lr_find", "lr_find.num_training=30", "trainer.max_epochs=1", f"paths.log_dir={tmp_path}",
-                     "trainer.enable_progress_bar=false", cwd=tmp_path, env=_env())
+    result = taskfit(
+        "mode=lr_find",
+        "lr_find.num_training=30",
+        "trainer.max_epochs=1",
+        f"paths.log_dir={tmp_path}",
+        "trainer.enable_progress_bar=false",
+        cwd=tmp_path,
+        env=_env(),
+    )
     out = result.stdout
     assert "taskfit: lr_find in" in out and "suggestion:      lr=" in out, out
     lr = out.split("suggestion:      lr=")[1].split()[0]
@@ -176,7 +228,8 @@ def test_the_command_prints_the_suggestion_and_the_override(tmp_path):
     run_dir = next((tmp_path / "digits" / "runs").iterdir())
     assert (run_dir / "lr_find" / "lr_find.png").is_file()
     assert json.loads((run_dir / "lr_find" / "lr_find.json").read_text())["num_training"] == 30
-    assert not any(p.name.startswith("version_") for p in run_dir.iterdir())  # no training run was started
+    # no training run was started
+    assert not any(p.name.startswith("version_") for p in run_dir.iterdir())
 
 
 def test_on_a_terminal_the_command_shows_one_bar_of_its_own_then_the_suggestion(tmp_path):

@@ -1,5 +1,6 @@
-"""The loop's pure rules, without a Trainer: when validation is due (val_check_interval, check_val_every_n_epoch),
-how batches group into optimizer steps (accumulate_grad_batches), the argument checks and their messages."""
+"""The loop's pure rules, without a Trainer: when validation is due (val_check_interval,
+check_val_every_n_epoch), how batches group into optimizer steps (accumulate_grad_batches), the
+argument checks and their messages."""
 from __future__ import annotations
 
 import datetime
@@ -20,7 +21,7 @@ def due_batches(schedule: ValidationSchedule, epoch: int, n: int) -> list[int]:
     return [b + 1 for b in range(n) if schedule.due(epoch, b)]
 
 
-# ---- ValidationSchedule ---------------------------------------------------------------------------------------
+# ---- ValidationSchedule --------------------------------------------------------------------------
 @pytest.mark.parametrize("interval, expected", [
     (0.25, [2, 4, 6, 8]),  # every = int(9 * 0.25) = 2; no extra validation at the epoch's end
     (0.5, [4, 8]),
@@ -43,12 +44,14 @@ def test_check_val_every_n_epoch_skips_the_epochs_between():
 
 
 def test_check_val_every_n_epoch_none_counts_batches_across_epochs():
-    schedule = ValidationSchedule(3, None, 4, has_val=True)  # epochs of 4 batches, every 3 batches of the run
+    # epochs of 4 batches, every 3 batches of the run
+    schedule = ValidationSchedule(3, None, 4, has_val=True)
     assert [due_batches(schedule, e, 4) for e in range(3)] == [[3], [2], [1, 4]]
 
 
 def test_without_validation_data_nothing_is_due_and_nothing_is_refused():
-    schedule = ValidationSchedule(100, 1, 4, has_val=False)  # longer than the epoch: fine, there is nothing to run
+    # longer than the epoch: fine, there is nothing to run
+    schedule = ValidationSchedule(100, 1, 4, has_val=False)
     assert not schedule.in_epoch(0)
     ValidationSchedule(5, None, INF, has_val=False)
 
@@ -64,7 +67,9 @@ def test_an_interval_longer_than_the_epoch_is_refused_with_what_to_use():
         ValidationSchedule(10, 1, 4, has_val=True)
     message = str(info.value)
     assert "Trainer(val_check_interval=10) is longer than an epoch (4 training batches)" in message
-    assert "HINT: use val_check_interval <= 4" in message and "check_val_every_n_epoch=None" in message
+    assert (
+        "HINT: use val_check_interval <= 4" in message and "check_val_every_n_epoch=None" in message
+    )
 
 
 def test_counting_across_epochs_without_a_loader_length_counts_the_batches_trained():
@@ -76,10 +81,16 @@ def test_counting_across_epochs_without_a_loader_length_counts_the_batches_train
     assert [b + 1 for b in range(7) if schedule.due(1, b)] == [1, 4, 7]
 
 
-@pytest.mark.parametrize("value, seconds", [
-    ("00:00:00:02", 2), ("01:02:03:04", 93784), ({"seconds": 2}, 2), ({"hours": 2, "minutes": 30}, 9000),
-    (datetime.timedelta(days=1, seconds=30), 86430),
-])
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        ("00:00:00:02", 2),
+        ("01:02:03:04", 93784),
+        ({"seconds": 2}, 2),
+        ({"hours": 2, "minutes": 30}, 9000),
+        (datetime.timedelta(days=1, seconds=30), 86430),
+    ],
+)
 def test_a_duration_is_read_as_lightning_reads_it(value, seconds):
     assert val_check_duration(value).total_seconds() == seconds
 
@@ -91,9 +102,11 @@ def test_a_count_or_a_fraction_is_not_a_duration(value):
 
 @pytest.mark.parametrize("value, message", [
     ("00:02", "Invalid time format for `val_check_interval`: '00:02'. Expected 'DD:HH:MM:SS'."),
-    ("00:00:aa:00", "Non-integer component in `val_check_interval` string: '00:00:aa:00'. Use 'DD:HH:MM:SS'."),
+    ("00:00:aa:00", "Non-integer component in `val_check_interval` string: '00:00:aa:00'. Use "
+                    "'DD:HH:MM:SS'."),
     ({"secs": 2}, "Trainer(val_check_interval={'secs': 2}) is not valid"),
-    ("00:00:00:00", "Trainer(val_check_interval='00:00:00:00') is not valid: expected a positive duration."),
+    ("00:00:00:00", "Trainer(val_check_interval='00:00:00:00') is not valid: expected a positive "
+                    "duration."),
 ])
 def test_a_malformed_duration_is_refused_with_lightnings_words(value, message):
     with pytest.raises(MisconfigurationError) as info:
@@ -111,7 +124,8 @@ def test_a_duration_is_due_once_its_seconds_have_passed_since_the_last_validatio
     for batch in range(10):
         now[0] += 0.75  # a batch takes 0.75 s
         if schedule.due(0, batch):
-            assert schedule.due(0, batch)  # asked again for the same batch: the same answer, no clock read
+            # asked again for the same batch: the same answer, no clock read
+            assert schedule.due(0, batch)
             due.append(batch)
             now[0] += 5.0  # the validation takes 5 s: not counted
             schedule.validated()
@@ -122,18 +136,32 @@ def test_a_duration_under_ddp_is_decided_by_rank_0_at_the_log_interval(monkeypat
     now = [0.0]
     monkeypatch.setattr("time.monotonic", lambda: now[0])
     asked = []
-    schedule = ValidationSchedule(datetime.timedelta(seconds=1), 1, 50, has_val=True,
-                                  broadcast=lambda value: asked.append(value) or value, sync_every=4)
+    schedule = ValidationSchedule(
+        datetime.timedelta(seconds=1),
+        1,
+        50,
+        has_val=True,
+        broadcast=lambda value: asked.append(value) or value,
+        sync_every=4,
+    )
     schedule.start()
     now[0] = 10.0
     assert [b for b in range(8) if schedule.due(0, b)] == [3, 7]
     assert asked == [True, True]  # one broadcast per log interval, none between
 
 
-# ---- accumulate_grad_batches ----------------------------------------------------------------------------------
+# ---- accumulate_grad_batches ---------------------------------------------------------------------
 def test_accumulation_groups_step_after_every_kth_batch_and_the_short_last_group():
     groups = [accumulation_group(b, 3, 7) for b in range(7)]
-    assert groups == [(3, False), (3, False), (3, True), (3, False), (3, False), (3, True), (1, True)]
+    assert groups == [
+        (3, False),
+        (3, False),
+        (3, True),
+        (3, False),
+        (3, False),
+        (3, True),
+        (1, True),
+    ]
 
 
 def test_accumulation_of_one_steps_after_every_batch():
@@ -149,20 +177,22 @@ def test_an_epoch_shorter_than_one_group_steps_once_at_its_end():
     assert [accumulation_group(b, 8, 3) for b in range(3)] == [(3, False), (3, False), (3, True)]
 
 
-# ---- argument checks --------------------------------------------------------------------------------------------
+# ---- argument checks -----------------------------------------------------------------------------
 @pytest.mark.parametrize("value", [-1, 2.0, True, "3"])
 def test_check_count_refuses_what_is_not_a_count(value):
     with pytest.raises(MisconfigurationError) as info:
         check_count("max_epochs", value, 0)
-    assert f"Trainer(max_epochs={value!r}) is not valid: expected an integer >= 0 or None." in str(info.value)
+    assert f"Trainer(max_epochs={value!r}) is not valid: expected an integer >= 0 or None." in str(
+        info.value
+    )
     assert "HINT: pass max_epochs=<an integer >= 0 or None>" in str(info.value)
 
 
 def test_check_count_minimum_and_none():
     check_count("max_epochs", None, 0)
     check_count("accumulate_grad_batches", 1, 1, allow_none=False)
-    with pytest.raises(MisconfigurationError, match=r"Trainer\(accumulate_grad_batches=None\) is not valid: expected "
-                                                    r"an integer >= 1\.\n"):
+    with pytest.raises(MisconfigurationError, match=r"Trainer\(accumulate_grad_batches=None\) is "
+                                                    r"not valid: expected an integer >= 1\.\n"):
         check_count("accumulate_grad_batches", None, 1, allow_none=False)
     with pytest.raises(MisconfigurationError, match=r"expected an integer >= 1\."):
         check_count("accumulate_grad_batches", 0, 1, allow_none=False)
@@ -178,17 +208,21 @@ def test_check_limit_refuses_anything_else(value):
     with pytest.raises(MisconfigurationError) as info:
         check_limit("limit_val_batches", value)
     assert f"Trainer(limit_val_batches={value!r}) is not valid" in str(info.value)
-    assert "an int >= 0 (number of batches) or a float in [0.0, 1.0] (fraction of the epoch)" in str(info.value)
+    assert (
+        "an int >= 0 (number of batches) or a float in [0.0, 1.0] (fraction of the epoch)"
+        in str(info.value)
+    )
 
 
 def test_check_choice_lists_the_choices():
     check_choice("gradient_clip_algorithm", "norm", ("norm", "value"))
-    with pytest.raises(MisconfigurationError, match=r"Trainer\(gradient_clip_algorithm='max'\) is not valid: expected "
-                                                    r"one of 'norm', 'value'\."):
+    with pytest.raises(MisconfigurationError, match=r"Trainer\(gradient_clip_algorithm='max'\) is "
+                                                    r"not valid: expected one of 'norm', "
+                                                    r"'value'\."):
         check_choice("gradient_clip_algorithm", "max", ("norm", "value"))
 
 
-# ---- arguments_checked: one error for a call __init__ cannot take -------------------------------------------
+# ---- arguments_checked: one error for a call __init__ cannot take --------------------------------
 class Widget:
     @arguments_checked(lightning={"gpus": 'use accelerator="cuda", devices=N'}, docs="docs/widget.md")
     def __init__(self, size: int, *, max_epochs: int = 1, patience: int = 3) -> None:
@@ -207,15 +241,17 @@ def test_a_valid_call_builds_the_object():
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: Widget(1, max_epoch=3), ("Widget() got an unknown argument 'max_epoch'.\n  HINT: did you mean "
-                                      "max_epochs? docs/widget.md lists every argument.")),
-    (lambda: Widget(1, zzz=3), "Widget() got an unknown argument 'zzz'.\n  HINT: docs/widget.md lists every argument."),
-    (lambda: Widget(1, gpus=2), ("Widget(gpus=...) is an argument of Lightning's Widget that taskfit's does not "
+    (lambda: Widget(1, max_epoch=3), ("Widget() got an unknown argument 'max_epoch'.\n  HINT: did "
+                                      "you mean max_epochs? docs/widget.md lists every argument.")),
+    (lambda: Widget(1, zzz=3), "Widget() got an unknown argument 'zzz'.\n  HINT: docs/widget.md "
+                               "lists every argument."),
+    (lambda: Widget(1, gpus=2), ("Widget(gpus=...) is an argument of Lightning's Widget that "
+                                 "taskfit's does not "
                                  'take.\n  HINT: use accelerator="cuda", devices=N')),
     (lambda: Widget(1, 2), "Widget() takes at most 1 positional arguments (size); got 2."),
     (lambda: Widget(max_epochs=2), "Widget() is missing the argument 'size'."),
-    (lambda: KeywordsOnly(0.5), ("KeywordsOnly() takes keyword arguments only; got 1 positional.\n  HINT: name "
-                                 "each one, e.g. KeywordsOnly(rate=...).")),
+    (lambda: KeywordsOnly(0.5), ("KeywordsOnly() takes keyword arguments only; got 1 positional.\n "
+                                 " HINT: name each one, e.g. KeywordsOnly(rate=...).")),
 ])
 def test_a_call_the_signature_does_not_take_is_one_error(build, message):
     with pytest.raises(MisconfigurationError) as info:
